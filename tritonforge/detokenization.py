@@ -1,0 +1,133 @@
+"""Byte-exact detokenization: every token id maps to the exact bytes it adds to the text.
+
+Why bytes: a token of a byte-level BPE or a SentencePiece byte-fallback piece can hold part of a UTF-8
+character, and a SentencePiece piece carries its word's leading space. Decoding a chunk of tokens alone with
+the tokenizer's own decoder loses both (U+FFFD, vanished spaces). Concatenating each token's bytes does not:
+for any cut of a token sequence into chunks, the chunks' bytes concatenate to the bytes of the whole.
+
+- `TokenBytes` builds the table once per tokenizer; decoding is then a lookup per token, so its cost does not
+  grow with the sequence length and needs no per-request state (the ensemble's postprocessing relies on this).
+- `IncrementalDetokenizer` turns those bytes into text chunks that are each valid UTF-8, holding back an
+  incomplete character until the token that completes it arrives (the BLS relies on this).
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import logging
+from collections.abc import Iterable
+
+logger = logging.getLogger(__name__)
+
+BYTE_LEVEL = "byte_level"
+SENTENCEPIECE = "sentencepiece"
+OTHER = "other"
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte → printable character map used by byte-level BPE vocabularies."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
+        range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            chars.append(256 + extra)
+            extra += 1
+    return dict(zip(printable, map(chr, chars)))
+
+
+def _decoder_types(decoder: dict | None) -> list[dict]:
+    if not decoder:
+        return []
+    if decoder.get("type") == "Sequence":
+        return [part for child in decoder.get("decoders", []) for part in _decoder_types(child)]
+    return [decoder]
+
+
+def tokenizer_family(tokenizer) -> str:
+    """Which byte mapping the tokenizer's decoder implies: byte-level, SentencePiece-style, or other."""
+    decoder = json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder")
+    parts = _decoder_types(decoder)
+    types = {part.get("type") for part in parts}
+    if "ByteLevel" in types:
+        return BYTE_LEVEL
+    if "ByteFallback" in types or "Metaspace" in types or any(
+            part.get("type") == "Replace" and part.get("pattern", {}).get("String") == "▁" for part in parts):
+        return SENTENCEPIECE
+    return OTHER
+
+
+class TokenBytes:
+    """The bytes of every token id of a tokenizer. Special tokens decode to nothing (skip_special_tokens)."""
+
+    def __init__(self, tokenizer):
+        self.family = tokenizer_family(tokenizer)
+        self.bos_token_id = tokenizer.bos_token_id
+        size = len(tokenizer)
+        tokens = tokenizer.convert_ids_to_tokens(list(range(size)))
+        special_ids = set(tokenizer.all_special_ids)
+        added = {index: token for index, token in tokenizer.added_tokens_decoder.items()}
+        byte_of = {char: byte for byte, char in _bytes_to_unicode().items()}
+        table: list[bytes] = []
+        for index, token in enumerate(tokens):
+            if index in special_ids or (index in added and added[index].special):
+                table.append(b"")
+            elif index in added:
+                table.append(added[index].content.encode("utf-8"))
+            elif token is None:
+                table.append(b"")
+            elif self.family == BYTE_LEVEL:
+                table.append(bytes(byte_of[char] for char in token) if all(c in byte_of for c in token)
+                             else token.encode("utf-8"))
+            elif self.family == SENTENCEPIECE:
+                if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+                    table.append(bytes([int(token[3:5], 16)]))
+                else:
+                    table.append(token.replace("▁", " ").encode("utf-8"))
+            else:
+                # Unknown decoder (WordPiece, ...): the token's own decode; exact for whole-character tokens.
+                table.append(tokenizer.decode([index]).encode("utf-8"))
+        if self.family == OTHER:
+            logger.warning("tokenizer decoder not recognised: streamed text may differ from a full decode")
+        self._table = table
+        # SentencePiece adds a space before the first word; a whole sequence (one starting with BOS) drops it.
+        self._strip_first_space = self.family == SENTENCEPIECE
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if 0 <= token_id < len(self._table):
+            return self._table[token_id]
+        return b""
+
+    def decode(self, token_ids: Iterable[int]) -> bytes:
+        """The bytes of a run of generated tokens. Ids outside the vocabulary (padding) add nothing."""
+        table, size = self._table, len(self._table)
+        return b"".join(table[token] for token in token_ids if 0 <= token < size)
+
+    def decode_sequence(self, token_ids: list[int]) -> bytes:
+        """Like `decode`, but a row that starts with BOS is a whole text and loses the tokenizer's prefix space."""
+        data = self.decode(token_ids)
+        if (self._strip_first_space and token_ids and token_ids[0] == self.bos_token_id
+                and data.startswith(b" ")):
+            return data[1:]
+        return data
+
+
+class IncrementalDetokenizer:
+    """Per-request streaming state: feed token ids, get text that is always complete UTF-8 characters."""
+
+    def __init__(self, token_bytes: TokenBytes):
+        self._token_bytes = token_bytes
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_ids: Iterable[int]) -> str:
+        return self._utf8.decode(self._token_bytes.decode(token_ids))
+
+    def flush(self) -> str:
+        """The end of the stream: an incomplete character left over becomes U+FFFD."""
+        return self._utf8.decode(b"", final=True)

@@ -1,0 +1,20 @@
+"""The errors a request can cause, each naming the field at fault.
+
+`RequestError` is the client's mistake (Triton's INVALID_ARG: HTTP 400, gRPC INVALID_ARGUMENT);
+`UnsupportedError` is a valid request this engine cannot serve (UNSUPPORTED: HTTP 501, gRPC UNIMPLEMENTED).
+The model.py adapters map them to per-request `TritonError`s; nothing else reaches the client's eyes.
+"""
+
+from __future__ import annotations
+
+
+class RequestError(ValueError):
+    """A bad request. The message always starts with the name of the field."""
+
+    def __init__(self, field: str, problem: str):
+        self.field = field
+        super().__init__(f"{field}: {problem}")
+
+
+class UnsupportedError(RequestError):
+    """A request the engine understands but does not implement (for example beam search)."""
