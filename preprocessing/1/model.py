@@ -1,0 +1,44 @@
+"""Tokenizer (Python backend): prompts or chat messages in, engine tensors out.
+
+| input | dtype | dims | |
+|---|---|---|---|
+| QUERY | STRING | [1] | the prompt, UTF-8 (or send MESSAGES) |
+| MESSAGES | STRING | [1] | chat messages, a JSON list of {"role", "content"} |
+| REQUEST_OUTPUT_LEN | INT32 | [1] | max new tokens |
+| BAD_WORDS_DICT, STOP_WORDS_DICT | STRING | [-1] | one phrase per element, optional |
+| END_ID, PAD_ID | INT32 | [1] | optional overrides of the tokenizer's ids |
+
+| output | dtype | dims | |
+|---|---|---|---|
+| INPUT_ID | INT32 | [-1] | rows right-padded with the pad id |
+| REQUEST_INPUT_LEN, OUT_END_ID, OUT_PAD_ID | INT32 | [1] | |
+| REQUEST_OUTPUT_LEN | INT32 | [-1] | |
+| BAD_WORDS_IDS, STOP_WORDS_IDS | INT32 | [2, -1] | word-list format |
+
+One response per request; a bad request gets its own INVALID_ARG error naming the field.
+"""
+
+import triton_python_backend_utils as pb_utils
+
+from tritonforge.preprocess import PreprocessLimits, Preprocessor
+from tritonforge.triton_adapter import model_parameters, output_tensors, request_inputs, resolve_path, to_triton_error
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        parameters = model_parameters(args)
+        self.preprocessor = Preprocessor(
+            resolve_path(args, parameters["tokenizer_dir"]),
+            PreprocessLimits(max_input_len=int(parameters["max_input_len"]),
+                             max_output_len=int(parameters["max_output_len"])),
+            add_special_tokens=parameters.get("add_special_tokens", "true").lower() in ("true", "1"))
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                outputs = self.preprocessor(request_inputs(request))
+                responses.append(pb_utils.InferenceResponse(output_tensors(pb_utils, outputs)))
+            except Exception as error:  # noqa: BLE001 - one bad request must not fail the batch
+                responses.append(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)))
+        return responses

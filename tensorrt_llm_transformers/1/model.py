@@ -1,0 +1,49 @@
+"""The engine step on Hugging Face transformers, served as the `tensorrt_llm` model (Python backend).
+
+Same tensors as NVIDIA's `tensorrtllm` backend (INTERFACE.md), decoupled; one response per new token when
+`streaming`, else one response per row:
+
+| input | dtype | dims | |
+|---|---|---|---|
+| input_ids | INT32 | [-1] | prompt ids, rows right-padded |
+| input_lengths, request_output_len | INT32 | [1] | required |
+| end_id, pad_id, runtime_top_k, min_tokens, beam_width, num_return_sequences | INT32 | [1] | optional |
+| temperature, runtime_top_p, len_penalty, repetition/presence/frequency_penalty | FP32 | [1] | optional |
+| seed | UINT64 | [1] | optional |
+| streaming, stop, exclude_input_in_output, return_log_probs | BOOL | [1] | optional |
+| stop_words_list, bad_words_list | INT32 | [2, -1] | optional |
+
+| output | dtype | dims | |
+|---|---|---|---|
+| output_ids | INT32 | [-1, -1] | [beams, tokens] |
+| sequence_length | INT32 | [-1] | per beam |
+| cum_log_probs / output_log_probs | FP32 | [-1] / [-1, -1] | |
+| batch_index, sequence_index | INT32 | [1] | |
+"""
+
+import json
+
+import triton_python_backend_utils as pb_utils
+
+from tritonforge.engine_service import EngineService, EngineSettings
+from tritonforge.triton_adapter import is_decoupled, model_parameters, resolve_path
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        queue_policy = config.get("dynamic_batching", {}).get("default_queue_policy", {})
+        parameters = model_parameters(args)
+        parameters["model_path"] = resolve_path(args, parameters["model_path"])
+        settings = EngineSettings.from_parameters(
+            parameters, decoupled=is_decoupled(args),
+            max_queue_size=int(queue_policy.get("max_queue_size", 0)))
+        self.service = EngineService(pb_utils, settings)
+
+    def execute(self, requests):
+        for request in requests:
+            self.service.handle(request)
+        return None
+
+    def finalize(self):
+        self.service.shutdown()

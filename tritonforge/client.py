@@ -1,0 +1,261 @@
+"""Clients for a served repository: gRPC streaming (sync and asyncio) and HTTP `generate` / `generate_stream`.
+
+The ensemble streams the exact bytes of each new token, so a chunk may end inside a multi-byte character;
+these clients feed the bytes through an incremental UTF-8 decoder and yield only complete characters.
+A decoupled model only answers on a gRPC stream, so non-streaming gRPC calls use the stream too.
+"""
+
+from __future__ import annotations
+
+import codecs
+import http.client
+import json
+import queue
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+INPUT_DTYPES = {
+    "text_input": "BYTES", "messages": "BYTES", "max_tokens": "INT32", "bad_words": "BYTES", "stop_words": "BYTES",
+    "end_id": "INT32", "pad_id": "INT32", "top_k": "INT32", "top_p": "FP32", "temperature": "FP32",
+    "length_penalty": "FP32", "repetition_penalty": "FP32", "presence_penalty": "FP32",
+    "frequency_penalty": "FP32", "min_tokens": "INT32", "beam_width": "INT32", "num_return_sequences": "INT32",
+    "seed": "UINT64", "stream": "BOOL", "exclude_input_in_output": "BOOL", "return_log_probs": "BOOL",
+}
+NUMPY_DTYPES = {"BYTES": np.object_, "INT32": np.int32, "FP32": np.float32, "UINT64": np.uint64, "BOOL": np.bool_}
+
+
+class GenerationError(RuntimeError):
+    """The server answered with an error (its message names the field at fault)."""
+
+
+@dataclass
+class GenerateRequest:
+    """One prompt (or chat) and its parameters, with the ensemble's input names."""
+
+    text_input: str | None = None
+    max_tokens: int = 64
+    messages: list[dict[str, str]] | None = None
+    parameters: dict[str, object] = field(default_factory=dict)
+
+    def values(self, stream: bool) -> dict[str, object]:
+        values: dict[str, object] = {"max_tokens": self.max_tokens, "stream": stream, **self.parameters}
+        if self.text_input is not None:
+            values["text_input"] = self.text_input
+        if self.messages is not None:
+            values["messages"] = json.dumps(self.messages)
+        unknown = sorted(set(values) - set(INPUT_DTYPES))
+        if unknown:
+            raise ValueError(f"unknown inputs {unknown}; known: {sorted(INPUT_DTYPES)}")
+        return values
+
+    def tensors(self, stream: bool) -> dict[str, np.ndarray]:
+        """The request as [1, n] arrays named like the ensemble's inputs."""
+        out = {}
+        for name, value in self.values(stream).items():
+            dtype = NUMPY_DTYPES[INPUT_DTYPES[name]]
+            items = value if isinstance(value, (list, tuple)) else [value]
+            if dtype is np.object_:
+                items = [item.encode("utf-8") if isinstance(item, str) else item for item in items]
+            out[name] = np.array([items], dtype=dtype)
+        return out
+
+
+class TextAssembler:
+    """Byte chunks in, complete UTF-8 text out (the ensemble's chunks may split a character)."""
+
+    def __init__(self):
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, chunk: bytes) -> str:
+        return self._decoder.decode(chunk)
+
+    def finish(self) -> str:
+        return self._decoder.decode(b"", final=True)
+
+
+def _chunk_bytes(value) -> bytes:
+    if isinstance(value, np.ndarray):
+        value = value.reshape(-1)[0] if value.size else b""
+    return value if isinstance(value, bytes) else str(value).encode("utf-8")
+
+
+class GrpcClient:
+    """Synchronous gRPC client of the ensemble or the BLS (both decoupled)."""
+
+    def __init__(self, url: str, model: str = "ensemble"):
+        import tritonclient.grpc as grpcclient
+
+        self._grpc = grpcclient
+        self.client = grpcclient.InferenceServerClient(url)
+        self.model = model
+
+    def _inputs(self, request: GenerateRequest, stream: bool):
+        inputs = []
+        for name, array in request.tensors(stream).items():
+            tensor = self._grpc.InferInput(name, list(array.shape), INPUT_DTYPES[name])
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        return inputs
+
+    def stream_bytes(self, request: GenerateRequest, *, stream: bool = True,
+                     request_id: str | None = None, timeout_s: float = 300) -> Iterator[bytes]:
+        """The raw text_output bytes of each response, until the final one."""
+        responses: queue.Queue = queue.Queue()
+        self.client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        try:
+            self.client.async_stream_infer(self.model, self._inputs(request, stream),
+                                           request_id=request_id or uuid.uuid4().hex,
+                                           enable_empty_final_response=True)
+            while True:
+                result, error = responses.get(timeout=timeout_s)
+                if error is not None:
+                    raise GenerationError(str(error))
+                response = result.get_response()
+                if result.as_numpy("text_output") is not None:
+                    yield _chunk_bytes(result.as_numpy("text_output"))
+                if response.parameters.get("triton_final_response") and \
+                        response.parameters["triton_final_response"].bool_param:
+                    return
+        finally:
+            self.client.stop_stream(cancel_requests=True)
+
+    def stream(self, prompt: str | GenerateRequest, **parameters) -> Iterator[str]:
+        """Text as it is generated: each piece holds complete characters."""
+        request = prompt if isinstance(prompt, GenerateRequest) else _request(prompt, parameters)
+        assembler = TextAssembler()
+        for chunk in self.stream_bytes(request, stream=True):
+            text = assembler.push(chunk)
+            if text:
+                yield text
+        tail = assembler.finish()
+        if tail:
+            yield tail
+
+    def generate(self, prompt: str | GenerateRequest, **parameters) -> str:
+        request = prompt if isinstance(prompt, GenerateRequest) else _request(prompt, parameters)
+        data = b"".join(self.stream_bytes(request, stream=False))
+        return data.decode("utf-8", errors="replace")
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class AsyncGrpcClient:
+    """asyncio gRPC client: many concurrent streams on one connection."""
+
+    def __init__(self, url: str, model: str = "ensemble"):
+        import tritonclient.grpc as grpcclient
+        import tritonclient.grpc.aio as aioclient
+
+        self._grpc = grpcclient
+        self.client = aioclient.InferenceServerClient(url)
+        self.model = model
+
+    async def stream_bytes(self, request: GenerateRequest, *, stream: bool = True,
+                           request_id: str | None = None) -> AsyncIterator[bytes]:
+        inputs = []
+        for name, array in request.tensors(stream).items():
+            tensor = self._grpc.InferInput(name, list(array.shape), INPUT_DTYPES[name])
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+
+        async def requests():
+            yield {"model_name": self.model, "inputs": inputs, "request_id": request_id or uuid.uuid4().hex,
+                   "enable_empty_final_response": True}
+
+        async for result, error in self.client.stream_infer(requests()):
+            if error is not None:
+                raise GenerationError(str(error))
+            if result.as_numpy("text_output") is not None:
+                yield _chunk_bytes(result.as_numpy("text_output"))
+            final = result.get_response().parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                return
+
+    async def stream(self, prompt: str | GenerateRequest, **parameters) -> AsyncIterator[str]:
+        request = prompt if isinstance(prompt, GenerateRequest) else _request(prompt, parameters)
+        assembler = TextAssembler()
+        async for chunk in self.stream_bytes(request):
+            text = assembler.push(chunk)
+            if text:
+                yield text
+        tail = assembler.finish()
+        if tail:
+            yield tail
+
+    async def generate(self, prompt: str | GenerateRequest, **parameters) -> str:
+        request = prompt if isinstance(prompt, GenerateRequest) else _request(prompt, parameters)
+        chunks = [chunk async for chunk in self.stream_bytes(request, stream=False)]
+        return b"".join(chunks).decode("utf-8", errors="replace")
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+class HttpClient:
+    """HTTP client of Triton's generate extension (`/generate`, and `/generate_stream` as server-sent events)."""
+
+    def __init__(self, url: str, model: str = "ensemble", timeout_s: float = 300):
+        host, _, port = url.replace("http://", "").partition(":")
+        self.host, self.port = host, int(port or 8000)
+        self.model = model
+        self.timeout_s = timeout_s
+
+    def _post(self, path: str, body: dict) -> http.client.HTTPResponse:
+        connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        connection.request("POST", f"/v2/models/{self.model}/{path}", body=json.dumps(body),
+                           headers={"Content-Type": "application/json"})
+        return connection.getresponse()
+
+    def generate(self, prompt: str | GenerateRequest, **parameters) -> str:
+        request = prompt if isinstance(prompt, GenerateRequest) else _request(prompt, parameters)
+        response = self._post("generate", request.values(stream=False))
+        payload = _json_event(response.read())
+        if response.status != 200 or "error" in payload:
+            raise GenerationError(payload.get("error", f"HTTP {response.status}"))
+        return _event_bytes(payload).decode("utf-8", errors="replace")
+
+    def stream_bytes(self, request: GenerateRequest) -> Iterator[bytes]:
+        response = self._post("generate_stream", request.values(stream=True))
+        try:
+            for line in response:
+                if not line.startswith(b"data:"):
+                    continue
+                payload = _json_event(line[5:].strip())
+                if "error" in payload:
+                    raise GenerationError(payload["error"])
+                yield _event_bytes(payload)
+        finally:
+            response.close()
+
+    def stream(self, prompt: str | GenerateRequest, **parameters) -> Iterator[str]:
+        request = prompt if isinstance(prompt, GenerateRequest) else _request(prompt, parameters)
+        assembler = TextAssembler()
+        for chunk in self.stream_bytes(request):
+            text = assembler.push(chunk)
+            if text:
+                yield text
+        tail = assembler.finish()
+        if tail:
+            yield tail
+
+
+def _json_event(data: bytes) -> dict:
+    # A streamed chunk can carry part of a UTF-8 character, which the server writes into its JSON as raw
+    # bytes; surrogateescape keeps them so that `_event_bytes` gets the exact bytes back.
+    return json.loads(data.decode("utf-8", errors="surrogateescape"))
+
+
+def _event_bytes(payload: dict) -> bytes:
+    text = payload.get("text_output", "")
+    if isinstance(text, list):
+        text = "".join(text)
+    return text.encode("utf-8", errors="surrogateescape")
+
+
+def _request(prompt: str, parameters: dict) -> GenerateRequest:
+    max_tokens = parameters.pop("max_tokens", 64)
+    return GenerateRequest(text_input=prompt, max_tokens=max_tokens, parameters=parameters)

@@ -1,0 +1,182 @@
+"""The transformers engine behind the `tensorrt_llm` I/O contract: requests in, responses out.
+
+Called by `tensorrt_llm_transformers/1/model.py` with the `pb_utils` module; answers like the `tensorrtllm`
+backend: non-streaming responses carry the prompt unless `exclude_input_in_output`, streaming responses
+carry only new tokens, a batched request answers one response per row tagged with `batch_index`, and a
+request with `stop=true` cancels the running request that has the same request id.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .engine_requests import EngineRow, is_stop_request, parse_engine_request
+from .errors import RequestError
+from .inflight_engine import EngineLimits, GenerationRequest, GenerationResult, InflightBatchingEngine
+from .triton_adapter import output_tensors, request_inputs, to_triton_error
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSettings:
+    """The engine model's `parameters`, typed."""
+
+    model_path: str
+    limits: EngineLimits
+    dtype: str = "auto"  # auto | float32 | float16 | bfloat16
+    device: str = "auto"  # auto | cpu | cuda
+    exclude_input_in_output: bool = True
+    cancellation_check_period_ms: int = 100
+    decoupled: bool = True
+
+    @classmethod
+    def from_parameters(cls, parameters: dict[str, str], *, decoupled: bool, max_queue_size: int) -> EngineSettings:
+        def number(key: str, default: int) -> int:
+            return int(parameters[key]) if parameters.get(key) else default
+
+        return cls(
+            model_path=parameters["model_path"],
+            limits=EngineLimits(max_batch_size=number("max_batch_size", 8),
+                                max_input_len=number("max_input_len", 1024),
+                                max_seq_len=number("max_seq_len", 2048),
+                                max_queue_size=max_queue_size),
+            dtype=parameters.get("dtype", "auto") or "auto",
+            device=parameters.get("device", "auto") or "auto",
+            exclude_input_in_output=parameters.get("exclude_input_in_output", "true").lower() in ("true", "1"),
+            cancellation_check_period_ms=number("cancellation_check_period_ms", 100),
+            decoupled=decoupled,
+        )
+
+
+def load_model(settings: EngineSettings):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    device = settings.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = "auto" if settings.dtype == "auto" else getattr(torch, settings.dtype)
+    model = AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=dtype, trust_remote_code=False)
+    return model.to(device).eval()
+
+
+class _RequestState:
+    """One Triton request: its sender, and how many of its rows are still running."""
+
+    def __init__(self, pb_utils, sender, rows: int, check_period_s: float):
+        self.pb_utils = pb_utils
+        self.sender = sender
+        self.open_rows = rows
+        self.lock = threading.Lock()
+        self._check_period_s = check_period_s
+        self._next_check = 0.0
+        self._cancelled = False
+
+    def cancelled(self) -> bool:
+        # is_cancelled() is an IPC round trip to the server: ask at most once per period.
+        now = time.monotonic()
+        if not self._cancelled and now >= self._next_check:
+            self._next_check = now + self._check_period_s
+            self._cancelled = bool(self.sender.is_cancelled())
+        return self._cancelled
+
+    def send(self, response, row_done: bool) -> None:
+        with self.lock:
+            if row_done:
+                self.open_rows -= 1
+            final = self.open_rows == 0
+        flags = self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+        if response is None:
+            if final:
+                self.sender.send(flags=flags)
+            return
+        self.sender.send(response, flags=flags)
+
+
+class _RowSink:
+    """Turns one row's engine events into Triton responses."""
+
+    def __init__(self, state: _RequestState, row: EngineRow, batch_index: int):
+        self.state = state
+        self.row = row
+        self.batch_index = batch_index
+
+    def _response(self, token_ids: list[int], log_probs: list[float]):
+        pb_utils = self.state.pb_utils
+        return pb_utils.InferenceResponse(output_tensors(pb_utils, {
+            "output_ids": np.array([[token_ids]], dtype=np.int32),
+            "sequence_length": np.array([[len(token_ids)]], dtype=np.int32),
+            "cum_log_probs": np.array([[sum(log_probs)]], dtype=np.float32),
+            "output_log_probs": np.array([[log_probs]], dtype=np.float32).reshape(1, 1, len(log_probs)),
+            "batch_index": np.array([[self.batch_index]], dtype=np.int32),
+            "sequence_index": np.array([[0]], dtype=np.int32),
+        }))
+
+    def tokens(self, token_ids: list[int], log_probs: list[float]) -> None:
+        self.state.send(self._response(token_ids, log_probs), row_done=False)
+
+    def finish(self, result: GenerationResult | None, error: Exception | None) -> None:
+        pb_utils = self.state.pb_utils
+        if error is not None:
+            self.state.send(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)), row_done=True)
+        elif self.row.stream or result.finish_reason == "cancelled":
+            self.state.send(None, row_done=True)
+        else:
+            tokens = result.token_ids if self.row.exclude_input else self.row.prompt_ids + result.token_ids
+            log_probs = result.log_probs if self.row.exclude_input else [0.0] * len(self.row.prompt_ids) + \
+                result.log_probs
+            self.state.send(self._response(tokens, log_probs), row_done=True)
+
+    def cancelled(self) -> bool:
+        return self.state.cancelled()
+
+
+class EngineService:
+    def __init__(self, pb_utils, settings: EngineSettings):
+        self.pb_utils = pb_utils
+        self.settings = settings
+        self.model = load_model(settings)
+        self.engine = InflightBatchingEngine(self.model, settings.limits)
+
+    def handle(self, request) -> None:
+        """Answer one Triton request through its response sender (never raises)."""
+        pb_utils = self.pb_utils
+        sender = request.get_response_sender()
+        try:
+            inputs = request_inputs(request)
+            if is_stop_request(inputs):
+                self.engine.cancel(request.request_id())
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return
+            rows = parse_engine_request(inputs, default_exclude_input=self.settings.exclude_input_in_output)
+            if not self.settings.decoupled:
+                if any(row.stream for row in rows):
+                    raise RequestError("stream", "streaming needs the engine model deployed decoupled "
+                                                 "(build with streaming enabled)")
+                if len(rows) > 1:
+                    raise RequestError("input_ids", "a batched request needs the engine model deployed decoupled")
+            state = _RequestState(pb_utils, sender, len(rows), self.settings.cancellation_check_period_ms / 1000)
+            requests = []
+            for index, row in enumerate(rows):
+                generation = GenerationRequest(
+                    request_id=request.request_id(), prompt_ids=row.prompt_ids,
+                    max_new_tokens=row.max_new_tokens, end_id=row.end_id, sampling=row.sampling,
+                    stop_sequences=row.stop_sequences, bad_sequences=row.bad_sequences, stream=row.stream,
+                    return_log_probs=row.return_log_probs, sink=_RowSink(state, row, index))
+                self.engine.validate(generation)
+                requests.append(generation)
+        except Exception as error:  # noqa: BLE001 - every failure becomes this request's error response
+            sender.send(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
+        for generation in requests:
+            self.engine.submit(generation)
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()

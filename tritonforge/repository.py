@@ -1,0 +1,120 @@
+"""Assemble a ready-to-mount model repository: model sources, configs, tokenizer and weights.
+
+Every path inside a config is relative to its model's directory, so the folder can be mounted anywhere
+(`-v $PWD/model_repository:/models`). A `tritonforge.json` manifest at the root records how it was built.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from . import model_configs as configs
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "tritonforge.json"
+# The Triton model sources live at the top of the project (see README, "Layout").
+SOURCE_ROOT = Path(__file__).resolve().parent.parent
+MODEL_SOURCES = {
+    "preprocessing": "preprocessing",
+    "postprocessing": "postprocessing",
+    "tensorrt_llm_bls": "tensorrt_llm_bls",
+    "tensorrt_llm:transformers": "tensorrt_llm_transformers",
+}
+TOKENIZER_SUBDIR = "tokenizer"  # under preprocessing/
+CHECKPOINT_SUBDIR = "checkpoint"  # under tensorrt_llm/1/ for the transformers engine
+ENGINE_SUBDIR = "engine"  # under tensorrt_llm/1/ for the TensorRT-LLM engine
+CHECKPOINT_PATTERNS = ("config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RepositoryPlan:
+    output: Path
+    engine: str  # transformers | tensorrtllm
+    frontends: tuple[str, ...]  # ensemble and/or bls
+    serving: configs.ServingConfig
+    limits: configs.EngineLimitsSpec
+    engine_parameters: dict[str, str]
+
+    def __post_init__(self):
+        if self.engine not in configs.ENGINES:
+            raise ValueError(f"engine must be one of {configs.ENGINES}, got {self.engine!r}")
+        unknown = set(self.frontends) - set(configs.FRONTENDS)
+        if unknown or not self.frontends:
+            raise ValueError(f"frontends must be a non-empty subset of {configs.FRONTENDS}, got {self.frontends}")
+
+
+def model_source(key: str) -> Path:
+    path = SOURCE_ROOT / MODEL_SOURCES[key] / "1" / "model.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"model source {path} is missing: install tritonforge from its source tree "
+                                f"(pip install -e .)")
+    return path
+
+
+def build_configs(plan: RepositoryPlan) -> dict[str, mc.ModelConfig]:
+    tokenizer = TOKENIZER_SUBDIR
+    shared_tokenizer = f"../preprocessing/{TOKENIZER_SUBDIR}"
+    out = {
+        "preprocessing": configs.preprocessing_config(plan.serving, plan.limits, tokenizer),
+        "postprocessing": configs.postprocessing_config(plan.serving, shared_tokenizer),
+        configs.ENGINE_MODEL: configs.engine_config(
+            plan.serving, backend="python" if plan.engine == "transformers" else "tensorrtllm",
+            parameters=plan.engine_parameters),
+    }
+    if "ensemble" in plan.frontends:
+        out["ensemble"] = configs.ensemble_config(plan.serving)
+    if "bls" in plan.frontends:
+        out["tensorrt_llm_bls"] = configs.bls_config(plan.serving, plan.limits, shared_tokenizer)
+    return out
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)  # checkpoints are large: a hard link costs nothing on the same filesystem
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def prepare_output(output: Path, *, force: bool) -> None:
+    if output.exists() and any(output.iterdir()):
+        if not (output / MANIFEST).exists() and not force:
+            raise FileExistsError(f"{output} is not empty and was not written by tritonforge; pass --force to "
+                                  f"replace it")
+        shutil.rmtree(output)
+    output.mkdir(parents=True, exist_ok=True)
+
+
+def write_repository(plan: RepositoryPlan, *, tokenizer_source: Path, checkpoint: Path | None,
+                     manifest: dict) -> None:
+    """Write every model of the plan into plan.output (which `prepare_output` made empty)."""
+    from .tokenization import load_tokenizer
+
+    output = plan.output
+    model_configs = build_configs(plan)
+    for name, config in model_configs.items():
+        version_dir = output / name / "1"
+        version_dir.mkdir(parents=True, exist_ok=True)
+        source_key = f"{name}:{plan.engine}" if name == configs.ENGINE_MODEL else name
+        if source_key in MODEL_SOURCES:
+            shutil.copy2(model_source(source_key), version_dir / "model.py")
+        (output / name / "config.pbtxt").write_text(configs.to_text(config))
+
+    load_tokenizer(tokenizer_source).save_pretrained(output / "preprocessing" / TOKENIZER_SUBDIR)
+    if plan.engine == "transformers":
+        target = output / configs.ENGINE_MODEL / "1" / CHECKPOINT_SUBDIR
+        target.mkdir(parents=True, exist_ok=True)
+        for pattern in CHECKPOINT_PATTERNS:
+            for file in sorted(checkpoint.glob(pattern)):
+                _link_or_copy(file, target / file.name)
+        if not any(target.glob("*.safetensors")):
+            raise FileNotFoundError(f"no *.safetensors weights in {checkpoint}")
+    (output / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    logger.info("wrote %s: %s", output, ", ".join(sorted(model_configs)))

@@ -1,0 +1,220 @@
+"""Start and stop a real `tritonserver` on a model repository (`tritonforge serve`, tests, benchmarks).
+
+Finds the server in this order: an explicit path (argument or `TRITONSERVER`), `tritonserver` on PATH
+(NVIDIA's containers; backends at `<bin>/../backends`), the nvidia-pytriton wheel's bundle (whose Python
+backend stub for the running interpreter is copied into a private backends folder). The running
+interpreter's `bin/` goes first on PATH, because the stub embeds the first `python3` it finds there.
+
+Model control and repository APIs are not exposed to clients: the load API can upload code.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+# APIs a client of an LLM server never needs; restricted behind a header that only an operator knows.
+RESTRICTED_APIS = "model-repository,model-config,shared-memory,statistics,trace,logging"
+
+
+class ServerError(RuntimeError):
+    """The server did not start or died; the message quotes its log."""
+
+
+@dataclass(frozen=True)
+class ServerBinary:
+    executable: Path
+    backend_directory: Path
+    library_path: Path | None = None  # extra LD_LIBRARY_PATH entry (the wheel's bundled libraries)
+
+
+def _pytriton_bundle(work_dir: Path) -> ServerBinary | None:
+    try:
+        import pytriton
+    except ImportError:
+        return None
+    root = Path(pytriton.__file__).resolve().parent
+    bundle = root / "tritonserver"
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    stub = bundle / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise ServerError(f"nvidia-pytriton has no Python backend stub for Python {version}")
+    backends = work_dir / "backends"
+    shutil.copytree(bundle / "backends", backends, dirs_exist_ok=True)
+    shutil.copy2(stub, backends / "python" / "triton_python_backend_stub")
+    return ServerBinary(bundle / "bin" / "tritonserver", backends, root.parent / "nvidia_pytriton.libs")
+
+
+def locate_server(work_dir: Path, explicit: str | os.PathLike | None = None) -> ServerBinary:
+    explicit = explicit or os.environ.get("TRITONSERVER")
+    if explicit:
+        path = Path(explicit)
+        if not path.is_file():
+            raise ServerError(f"tritonserver not found at {path}")
+        return ServerBinary(path, path.resolve().parent.parent / "backends")
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        path = Path(on_path).resolve()
+        return ServerBinary(path, path.parent.parent / "backends")
+    bundled = _pytriton_bundle(work_dir)
+    if bundled:
+        return bundled
+    raise ServerError("no tritonserver found: set TRITONSERVER, put it on PATH (NVIDIA's container), or "
+                      "pip install 'tritonforge[server]' for the nvidia-pytriton bundle")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class TritonServer:
+    """A tritonserver subprocess. Use as a context manager, or call start() / stop()."""
+
+    repository: Path
+    executable: str | None = None
+    http_port: int = 0  # 0 = pick a free port
+    grpc_port: int = 0
+    metrics_port: int = 0
+    address: str = "127.0.0.1"
+    ready_timeout_s: float = 300.0
+    exit_timeout_s: int = 10
+    log_verbose: int = 0
+    restricted_api_key: str | None = None  # header value that unlocks the restricted APIs; None = random
+    extra_args: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.repository = Path(self.repository).resolve()
+        self._process: subprocess.Popen | None = None
+        self._work_dir: Path | None = None
+        self.log_path: Path | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.address}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.address}:{self.grpc_port}"
+
+    def command(self, binary: ServerBinary) -> list[str]:
+        key = self.restricted_api_key or os.urandom(16).hex()
+        return [
+            str(binary.executable),
+            f"--model-repository={self.repository}",
+            f"--backend-directory={binary.backend_directory}",
+            f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            f"--http-address={self.address}", f"--grpc-address={self.address}",
+            f"--metrics-address={self.address}",
+            f"--http-restricted-api={RESTRICTED_APIS}:admin-key={key}",
+            f"--grpc-restricted-protocol={RESTRICTED_APIS}:admin-key={key}",
+            "--exit-on-error=true", "--strict-readiness=true",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+            f"--log-verbose={self.log_verbose}",
+            *self.extra_args,
+        ]
+
+    def environment(self, binary: ServerBinary) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        # The stub links libpython by soname: make it find this interpreter's, not another build's
+        # (a mismatch fails at import time with undefined symbols).
+        libdir = sysconfig.get_config_var("LIBDIR") if sysconfig.get_config_var("Py_ENABLE_SHARED") else None
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [
+            libdir, str(binary.library_path) if binary.library_path else None, env.get("LD_LIBRARY_PATH")]))
+        return env
+
+    def start(self) -> TritonServer:
+        self._work_dir = Path(tempfile.mkdtemp(prefix="tritonforge-server-"))
+        binary = locate_server(self._work_dir, self.executable)
+        self.http_port = self.http_port or free_port()
+        self.grpc_port = self.grpc_port or free_port()
+        self.metrics_port = self.metrics_port or free_port()
+        self.log_path = self._work_dir / "tritonserver.log"
+        command = self.command(binary)
+        logger.info("starting %s", " ".join(command))
+        with open(self.log_path, "wb") as log:
+            self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                             env=self.environment(binary), start_new_session=True)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout_s
+        url = f"http://{self.http_url}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise ServerError(f"tritonserver exited with code {self._process.returncode}:\n"
+                                  f"{self.failure_summary()}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.25)
+        raise ServerError(f"tritonserver not ready after {self.ready_timeout_s:.0f} s:\n{self.failure_summary()}")
+
+    def log_text(self) -> str:
+        if self.log_path and self.log_path.exists():
+            return self.log_path.read_text(errors="replace")
+        return ""
+
+    def failure_summary(self, max_lines: int = 20, max_chars: int = 600) -> str:
+        """The log lines that say why (model load failures first, else errors, else the tail), shortened."""
+        lines = self.log_text().splitlines()
+        failing = [line for line in lines if re.search(r"failed to load|UNAVAILABLE", line)]
+        errors = [line for line in lines if re.search(r"\bE\d{4}|error|Error|Traceback", line)]
+        chosen = (failing or errors or lines)[-max_lines:]
+        return "\n".join(line if len(line) <= max_chars else line[:max_chars] + " ..." for line in chosen)
+
+    def is_running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def stop(self) -> int | None:
+        """SIGTERM, wait for the server's own exit timeout, then SIGKILL the whole process group."""
+        if self._process is None:
+            return None
+        if self._process.poll() is None:
+            os.killpg(self._process.pid, signal.SIGTERM)
+            try:
+                self._process.wait(timeout=self.exit_timeout_s + 15)
+            except subprocess.TimeoutExpired:
+                logger.warning("tritonserver did not exit in time; killing it")
+                os.killpg(self._process.pid, signal.SIGKILL)
+                self._process.wait()
+        else:
+            # Stubs may outlive a crashed server.
+            try:
+                os.killpg(self._process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return self._process.returncode
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

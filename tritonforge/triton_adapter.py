@@ -1,0 +1,56 @@
+"""The thin edge between Triton's Python backend (`pb_utils`) and the library.
+
+model.py files pass the `pb_utils` module in, so that nothing else in tritonforge imports it and plain unit
+tests reach all the logic. One place maps our exceptions to Triton error codes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from .errors import RequestError, UnsupportedError
+
+logger = logging.getLogger(__name__)
+
+
+def request_inputs(request) -> dict[str, np.ndarray]:
+    """Every input tensor of a request, copied out (request tensors die when execute returns)."""
+    return {tensor.name(): np.array(tensor.as_numpy(), copy=True) for tensor in request.inputs()}
+
+
+def model_parameters(args: dict) -> dict[str, str]:
+    """The config's `parameters` as plain strings."""
+    parameters = json.loads(args["model_config"]).get("parameters", {})
+    return {key: value.get("string_value", "") for key, value in parameters.items()}
+
+
+def is_decoupled(args: dict) -> bool:
+    return bool(json.loads(args["model_config"]).get("model_transaction_policy", {}).get("decoupled", False))
+
+
+def to_triton_error(pb_utils, error: Exception):
+    """A client-safe TritonError: our own messages verbatim, anything else without internals."""
+    from .inflight_engine import QueueFullError
+
+    if isinstance(error, QueueFullError):
+        return pb_utils.TritonError(str(error), pb_utils.TritonError.UNAVAILABLE)
+    if isinstance(error, UnsupportedError):
+        return pb_utils.TritonError(str(error), pb_utils.TritonError.UNSUPPORTED)
+    if isinstance(error, RequestError):
+        return pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG)
+    logger.error("internal error: %r", error)
+    return pb_utils.TritonError(f"internal error: {type(error).__name__}", pb_utils.TritonError.INTERNAL)
+
+
+def output_tensors(pb_utils, outputs: dict[str, np.ndarray]) -> list:
+    return [pb_utils.Tensor(name, value) for name, value in outputs.items()]
+
+
+def resolve_path(args: dict, value: str) -> str:
+    """A path parameter; a relative one is relative to the model's directory, so a repository mounts anywhere."""
+    path = Path(value)
+    return str(path if path.is_absolute() else (Path(args["model_repository"]) / path).resolve())
