@@ -22,7 +22,7 @@ class BuildOptions:
     model: Path
     output: Path
     engine: str = "transformers"
-    frontends: tuple[str, ...] = ("ensemble",)
+    frontends: tuple[str, ...] = ("ensemble", "bls")
     max_batch_size: int = 8
     max_input_len: int = 1024
     max_seq_len: int = 2048

@@ -151,6 +151,7 @@ class ServingConfig:
     preprocessing_instances: int = 1
     postprocessing_instances: int = 1
     bls_instances: int = 1
+    bls_max_concurrency: int = 256  # requests one BLS instance runs at once
     max_queue_delay_microseconds: int = 0
     max_queue_size: int = 0  # engine queue limit; 0 = unbounded
     exclude_input_in_output: bool = True
@@ -158,7 +159,8 @@ class ServingConfig:
     target_triton: tuple[int, int] = TESTED_TRITON
 
     def __post_init__(self):
-        for name in ("max_batch_size", "preprocessing_instances", "postprocessing_instances", "bls_instances"):
+        for name in ("max_batch_size", "preprocessing_instances", "postprocessing_instances", "bls_instances",
+                     "bls_max_concurrency"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_queue_delay_microseconds < 0 or self.max_queue_size < 0:
@@ -281,6 +283,7 @@ def bls_config(serving: ServingConfig, limits: EngineLimitsSpec, tokenizer_dir: 
     _add_tensors(config.output, CLIENT_OUTPUTS, is_input=False)
     _cpu_instances(config, serving.bls_instances)
     _set_parameters(config, {"tokenizer_dir": tokenizer_dir, "engine_model": ENGINE_MODEL,
+                             "max_concurrency": str(serving.bls_max_concurrency),
                              "max_input_len": str(limits.max_input_len),
                              "max_output_len": str(limits.max_output_len),
                              "add_special_tokens": str(serving.add_special_tokens).lower()})

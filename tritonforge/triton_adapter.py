@@ -36,6 +36,8 @@ def to_triton_error(pb_utils, error: Exception):
     """A client-safe TritonError: our own messages verbatim, anything else without internals."""
     from .inflight_engine import QueueFullError
 
+    if hasattr(error, "triton_code"):  # an error another model already answered: pass it on unchanged
+        return pb_utils.TritonError(str(error), error.triton_code)
     if isinstance(error, QueueFullError):
         return pb_utils.TritonError(str(error), pb_utils.TritonError.UNAVAILABLE)
     if isinstance(error, UnsupportedError):

@@ -1,0 +1,36 @@
+"""tokenize → engine → detokenize in one decoupled model (BLS), the alternative to the ensemble.
+
+Inputs and outputs are the ensemble's (text_input or messages, max_tokens, stop_words, sampling, stream,
+...; text_output, batch_index, sequence_index, log probs). Differences that matter to clients:
+every streamed chunk is complete UTF-8 characters; stop phrases are matched on text and never emitted;
+a client's cancel and a stop phrase both stop the engine's request. One instance serves up to
+`max_concurrency` requests at once.
+"""
+
+import triton_python_backend_utils as pb_utils
+
+from tritonforge.bls import BlsOrchestrator, BlsSettings
+from tritonforge.preprocess import PreprocessLimits
+from tritonforge.triton_adapter import is_decoupled, model_parameters, resolve_path
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        if not is_decoupled(args):
+            raise pb_utils.TritonModelException("tensorrt_llm_bls must be deployed decoupled")
+        parameters = model_parameters(args)
+        self.orchestrator = BlsOrchestrator(pb_utils, BlsSettings(
+            tokenizer_dir=resolve_path(args, parameters["tokenizer_dir"]),
+            limits=PreprocessLimits(max_input_len=int(parameters["max_input_len"]),
+                                    max_output_len=int(parameters["max_output_len"])),
+            engine_model=parameters.get("engine_model", "tensorrt_llm"),
+            max_concurrency=int(parameters.get("max_concurrency", "256")),
+            add_special_tokens=parameters.get("add_special_tokens", "true").lower() in ("true", "1")))
+
+    def execute(self, requests):
+        for request in requests:
+            self.orchestrator.submit(request)
+        return None
+
+    def finalize(self):
+        self.orchestrator.shutdown()

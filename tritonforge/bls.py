@@ -1,0 +1,220 @@
+"""The `tensorrt_llm_bls` model's logic: one decoupled model doing tokenize → engine → detokenize.
+
+Same client contract as the ensemble, with what the ensemble cannot do:
+- per-request incremental detokenization: every streamed chunk is complete UTF-8 characters;
+- string-level stop phrases (held back until decided, never emitted), which then stop the engine's request
+  through its `stop` input so its slot frees; a client's cancel does the same;
+- many requests per instance: each request runs in a worker thread of the instance's pool (BLS response
+  iterators block their thread), so concurrency is `max_concurrency` per instance, not one.
+
+The engine is always asked to stream, without the prompt, so a stop phrase can end generation early even
+when the client asked for one non-streamed answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from .detokenization import IncrementalDetokenizer, TokenBytes
+from .model_configs import ENGINE_FROM_CLIENT, PREPROCESSING_MAP
+from .preprocess import PreprocessLimits, Preprocessor
+from .stop_phrases import StopPhraseFilter
+from .tokenization import decode_utf8
+from .triton_adapter import output_tensors, request_inputs, to_triton_error
+
+logger = logging.getLogger(__name__)
+
+ENGINE_OUTPUTS = ["output_ids", "sequence_length", "cum_log_probs", "output_log_probs"]
+CLIENT_TO_PREPROCESSING = {client: model for model, client in PREPROCESSING_MAP.items()}
+CLIENT_TO_ENGINE = {client: engine for engine, client in ENGINE_FROM_CLIENT.items()}
+# Inputs the BLS sets itself on every engine request.
+FORCED_ENGINE_INPUTS = {"streaming", "exclude_input_in_output"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlsSettings:
+    tokenizer_dir: str
+    limits: PreprocessLimits
+    engine_model: str = "tensorrt_llm"
+    max_concurrency: int = 256
+    add_special_tokens: bool = True
+
+
+class _Completion:
+    """Counts a request's open rows; the last one to finish sends FINAL."""
+
+    def __init__(self, pb_utils, sender, rows: int):
+        self.pb_utils, self.sender, self.open_rows = pb_utils, sender, rows
+        self.lock = threading.Lock()
+
+    def send(self, response) -> None:
+        with self.lock:
+            self.sender.send(response)
+
+    def row_done(self, error_response=None) -> None:
+        with self.lock:
+            self.open_rows -= 1
+            final = self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if self.open_rows == 0 else 0
+            if error_response is not None:
+                self.sender.send(error_response, flags=final)
+            elif final:
+                self.sender.send(flags=final)
+
+
+class BlsOrchestrator:
+    def __init__(self, pb_utils, settings: BlsSettings):
+        self.pb_utils = pb_utils
+        self.settings = settings
+        self.preprocessor = Preprocessor(settings.tokenizer_dir, settings.limits, settings.add_special_tokens)
+        self.token_bytes = TokenBytes(self.preprocessor.tokenizer)
+        self.pool = ThreadPoolExecutor(max_workers=settings.max_concurrency, thread_name_prefix="bls")
+
+    def submit(self, request) -> None:
+        """Called from execute(): parse now (errors answer at once), generate in the pool."""
+        pb_utils = self.pb_utils
+        sender = request.get_response_sender()
+        try:
+            inputs = request_inputs(request)
+            tokens = self.preprocessor({CLIENT_TO_PREPROCESSING[name]: value for name, value in inputs.items()
+                                        if name in CLIENT_TO_PREPROCESSING})
+            batch = tokens["INPUT_ID"].shape[0]
+            stop_phrases = self._stop_phrases(inputs, batch)
+            stream = _flag(inputs, "stream")
+            exclude_input = _flag(inputs, "exclude_input_in_output", default=True)
+        except Exception as error:  # noqa: BLE001 - the client gets the error, the model keeps serving
+            sender.send(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
+        completion = _Completion(pb_utils, sender, batch)
+        for row in range(batch):
+            self.pool.submit(self._run_row, inputs, tokens, row, stop_phrases[row], stream, exclude_input,
+                             completion)
+
+    def _stop_phrases(self, inputs: dict[str, np.ndarray], batch: int) -> list[list[str]]:
+        value = inputs.get("stop_words")
+        if value is None:
+            return [[] for _ in range(batch)]
+        rows = value.reshape(value.shape[0], -1)
+        return [[decode_utf8("stop_words", item) for item in rows[row]] for row in range(batch)]
+
+    def _engine_inputs(self, inputs: dict[str, np.ndarray], tokens: dict[str, np.ndarray], row: int) -> list:
+        pb_utils = self.pb_utils
+        length = int(tokens["REQUEST_INPUT_LEN"][row, 0])
+        tensors = {
+            "input_ids": tokens["INPUT_ID"][row:row + 1, :length],
+            "input_lengths": tokens["REQUEST_INPUT_LEN"][row:row + 1],
+            "request_output_len": tokens["REQUEST_OUTPUT_LEN"][row:row + 1],
+            "end_id": tokens["OUT_END_ID"][row:row + 1],
+            "pad_id": tokens["OUT_PAD_ID"][row:row + 1],
+            "stop_words_list": tokens["STOP_WORDS_IDS"][row:row + 1],
+            "bad_words_list": tokens["BAD_WORDS_IDS"][row:row + 1],
+            "streaming": np.array([[True]]),
+            "exclude_input_in_output": np.array([[True]]),
+        }
+        if tensors["stop_words_list"].shape[-1] == 0:
+            del tensors["stop_words_list"]
+        if tensors["bad_words_list"].shape[-1] == 0:
+            del tensors["bad_words_list"]
+        for client_name, engine_name in CLIENT_TO_ENGINE.items():
+            value = inputs.get(client_name)
+            if value is not None and engine_name not in FORCED_ENGINE_INPUTS:
+                tensors[engine_name] = value[row:row + 1] if value.shape[0] > 1 else value
+        return output_tensors(pb_utils, tensors)
+
+    def _stop_engine(self, request_id: str) -> None:
+        """Cancel the engine's request: Triton 2.51 cannot cancel a BLS call, so use the `stop` input."""
+        pb_utils = self.pb_utils
+        stop = pb_utils.InferenceRequest(
+            model_name=self.settings.engine_model, request_id=request_id, requested_output_names=[],
+            inputs=output_tensors(pb_utils, {"stop": np.array([[True]]),
+                                             "input_lengths": np.array([[1]], dtype=np.int32),
+                                             "request_output_len": np.array([[1]], dtype=np.int32)}))
+        for _ in stop.exec(decoupled=True):
+            pass
+
+    def _run_row(self, inputs, tokens, row: int, stop_phrases: list[str], stream: bool, exclude_input: bool,
+                 completion: _Completion) -> None:
+        pb_utils = self.pb_utils
+        request_id = uuid.uuid4().hex
+        batch = tokens["INPUT_ID"].shape[0]
+        detokenizer = IncrementalDetokenizer(self.token_bytes)
+        stop_filter = StopPhraseFilter(stop_phrases)
+        return_log_probs = _flag(inputs, "return_log_probs")
+        pieces: list[str] = []
+        log_probs: list[float] = []
+        stopped_engine = False
+        try:
+            engine_request = pb_utils.InferenceRequest(
+                model_name=self.settings.engine_model, request_id=request_id,
+                inputs=self._engine_inputs(inputs, tokens, row), requested_output_names=ENGINE_OUTPUTS)
+            for response in engine_request.exec(decoupled=True):
+                if response.has_error():
+                    raise EngineStepError(response.error().message(), response.error().code())
+                ids_tensor = pb_utils.get_output_tensor_by_name(response, "output_ids")
+                if ids_tensor is None:  # the empty response that carries FINAL
+                    continue
+                ids = ids_tensor.as_numpy().reshape(-1)
+                length = int(pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy().reshape(-1)[0])
+                if return_log_probs:
+                    log_probs.extend(pb_utils.get_output_tensor_by_name(response, "output_log_probs")
+                                     .as_numpy().reshape(-1)[:length].tolist())
+                if stopped_engine:
+                    continue
+                text = stop_filter.push(detokenizer.push(ids[:length].tolist()))
+                if stream and text:
+                    completion.send(self._response(text, row, batch, log_probs if return_log_probs else None))
+                elif text:
+                    pieces.append(text)
+                if stop_filter.stopped or completion.sender.is_cancelled():
+                    self._stop_engine(request_id)
+                    stopped_engine = True
+            tail = stop_filter.push(detokenizer.flush()) + stop_filter.flush()
+            if not exclude_input and not stream:
+                prompt_ids = tokens["INPUT_ID"][row, : int(tokens["REQUEST_INPUT_LEN"][row, 0])].tolist()
+                pieces.insert(0, self.token_bytes.decode_sequence(prompt_ids).decode("utf-8", errors="replace"))
+            if not stream:
+                completion.send(self._response("".join(pieces) + tail, row, batch,
+                                               log_probs if return_log_probs else None))
+            elif tail:
+                completion.send(self._response(tail, row, batch, None))
+            completion.row_done()
+        except Exception as error:  # noqa: BLE001 - the stream must always end, with the error
+            if not stopped_engine:
+                try:
+                    self._stop_engine(request_id)
+                except Exception:  # noqa: BLE001
+                    logger.exception("could not stop engine request %s", request_id)
+            completion.row_done(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)))
+
+    def _response(self, text: str, row: int, batch: int, log_probs: list[float] | None):
+        outputs = {
+            "text_output": np.array([[text.encode("utf-8")]], dtype=object),
+            "batch_index": np.array([[row]], dtype=np.int32),
+            "sequence_index": np.array([[0]], dtype=np.int32),
+        }
+        if log_probs is not None:
+            outputs["output_log_probs"] = np.array([[log_probs]], dtype=np.float32).reshape(1, 1, -1)
+            outputs["cum_log_probs"] = np.array([[sum(log_probs)]], dtype=np.float32)
+        return self.pb_utils.InferenceResponse(output_tensors(self.pb_utils, outputs))
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+class EngineStepError(RuntimeError):
+    """An error answered by the engine step, passed on to the client with its message and code."""
+
+    def __init__(self, message: str, triton_code: int):
+        super().__init__(message)
+        self.triton_code = triton_code
+
+
+def _flag(inputs: dict[str, np.ndarray], name: str, default: bool = False) -> bool:
+    value = inputs.get(name)
+    return default if value is None else bool(np.asarray(value).reshape(-1)[0])

@@ -1,0 +1,212 @@
+"""`tritonforge`: build | serve | generate | demo | make-tiny-model | bench | tune."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from . import model_configs as configs
+
+
+def _add_build_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, required=True, help="Hugging Face checkpoint directory")
+    parser.add_argument("--output", type=Path, default=Path("model_repository"), help="repository to write")
+    parser.add_argument("--engine", choices=configs.ENGINES, default="transformers")
+    parser.add_argument("--frontends", default="ensemble,bls",
+                        help="client-facing models, comma-separated: ensemble, bls")
+    parser.add_argument("--max-batch-size", type=int, default=8, help="sequences the engine runs at once")
+    parser.add_argument("--max-input-len", type=int, default=1024)
+    parser.add_argument("--max-seq-len", type=int, default=2048, help="prompt + generated tokens")
+    parser.add_argument("--dtype", default="auto", help="auto | float32 | float16 | bfloat16")
+    parser.add_argument("--device", default="auto", help="transformers engine: auto | cpu | cuda")
+    parser.add_argument("--no-streaming", action="store_true",
+                        help="deploy the engine non-decoupled (no streaming; allows unary gRPC/HTTP infer)")
+    parser.add_argument("--triton-max-batch-size", type=int, default=64)
+    parser.add_argument("--preprocessing-instances", type=int, default=None)
+    parser.add_argument("--postprocessing-instances", type=int, default=None)
+    parser.add_argument("--bls-instances", type=int, default=1)
+    parser.add_argument("--max-queue-delay-us", type=int, default=0)
+    parser.add_argument("--max-queue-size", type=int, default=0, help="engine queue limit (0 = unbounded)")
+    parser.add_argument("--include-input-in-output", action="store_true",
+                        help="echo the prompt in non-streamed output by default")
+    parser.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+
+
+def build_command(args: argparse.Namespace) -> int:
+    from .build import BuildOptions, build
+
+    serving = configs.ServingConfig(
+        max_batch_size=args.triton_max_batch_size,
+        decoupled=not args.no_streaming,
+        preprocessing_instances=args.preprocessing_instances or 2,
+        postprocessing_instances=args.postprocessing_instances or 2,
+        bls_instances=args.bls_instances,
+        max_queue_delay_microseconds=args.max_queue_delay_us,
+        max_queue_size=args.max_queue_size,
+        exclude_input_in_output=not args.include_input_in_output,
+    )
+    options = BuildOptions(
+        model=args.model, output=args.output, engine=args.engine,
+        frontends=tuple(f.strip() for f in args.frontends.split(",") if f.strip()),
+        max_batch_size=args.max_batch_size, max_input_len=args.max_input_len, max_seq_len=args.max_seq_len,
+        dtype=args.dtype, device=args.device, serving=serving, force=args.force)
+    output = build(options)
+    print(f"repository ready: {output}")
+    return 0
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    from .server import TritonServer
+
+    server = TritonServer(args.repository, executable=args.tritonserver, http_port=args.http_port,
+                          grpc_port=args.grpc_port, metrics_port=args.metrics_port, address=args.address,
+                          log_verbose=args.log_verbose)
+    server.start()
+    print(f"serving {args.repository}: HTTP {server.http_url}, gRPC {server.grpc_url}; log {server.log_path}")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(1.0):
+            if not server.is_running():
+                print(f"tritonserver exited:\n{server.failure_summary()}", file=sys.stderr)
+                return 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+def _client(args: argparse.Namespace):
+    from .client import GrpcClient, HttpClient
+
+    if args.protocol == "http":
+        return HttpClient(args.url or "127.0.0.1:8000", model=args.model)
+    return GrpcClient(args.url or "127.0.0.1:8001", model=args.model)
+
+
+def _parameters(args: argparse.Namespace) -> dict:
+    parameters = {"max_tokens": args.max_tokens}
+    for name in ("temperature", "top_k", "top_p", "seed"):
+        if getattr(args, name) is not None:
+            parameters[name] = getattr(args, name)
+    if args.stop:
+        parameters["stop_words"] = args.stop
+    return parameters
+
+
+def generate_command(args: argparse.Namespace) -> int:
+    from .client import GenerationError
+
+    client = _client(args)
+    try:
+        if args.stream:
+            for text in client.stream(args.prompt, **_parameters(args)):
+                print(text, end="", flush=True)
+            print()
+        else:
+            print(client.generate(args.prompt, **_parameters(args)))
+    except GenerationError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def make_tiny_model_command(args: argparse.Namespace) -> int:
+    from .tiny_model import make_tiny_model
+
+    print(f"tiny model ready: {make_tiny_model(args.output, tokenizer_family=args.tokenizer)}")
+    return 0
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    """Build a tiny model and its repository, serve it, answer a prompt over gRPC and HTTP."""
+    from .build import BuildOptions, build
+    from .client import GrpcClient, HttpClient
+    from .server import TritonServer
+    from .tiny_model import make_tiny_model
+
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="tritonforge-demo-"))
+    model = make_tiny_model(work / "tiny-model", tokenizer_family=args.tokenizer)
+    repository = build(BuildOptions(model=model, output=args.output, max_input_len=256, max_seq_len=512,
+                                    frontends=("ensemble", "bls"), force=True))
+    print(f"repository ready: {repository}")
+    with TritonServer(repository) as server:
+        print(f"tritonserver ready: HTTP {server.http_url}, gRPC {server.grpc_url}")
+        grpc_client = GrpcClient(server.grpc_url)
+        print(f"prompt: {args.prompt!r}")
+        print("gRPC stream:   ", end="", flush=True)
+        for text in grpc_client.stream(args.prompt, max_tokens=args.max_tokens):
+            print(text, end="", flush=True)
+        print()
+        http_client = HttpClient(server.http_url)
+        print(f"HTTP generate: {http_client.generate(args.prompt, max_tokens=args.max_tokens)}")
+        print("HTTP stream:   " + "".join(http_client.stream(args.prompt, max_tokens=args.max_tokens)))
+        grpc_client.close()
+    print("(random weights: the text is gibberish, but every path returns the same text)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tritonforge", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    build_parser = commands.add_parser("build", help="checkpoint → ready-to-mount model repository")
+    _add_build_arguments(build_parser)
+    build_parser.set_defaults(func=build_command)
+
+    serve = commands.add_parser("serve", help="run tritonserver on a repository")
+    serve.add_argument("repository", type=Path)
+    serve.add_argument("--tritonserver", default=None, help="path of the tritonserver binary")
+    serve.add_argument("--address", default="127.0.0.1")
+    serve.add_argument("--http-port", type=int, default=8000)
+    serve.add_argument("--grpc-port", type=int, default=8001)
+    serve.add_argument("--metrics-port", type=int, default=8002)
+    serve.add_argument("--log-verbose", type=int, default=0)
+    serve.set_defaults(func=serve_command)
+
+    generate = commands.add_parser("generate", help="send a prompt and print the answer")
+    generate.add_argument("prompt")
+    generate.add_argument("--stream", action="store_true")
+    generate.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
+    generate.add_argument("--url", default=None, help="host:port (default 127.0.0.1:8001 gRPC, :8000 HTTP)")
+    generate.add_argument("--model", default="ensemble", help="ensemble or tensorrt_llm_bls")
+    generate.add_argument("--max-tokens", type=int, default=64)
+    generate.add_argument("--temperature", type=float, default=None)
+    generate.add_argument("--top-k", type=int, default=None)
+    generate.add_argument("--top-p", type=float, default=None)
+    generate.add_argument("--seed", type=int, default=None)
+    generate.add_argument("--stop", action="append", default=[], help="stop phrase (repeatable)")
+    generate.set_defaults(func=generate_command)
+
+    tiny = commands.add_parser("make-tiny-model", help="write a small random-weight Llama and tokenizer")
+    tiny.add_argument("output", type=Path)
+    tiny.add_argument("--tokenizer", choices=("bpe", "sentencepiece"), default="bpe")
+    tiny.set_defaults(func=make_tiny_model_command)
+
+    demo = commands.add_parser("demo", help="tiny model → repository → tritonserver → a prompt over gRPC and HTTP")
+    demo.add_argument("--prompt", default="The server reads a request")
+    demo.add_argument("--max-tokens", type=int, default=32)
+    demo.add_argument("--tokenizer", choices=("bpe", "sentencepiece"), default="sentencepiece")
+    demo.add_argument("--output", type=Path, default=Path("model_repository"))
+    demo.add_argument("--work-dir", default=None)
+    demo.set_defaults(func=demo_command)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, FileExistsError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
