@@ -19,11 +19,13 @@ class StopPhraseFilter:
         if self.stopped:
             return ""
         buffer = self._pending + text
-        matches = [index for index in (buffer.find(phrase) for phrase in self.phrases) if index >= 0]
+        # The phrase that completes first wins, as if the text had arrived one character at a time.
+        matches = [(index + len(phrase), index) for phrase in self.phrases
+                   if (index := buffer.find(phrase)) >= 0]
         if matches:
             self.stopped = True
             self._pending = ""
-            return buffer[: min(matches)]
+            return buffer[: min(matches)[1]]
         held = self._held_suffix(buffer)
         self._pending = buffer[len(buffer) - held:]
         return buffer[: len(buffer) - held]
@@ -45,7 +47,7 @@ class StopPhraseFilter:
 
 
 def truncate_at_stop(text: str, phrases: list[str]) -> tuple[str, bool]:
-    """Non-streamed text cut before the first stop phrase; and whether one was found."""
+    """Whole text cut before the first stop phrase to complete; and whether one was found."""
     stop_filter = StopPhraseFilter(phrases)
-    out = stop_filter.push(text)
+    out = "".join(stop_filter.push(char) for char in text)
     return (out, True) if stop_filter.stopped else (out + stop_filter.flush(), False)

@@ -1,0 +1,68 @@
+"""Byte-exact streaming decode: any cut of any token sequence concatenates to the full decode."""
+
+import random
+
+import pytest
+
+from tritonforge.detokenization import BYTE_LEVEL, SENTENCEPIECE, IncrementalDetokenizer, TokenBytes
+from tritonforge.tokenization import load_tokenizer
+
+MULTILINGUAL = ["Hello world, the server", "你好，世界。模型正在生成文本。", "café naïve Ångström",
+                "🚀 🎉 👍🏽 👨‍👩‍👧", "Привет, мир!", "  two  spaces\nand a newline", "こんにちは、世界"]
+SEQUENCES = 1500  # random sequences per family: enough to hit split characters and byte-fallback runs
+
+
+def random_chunks(rng, ids):
+    cuts = sorted(rng.sample(range(1, len(ids)), rng.randint(0, len(ids) - 1))) if len(ids) > 1 else []
+    bounds = [0, *cuts, len(ids)]
+    return [ids[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def test_family_is_detected(tiny_models):
+    assert TokenBytes(load_tokenizer(tiny_models["bpe"])).family == BYTE_LEVEL
+    assert TokenBytes(load_tokenizer(tiny_models["sentencepiece"])).family == SENTENCEPIECE
+
+
+@pytest.mark.parametrize("text", MULTILINGUAL)
+def test_whole_sequence_decode_equals_tokenizer_decode(tiny_model, text):
+    tokenizer = load_tokenizer(tiny_model)
+    ids = tokenizer(text).input_ids
+    assert TokenBytes(tokenizer).decode_sequence(ids).decode() == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_random_chunkings_concatenate_to_full_decode(tiny_model):
+    tokenizer = load_tokenizer(tiny_model)
+    table = TokenBytes(tokenizer)
+    rng = random.Random(1234)
+    for _ in range(SEQUENCES):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randint(1, 48))]
+        full = table.decode(ids)
+        chunks = random_chunks(rng, ids)
+        assert b"".join(table.decode(chunk) for chunk in chunks) == full
+        detokenizer = IncrementalDetokenizer(table)
+        streamed = [detokenizer.push(chunk) for chunk in chunks] + [detokenizer.flush()]
+        assert "".join(streamed) == full.decode("utf-8", errors="replace")
+
+
+def test_incremental_chunks_are_whole_characters_for_split_multibyte_text(tiny_model):
+    tokenizer = load_tokenizer(tiny_model)
+    table = TokenBytes(tokenizer)
+    for text in MULTILINGUAL:
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        detokenizer = IncrementalDetokenizer(table)
+        pieces = [detokenizer.push([token]) for token in ids] + [detokenizer.flush()]
+        assert all("\ufffd" not in piece for piece in pieces)
+        assert "".join(pieces).lstrip(" ") == text.lstrip(" ")
+
+
+def test_sentencepiece_word_spaces_survive_token_by_token_streaming(tiny_models):
+    """Regression for NVIDIA's ensemble defect: "▁word" decoded alone loses its space."""
+    tokenizer = load_tokenizer(tiny_models["sentencepiece"])
+    table = TokenBytes(tokenizer)
+    ids = tokenizer("the server reads the request", add_special_tokens=False).input_ids
+    assert b"".join(table.decode([token]) for token in ids).decode() == " the server reads the request"
+
+
+def test_padding_ids_decode_to_nothing(tiny_models):
+    table = TokenBytes(load_tokenizer(tiny_models["bpe"]))
+    assert table.decode([-1, -1]) == b""

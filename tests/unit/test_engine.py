@@ -1,0 +1,139 @@
+"""The in-flight batching engine against transformers' own generate, without a server."""
+
+import threading
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tritonforge.errors import RequestError
+from tritonforge.inflight_engine import EngineLimits, GenerationRequest, InflightBatchingEngine
+from tritonforge.sampling import SamplingParams
+from tritonforge.tokenization import load_tokenizer
+
+PROMPTS = ["The engine", "Hello world, the server reads a request", "你好 🚀", "A", "Stop phrases end"]
+WAIT_S = 120  # generous: CI machines are shared
+
+
+class Sink:
+    def __init__(self, cancel_after: int | None = None):
+        self.done, self.streamed, self.result, self.error = threading.Event(), [], None, None
+        self.cancel_after = cancel_after
+
+    def tokens(self, ids, log_probs):
+        self.streamed += ids
+
+    def finish(self, result, error):
+        self.result, self.error = result, error
+        self.done.set()
+
+    def cancelled(self):
+        return self.cancel_after is not None and len(self.streamed) >= self.cancel_after
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_models):
+    tokenizer = load_tokenizer(tiny_models["bpe"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["bpe"]).eval()
+    engine = InflightBatchingEngine(model, EngineLimits(max_batch_size=4, max_input_len=64, max_seq_len=128))
+    yield tokenizer, model, engine
+    engine.shutdown()
+
+
+def reference(model, tokenizer, prompt, max_new_tokens):
+    ids = tokenizer(prompt).input_ids
+    out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
+                         eos_token_id=tokenizer.eos_token_id)[0, len(ids):].tolist()
+    return out[:-1] if out and out[-1] == tokenizer.eos_token_id else out
+
+
+def submit(engine, tokenizer, prompt, sink, **kwargs):
+    request = GenerationRequest(request_id=kwargs.pop("request_id", prompt), prompt_ids=tokenizer(prompt).input_ids,
+                                sink=sink, end_id=kwargs.pop("end_id", tokenizer.eos_token_id), stream=True,
+                                max_new_tokens=kwargs.pop("max_new_tokens", 24), **kwargs)
+    engine.validate(request)
+    engine.submit(request)
+    return sink
+
+
+def test_greedy_equals_generate_with_requests_joining_midway(setup):
+    tokenizer, model, engine = setup
+    sinks = []
+    for prompt in PROMPTS * 2:  # more requests than the batch holds: some wait, some join mid-generation
+        sinks.append(submit(engine, tokenizer, prompt, Sink()))
+        time.sleep(0.005)
+    for prompt, sink in zip(PROMPTS * 2, sinks):
+        assert sink.done.wait(WAIT_S) and sink.error is None
+        assert sink.result.token_ids == sink.streamed == reference(model, tokenizer, prompt, 24)
+
+
+def test_same_seed_samples_the_same_tokens(setup):
+    tokenizer, _, engine = setup
+    params = SamplingParams(top_k=50, temperature=1.0, seed=42)
+    a = submit(engine, tokenizer, "The engine", Sink(), sampling=params)
+    b = submit(engine, tokenizer, "The engine", Sink(), sampling=params)
+    assert a.done.wait(WAIT_S) and b.done.wait(WAIT_S)
+    assert a.result.token_ids == b.result.token_ids
+
+
+def test_stop_sequence_ends_generation_and_is_included(setup):
+    tokenizer, model, engine = setup
+    expected = reference(model, tokenizer, "The engine", 24)
+    stop = expected[5:7]
+    sink = submit(engine, tokenizer, "The engine", Sink(), stop_sequences=[stop])
+    assert sink.done.wait(WAIT_S)
+    assert sink.result.finish_reason == "stop_words" and sink.result.token_ids == expected[:7]
+
+
+def test_end_id_ends_generation_and_min_tokens_masks_it(setup):
+    tokenizer, model, engine = setup
+    expected = reference(model, tokenizer, "The engine", 24)
+    end_id = expected[3]
+    sink = submit(engine, tokenizer, "The engine", Sink(), end_id=end_id)
+    assert sink.done.wait(WAIT_S)
+    assert sink.result.finish_reason == "end_id" and sink.result.token_ids == expected[:expected.index(end_id)]
+    forced = submit(engine, tokenizer, "The engine", Sink(), end_id=end_id,
+                    sampling=SamplingParams(min_tokens=10))
+    assert forced.done.wait(WAIT_S) and len(forced.result.token_ids) >= 10
+
+
+def test_bad_words_are_never_generated(setup):
+    tokenizer, model, engine = setup
+    expected = reference(model, tokenizer, "The engine", 24)
+    sink = submit(engine, tokenizer, "The engine", Sink(), bad_sequences=[[expected[0]]])
+    assert sink.done.wait(WAIT_S) and expected[0] not in sink.result.token_ids
+
+
+def test_cancelled_request_stops_and_frees_its_slot(setup):
+    tokenizer, _, engine = setup
+    sink = submit(engine, tokenizer, "The engine", Sink(cancel_after=3), max_new_tokens=100)
+    assert sink.done.wait(WAIT_S) and sink.result.finish_reason == "cancelled"
+    assert len(sink.streamed) < 100
+
+
+def test_cancel_by_request_id(setup):
+    tokenizer, _, engine = setup
+    sink = submit(engine, tokenizer, "The engine", Sink(), max_new_tokens=100, request_id="r-1")
+    engine.cancel("r-1")
+    assert sink.done.wait(WAIT_S) and sink.result.finish_reason == "cancelled"
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"max_new_tokens": 0}, "request_output_len"),
+    ({"max_new_tokens": 127}, "request_output_len"),
+])
+def test_engine_limits_are_enforced(setup, kwargs, field):
+    tokenizer, _, engine = setup
+    with pytest.raises(RequestError, match=field):
+        submit(engine, tokenizer, "The engine", Sink(), **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"temperature": -0.1}, "temperature"), ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),
+    ({"top_k": -1}, "top_k"), ({"repetition_penalty": 0.0}, "repetition_penalty"),
+    ({"min_tokens": -1}, "min_tokens"), ({"temperature": float("nan")}, "temperature"),
+])
+def test_out_of_range_sampling_values_are_rejected(kwargs, field):
+    with pytest.raises(RequestError, match=f"^{field}"):
+        SamplingParams(**kwargs)

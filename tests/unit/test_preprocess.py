@@ -1,0 +1,103 @@
+"""Prompt encoding, word lists and request validation of the preprocessing model, without a server."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tritonforge.errors import RequestError
+from tritonforge.preprocess import PreprocessLimits, Preprocessor
+from tritonforge.tokenization import from_word_list, to_word_list
+
+LIMITS = PreprocessLimits(max_input_len=32, max_output_len=100)
+
+
+def strings(*values):
+    return np.array([[v.encode() if isinstance(v, str) else v for v in values]], dtype=object)
+
+
+@pytest.fixture(scope="module")
+def preprocessor(tiny_models):
+    return Preprocessor(str(tiny_models["sentencepiece"]), LIMITS)
+
+
+def request(**inputs):
+    base = {"QUERY": strings("Hello world"), "REQUEST_OUTPUT_LEN": np.array([[8]], dtype=np.int32)}
+    base.update(inputs)
+    return {k: v for k, v in base.items() if v is not None}
+
+
+def test_prompt_becomes_ids_with_one_bos(preprocessor):
+    out = preprocessor(request())
+    ids = out["INPUT_ID"][0, : out["REQUEST_INPUT_LEN"][0, 0]].tolist()
+    assert ids == preprocessor.tokenizer("Hello world").input_ids
+    assert out["OUT_END_ID"][0, 0] == preprocessor.tokenizer.eos_token_id
+
+
+def test_prompt_starting_with_bos_text_gets_no_second_bos(preprocessor):
+    out = preprocessor(request(QUERY=strings("<s>Hello world")))
+    ids = out["INPUT_ID"][0].tolist()
+    assert ids[0] == preprocessor.tokenizer.bos_token_id and ids[1] != preprocessor.tokenizer.bos_token_id
+
+
+def test_batched_rows_are_right_padded_with_pad_id(preprocessor):
+    out = preprocessor({"QUERY": np.array([[b"Hi"], [b"Hello world, the server reads"]], dtype=object),
+                        "REQUEST_OUTPUT_LEN": np.array([[4], [4]], dtype=np.int32)})
+    short = out["REQUEST_INPUT_LEN"][0, 0]
+    assert out["INPUT_ID"].shape[0] == 2 and (out["INPUT_ID"][0, short:] == out["OUT_PAD_ID"][0, 0]).all()
+
+
+def test_stop_words_become_word_list_with_mid_sentence_variant(preprocessor):
+    out = preprocessor(request(STOP_WORDS_DICT=strings("server", "")))
+    sequences = from_word_list(out["STOP_WORDS_IDS"][0], "stop_words")
+    assert preprocessor.tokenizer("server", add_special_tokens=False).input_ids in sequences
+
+
+def test_no_stop_words_gives_empty_list(preprocessor):
+    assert preprocessor(request())["STOP_WORDS_IDS"].shape == (1, 2, 0)
+
+
+def test_chat_messages_render_the_template_once(preprocessor):
+    messages = json.dumps([{"role": "user", "content": "hi"}])
+    out = preprocessor(request(QUERY=None, MESSAGES=strings(messages)))
+    ids = out["INPUT_ID"][0].tolist()
+    start = preprocessor.tokenizer.convert_tokens_to_ids("<|start|>")
+    assert ids.count(start) == 2  # the user turn and the generation prompt
+    assert ids.count(preprocessor.tokenizer.bos_token_id) == 1 and ids[0] == preprocessor.tokenizer.bos_token_id
+
+
+@pytest.mark.parametrize("inputs, field", [
+    ({"QUERY": None}, "text_input"),
+    ({"QUERY": strings("")}, "text_input"),
+    ({"QUERY": strings(b"\xff\xfe")}, "text_input"),
+    ({"QUERY": strings("word " * 100)}, "text_input"),
+    ({"REQUEST_OUTPUT_LEN": np.array([[0]], dtype=np.int32)}, "max_tokens"),
+    ({"REQUEST_OUTPUT_LEN": np.array([[-3]], dtype=np.int32)}, "max_tokens"),
+    ({"REQUEST_OUTPUT_LEN": np.array([[101]], dtype=np.int32)}, "max_tokens"),
+    ({"STOP_WORDS_DICT": strings(b"\xc3")}, "stop_words"),
+    ({"QUERY": None, "MESSAGES": strings("not json")}, "messages"),
+    ({"QUERY": None, "MESSAGES": strings('[{"role": "user"}]')}, "messages"),
+    ({"MESSAGES": strings("[]")}, "messages"),
+])
+def test_bad_input_is_rejected_naming_the_field(preprocessor, inputs, field):
+    with pytest.raises(RequestError) as error:
+        preprocessor(request(**inputs))
+    assert str(error.value).startswith(field)
+
+
+def test_batch_with_one_bad_row_names_the_row(preprocessor):
+    with pytest.raises(RequestError, match=r"text_input\[1\]"):
+        preprocessor({"QUERY": np.array([[b"fine"], [b""]], dtype=object),
+                      "REQUEST_OUTPUT_LEN": np.array([[4], [4]], dtype=np.int32)})
+
+
+def test_word_list_round_trip():
+    block = to_word_list([[5, 6], [7]])
+    assert block.tolist() == [[5, 6, 7], [2, 3, -1]]
+    assert from_word_list(block, "stop_words") == [[5, 6], [7]]
+
+
+@pytest.mark.parametrize("block", [np.array([[1, 2], [3, -1]]), np.array([[1, 2], [0, -1]]), np.zeros((3, 2))])
+def test_malformed_word_list_is_rejected(block):
+    with pytest.raises(RequestError, match="stop_words"):
+        from_word_list(block, "stop_words")
