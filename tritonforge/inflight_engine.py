@@ -183,7 +183,7 @@ class InflightBatchingEngine:
         while not self._cancels.empty():
             ids.add(self._cancels.get_nowait())
         for sequence in self._running:
-            if sequence.finish_reason is None and (sequence.request.request_id in ids or sequence.request.sink.cancelled()):
+            if sequence.finish_reason is None and sequence.request.request_id in ids:
                 sequence.finish_reason = "cancelled"
         for request in [r for r in self._waiting if r.request_id in ids]:
             self._waiting.remove(request)

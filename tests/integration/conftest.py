@@ -1,0 +1,65 @@
+"""A real tritonserver per test module, on a repository built from a tiny model; its log is dumped on failure."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from tritonforge import model_configs as configs
+from tritonforge.build import BuildOptions, build
+from tritonforge.server import TritonServer
+
+MAX_INPUT_LEN = 64
+MAX_SEQ_LEN = 1024
+ENGINE_BATCH = 4
+
+
+def serve_tiny(model_dir, repo_dir, **serving) -> TritonServer:
+    build(BuildOptions(model=model_dir, output=repo_dir, max_input_len=MAX_INPUT_LEN, max_seq_len=MAX_SEQ_LEN,
+                       max_batch_size=ENGINE_BATCH, serving=configs.ServingConfig(**serving)))
+    return TritonServer(repo_dir).start()
+
+
+@pytest.fixture(scope="module", params=["bpe", "sentencepiece"])
+def served(request, tiny_models, tmp_path_factory):
+    """(server, model_dir) for each tokenizer family, with two postprocessing instances."""
+    model_dir = tiny_models[request.param]
+    server = serve_tiny(model_dir, tmp_path_factory.mktemp("repo") / "model_repository", postprocessing_instances=2)
+    yield server, model_dir
+    failed = request.node.session.testsfailed
+    server.stop()
+    if failed:
+        print(f"--- tritonserver log ({server.log_path}) ---\n{server.failure_summary(max_lines=60)}")
+
+
+def engine_stream(url: str, inputs: dict[str, np.ndarray], request_id: str = "", timeout_s: float = 120):
+    """Send one request straight to the engine model on a gRPC stream; return its responses' token ids."""
+    import queue
+
+    client = grpcclient.InferenceServerClient(url)
+    responses: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    tensors = []
+    for name, array in inputs.items():
+        dtype = {np.int32: "INT32", np.float32: "FP32", np.bool_: "BOOL", np.uint64: "UINT64"}[array.dtype.type]
+        tensor = grpcclient.InferInput(name, list(array.shape), dtype)
+        tensor.set_data_from_numpy(array)
+        tensors.append(tensor)
+    client.async_stream_infer("tensorrt_llm", tensors, request_id=request_id, enable_empty_final_response=True)
+    tokens, errors = [], []
+    try:
+        while True:
+            result, error = responses.get(timeout=timeout_s)
+            if error is not None:
+                errors.append(str(error))
+                break
+            ids = result.as_numpy("output_ids")
+            if ids is not None:
+                tokens.append(ids[0, 0, : result.as_numpy("sequence_length")[0, 0]].tolist())
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+    return tokens, errors

@@ -1,0 +1,263 @@
+"""The ensemble (preprocessing → transformers engine → postprocessing) on a real tritonserver."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as grpcclient
+from transformers import AutoModelForCausalLM
+
+from tritonforge.client import AsyncGrpcClient, GenerateRequest, GenerationError, GrpcClient, HttpClient
+from tritonforge.detokenization import TokenBytes
+from tritonforge.tokenization import load_tokenizer, phrase_token_variants
+
+from .conftest import ENGINE_BATCH, MAX_INPUT_LEN, engine_stream
+
+PROMPTS = ["The server reads a request", "你好，世界。", "café 🚀 naïve", "A", "Stop phrases end the answer"]
+MAX_TOKENS = 24
+CONCURRENT_STREAMS = 16
+LONG_GENERATION = 900  # tokens a cancelled request would otherwise run for
+DONE_S = 120  # generous upper bound for a short request on a shared CPU machine
+
+
+@pytest.fixture(scope="module")
+def reference(served):
+    """Greedy continuation with transformers' own generate, as token ids and as exact bytes."""
+    _, model_dir = served
+    tokenizer = load_tokenizer(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    table = TokenBytes(tokenizer)
+
+    def generate(prompt: str, max_tokens: int = MAX_TOKENS):
+        ids = tokenizer(prompt).input_ids
+        out = model.generate(torch.tensor([ids]), max_new_tokens=max_tokens, do_sample=False,
+                             eos_token_id=tokenizer.eos_token_id)[0, len(ids):].tolist()
+        out = out[:-1] if out and out[-1] == tokenizer.eos_token_id else out
+        return out, table.decode(out).decode("utf-8", errors="replace")
+
+    return generate
+
+
+@pytest.fixture(scope="module")
+def grpc_client(served):
+    client = GrpcClient(served[0].grpc_url)
+    yield client
+    client.close()
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_text_equals_transformers_generate(grpc_client, reference, prompt):
+    assert grpc_client.generate(prompt, max_tokens=MAX_TOKENS) == reference(prompt)[1]
+
+
+def test_engine_tokens_equal_generate_token_for_token(served, reference, tiny_models):
+    server, model_dir = served
+    tokenizer = load_tokenizer(model_dir)
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt).input_ids
+        tokens, errors = engine_stream(server.grpc_url, {
+            "input_ids": np.array([ids], dtype=np.int32), "input_lengths": np.array([[len(ids)]], dtype=np.int32),
+            "request_output_len": np.array([[MAX_TOKENS]], dtype=np.int32),
+            "end_id": np.array([[tokenizer.eos_token_id]], dtype=np.int32),
+            "streaming": np.array([[True]])})
+        assert not errors and [t for chunk in tokens for t in chunk] == reference(prompt)[0]
+
+
+def test_batched_request_answers_each_row_with_its_batch_index(served, reference):
+    client = grpcclient.InferenceServerClient(served[0].grpc_url)
+    responses: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    text = grpcclient.InferInput("text_input", [2, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[PROMPTS[0].encode()], [PROMPTS[2].encode()]], dtype=object))
+    max_tokens = grpcclient.InferInput("max_tokens", [2, 1], "INT32")
+    max_tokens.set_data_from_numpy(np.array([[MAX_TOKENS], [MAX_TOKENS]], dtype=np.int32))
+    client.async_stream_infer("ensemble", [text, max_tokens], enable_empty_final_response=True)
+    texts = {}
+    while True:
+        result, error = responses.get(timeout=DONE_S)
+        assert error is None
+        if result.as_numpy("text_output") is not None:
+            row = int(result.as_numpy("batch_index")[0, 0])
+            texts[row] = result.as_numpy("text_output")[0, 0].decode("utf-8", errors="replace")
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            break
+    client.stop_stream()
+    assert texts == {0: reference(PROMPTS[0])[1], 1: reference(PROMPTS[2])[1]}
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_streamed_text_equals_non_streamed_over_grpc_and_http(served, grpc_client, prompt):
+    http = HttpClient(served[0].http_url)
+    full = grpc_client.generate(prompt, max_tokens=MAX_TOKENS)
+    assert "".join(grpc_client.stream(prompt, max_tokens=MAX_TOKENS)) == full
+    request = GenerateRequest(text_input=prompt, max_tokens=MAX_TOKENS)
+    assert b"".join(grpc_client.stream_bytes(request)).decode("utf-8", errors="replace") == full
+    assert http.generate(prompt, max_tokens=MAX_TOKENS) == full
+    assert "".join(http.stream(prompt, max_tokens=MAX_TOKENS)) == full
+
+
+def test_prompt_is_echoed_only_when_asked(grpc_client, reference):
+    prompt = PROMPTS[0]
+    assert grpc_client.generate(prompt, max_tokens=4, exclude_input_in_output=False) == \
+        prompt + reference(prompt, 4)[1]
+
+
+def test_concurrent_streams_each_get_their_own_text(served, reference):
+    prompts = [f"{PROMPTS[i % len(PROMPTS)]} {i}" for i in range(CONCURRENT_STREAMS)]
+
+    async def run():
+        client = AsyncGrpcClient(served[0].grpc_url)
+        try:
+            async def one(prompt):
+                return "".join([piece async for piece in client.stream(prompt, max_tokens=MAX_TOKENS)])
+            return await asyncio.gather(*(one(p) for p in prompts))
+        finally:
+            await client.close()
+
+    assert asyncio.run(run()) == [reference(p)[1] for p in prompts]
+
+
+def test_stop_word_ends_generation(grpc_client, reference, served):
+    tokenizer = load_tokenizer(served[1])
+    ids, full = reference(PROMPTS[0])
+    # The engine matches token ids: pick two generated tokens whose text tokenizes back to them.
+    for start in range(3, len(ids) - 2):
+        stop_text = TokenBytes(tokenizer).decode(ids[start:start + 2]).decode("utf-8", errors="replace")
+        if ids[start:start + 2] in phrase_token_variants(tokenizer, stop_text) and ids.index(ids[start]) == start:
+            break
+    text = grpc_client.generate(PROMPTS[0], max_tokens=MAX_TOKENS, stop_words=[stop_text])
+    assert len(text) < len(full) and text.endswith(stop_text)
+
+
+def test_end_id_ends_generation(grpc_client, reference):
+    ids, full = reference(PROMPTS[0])
+    end_id = ids[5]
+    text = grpc_client.generate(PROMPTS[0], max_tokens=MAX_TOKENS, end_id=end_id)
+    assert len(text.encode()) < len(full.encode())
+
+
+def _fill_engine_and_cancel(url: str, prompt_ids: list[int], streams: int) -> None:
+    """Open `streams` long generations straight to the engine, read a token each, then cancel them."""
+    clients = []
+    for index in range(streams):
+        client = grpcclient.InferenceServerClient(url)
+        got_token = threading.Event()
+        client.start_stream(callback=lambda result, error, e=got_token: e.set())
+        tensors = []
+        for name, array, dtype in (("input_ids", np.array([prompt_ids], dtype=np.int32), "INT32"),
+                                   ("input_lengths", np.array([[len(prompt_ids)]], dtype=np.int32), "INT32"),
+                                   ("request_output_len", np.array([[LONG_GENERATION]], dtype=np.int32), "INT32"),
+                                   ("streaming", np.array([[True]]), "BOOL")):
+            tensor = grpcclient.InferInput(name, list(array.shape), dtype)
+            tensor.set_data_from_numpy(array)
+            tensors.append(tensor)
+        client.async_stream_infer("tensorrt_llm", tensors, request_id=f"long-{index}")
+        assert got_token.wait(DONE_S)
+        clients.append(client)
+    for client in clients:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+
+
+def test_cancelled_engine_streams_free_their_slots(served, grpc_client, reference):
+    tokenizer = load_tokenizer(served[1])
+    _fill_engine_and_cancel(served[0].grpc_url, tokenizer("The engine").input_ids, ENGINE_BATCH)
+    # Every slot was taken by a 900-token generation: this answer arrives only if the cancels freed them.
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(text=grpc_client.generate(PROMPTS[3], max_tokens=4)))
+    worker.start()
+    worker.join(DONE_S)
+    assert result.get("text") == reference(PROMPTS[3], 4)[1]
+
+
+def test_stop_request_ends_a_running_ensemble_stream(served):
+    """Triton 2.51 does not pass a client's cancel to a running ensemble step: the `stop` input does it."""
+    client = GrpcClient(served[0].grpc_url)
+    chunks = []
+    request = GenerateRequest(text_input=PROMPTS[0], max_tokens=LONG_GENERATION)
+    for chunk in client.stream_bytes(request, request_id="stop-me"):
+        chunks.append(chunk)
+        if len(chunks) == 3:
+            _, errors = engine_stream(served[0].grpc_url, {
+                "stop": np.array([[True]]), "input_lengths": np.array([[1]], dtype=np.int32),
+                "request_output_len": np.array([[1]], dtype=np.int32)}, request_id="stop-me")
+            assert not errors
+    client.close()
+    assert 3 <= len(chunks) < LONG_GENERATION
+
+
+BAD_REQUESTS = [
+    ({"max_tokens": 4}, "text_input"),  # text_input missing
+    ({"text_input": "", "max_tokens": 4}, "text_input"),
+    ({"text_input": b"\xff\xfe bad", "max_tokens": 4}, "text_input"),
+    ({"text_input": "word " * (MAX_INPUT_LEN + 10), "max_tokens": 4}, "text_input"),
+    ({"text_input": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"text_input": "hi", "max_tokens": -5}, "max_tokens"),
+    ({"text_input": "hi", "max_tokens": 100_000}, "max_tokens"),
+    ({"text_input": "hi", "max_tokens": 4, "temperature": -1.0}, "temperature"),
+    ({"text_input": "hi", "max_tokens": 4, "top_p": 0.0}, "top_p"),
+    ({"text_input": "hi", "max_tokens": 4, "top_p": 1.5}, "top_p"),
+    ({"text_input": "hi", "max_tokens": 4, "top_k": -1}, "top_k"),
+    ({"text_input": "hi", "max_tokens": 4, "beam_width": 2}, "beam_width"),
+    ({"text_input": "hi", "max_tokens": 4, "stop_words": [b"\xc3"]}, "stop_words"),
+]
+
+
+def _raw_grpc(url: str, inputs: dict[str, tuple[np.ndarray, str]]):
+    client = grpcclient.InferenceServerClient(url)
+    responses: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    tensors = []
+    for name, (array, dtype) in inputs.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), dtype)
+        tensor.set_data_from_numpy(array)
+        tensors.append(tensor)
+    client.async_stream_infer("ensemble", tensors, enable_empty_final_response=True)
+    result, error = responses.get(timeout=DONE_S)
+    client.stop_stream()
+    client.close()
+    return result, error
+
+
+@pytest.mark.parametrize("values, field", BAD_REQUESTS)
+def test_bad_input_gets_an_error_naming_the_field_and_the_next_request_is_served(
+        served, grpc_client, reference, values, field):
+    inputs = {}
+    for name, value in values.items():
+        if isinstance(value, (str, bytes)) or (isinstance(value, list)):
+            items = value if isinstance(value, list) else [value]
+            inputs[name] = (np.array([[i.encode() if isinstance(i, str) else i for i in items]], dtype=object),
+                            "BYTES")
+        elif isinstance(value, float):
+            inputs[name] = (np.array([[value]], dtype=np.float32), "FP32")
+        else:
+            inputs[name] = (np.array([[value]], dtype=np.int32), "INT32")
+    _, error = _raw_grpc(served[0].grpc_url, inputs)
+    assert error is not None and field in str(error), error
+    assert grpc_client.generate(PROMPTS[3], max_tokens=4) == reference(PROMPTS[3], 4)[1]
+
+
+def test_wrong_dtype_is_rejected_naming_the_input(served, grpc_client, reference):
+    _, error = _raw_grpc(served[0].grpc_url, {
+        "text_input": (np.array([[b"hi"]], dtype=object), "BYTES"),
+        "max_tokens": (np.array([[4.0]], dtype=np.float32), "FP32")})
+    assert error is not None and "max_tokens" in str(error)
+    assert grpc_client.generate(PROMPTS[3], max_tokens=4) == reference(PROMPTS[3], 4)[1]
+
+
+def test_batch_mixing_valid_and_invalid_rows_names_the_bad_row(served, grpc_client, reference):
+    _, error = _raw_grpc(served[0].grpc_url, {
+        "text_input": (np.array([[b"fine"], [b""]], dtype=object), "BYTES"),
+        "max_tokens": (np.array([[4], [4]], dtype=np.int32), "INT32")})
+    assert error is not None and "text_input[1]" in str(error)
+    assert grpc_client.generate(PROMPTS[3], max_tokens=4) == reference(PROMPTS[3], 4)[1]
+
+
+def test_http_bad_input_is_a_400_naming_the_field(served):
+    with pytest.raises(GenerationError, match="top_p"):
+        HttpClient(served[0].http_url).generate("hi", max_tokens=4, top_p=2.0)
