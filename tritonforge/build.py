@@ -6,13 +6,16 @@ One code path for both engines: read the checkpoint, check the limits against it
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import model_configs as configs
-from .repository import CHECKPOINT_SUBDIR, RepositoryPlan, prepare_output, write_repository
+from . import trtllm
+from .planner import ModelShape, plan_memory
+from .repository import CHECKPOINT_SUBDIR, ENGINE_SUBDIR, RepositoryPlan, prepare_output, write_repository
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +33,21 @@ class BuildOptions:
     device: str = "auto"
     serving: configs.ServingConfig = configs.ServingConfig()
     force: bool = False
+    # TensorRT-LLM only.
+    tp_size: int = 1
+    pp_size: int = 1
+    quantization: str = "none"
+    kv_cache_dtype: str = "auto"
+    max_num_tokens: int = 8192
+    kv_cache_free_gpu_mem_fraction: float = 0.9
+    batch_scheduler_policy: str = "guaranteed_no_evict"
+    enable_kv_cache_reuse: bool = True
+    enable_chunked_context: bool = False
+    cuda_graphs: bool = False
+    gpu_memory_gb: float | None = None  # plan without a GPU
+    repository_mount: str = "/models"  # where the repository is mounted in the server's container
+    dry_run: bool = False
+    planned_instances: bool = True  # TensorRT-LLM: pre/post instance counts from the plan unless set
 
     def __post_init__(self):
         if self.engine not in configs.ENGINES:
@@ -38,6 +56,9 @@ class BuildOptions:
             raise ValueError(f"--max-seq-len ({self.max_seq_len}) must exceed --max-input-len ({self.max_input_len})")
         if self.max_batch_size < 1:
             raise ValueError(f"--max-batch-size must be >= 1, got {self.max_batch_size}")
+        if self.batch_scheduler_policy not in ("guaranteed_no_evict", "max_utilization"):
+            raise ValueError(f"--batch-scheduler-policy must be guaranteed_no_evict or max_utilization, got "
+                             f"{self.batch_scheduler_policy!r}")
 
 
 def read_checkpoint_config(model: Path) -> dict:
@@ -60,7 +81,109 @@ def transformers_engine_parameters(options: BuildOptions) -> dict[str, str]:
     }
 
 
-def build(options: BuildOptions) -> Path:
+def tensorrtllm_engine_parameters(options: BuildOptions, kv_tokens: int) -> dict[str, str]:
+    """Every parameter the tensorrtllm backend reads, explicit; "" means the backend's default."""
+    def flag(value: bool) -> str:
+        return "true" if value else "false"
+
+    return {
+        "gpt_model_type": "inflight_fused_batching",
+        "gpt_model_path": f"{options.repository_mount}/{configs.ENGINE_MODEL}/1/{ENGINE_SUBDIR}",
+        "max_beam_width": "1",
+        "batch_scheduler_policy": options.batch_scheduler_policy,
+        "kv_cache_free_gpu_mem_fraction": str(options.kv_cache_free_gpu_mem_fraction),
+        "max_tokens_in_paged_kv_cache": str(kv_tokens),  # the planned capacity, so the load matches the plan
+        "max_attention_window_size": str(options.max_seq_len),
+        "enable_kv_cache_reuse": flag(options.enable_kv_cache_reuse),
+        "enable_chunked_context": flag(options.enable_chunked_context),
+        "exclude_input_in_output": flag(options.serving.exclude_input_in_output),
+        "cancellation_check_period_ms": "100",
+        "stats_check_period_ms": "100",
+        "normalize_log_probs": "true",
+        "decoding_mode": "top_k_top_p",
+        "gpu_device_ids": "",  # leader mode: each MPI rank takes its own GPU
+        "participant_ids": "",  # only for orchestrator mode
+        "cuda_graph_mode": flag(options.cuda_graphs),
+        "cuda_graph_cache_size": "8" if options.cuda_graphs else "0",
+        "multi_block_mode": "true",
+        "enable_context_fmha_fp32_acc": "false",
+        "kv_cache_host_memory_bytes": "0",
+        "executor_worker_path": "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker",
+        "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
+    }
+
+
+def _gpu_memory_gb(options: BuildOptions) -> float:
+    if options.gpu_memory_gb:
+        return options.gpu_memory_gb
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(0).total_memory / 1e9
+    except ImportError:
+        pass
+    raise ValueError("no GPU visible to plan the KV cache: pass --gpu-memory-gb (e.g. 80 for an H100, 141 for an H200)")
+
+
+def build_tensorrtllm(options: BuildOptions, checkpoint_config: dict, limits, progress=print) -> Path:
+    """Plan, print the exact commands, and (unless --dry-run) convert and build the engine; then write configs."""
+    dtype = options.dtype if options.dtype != "auto" else (
+        "bfloat16" if checkpoint_config.get("torch_dtype", checkpoint_config.get("dtype")) == "bfloat16"
+        else "float16")
+    gpu_memory_gb = _gpu_memory_gb(options)
+    plan = plan_memory(ModelShape.from_hf_config(checkpoint_config), gpu_memory_gb=gpu_memory_gb, dtype=dtype,
+                       quantization=options.quantization, kv_cache_dtype=options.kv_cache_dtype,
+                       tp_size=options.tp_size, pp_size=options.pp_size, max_seq_len=options.max_seq_len,
+                       max_batch_size=options.max_batch_size,
+                       kv_cache_free_gpu_mem_fraction=options.kv_cache_free_gpu_mem_fraction)
+    progress(f"memory plan (tp={options.tp_size}, pp={options.pp_size}, {dtype}, quantization "
+             f"{options.quantization}, KV {options.kv_cache_dtype}):")
+    progress(plan.table(gpu_memory_gb=gpu_memory_gb, fraction=options.kv_cache_free_gpu_mem_fraction,
+                        max_seq_len=options.max_seq_len, max_batch_size=options.max_batch_size))
+    work_dir = options.output.parent / f"{options.output.name}.build"
+    spec = trtllm.TrtBuildSpec(
+        checkpoint=options.model.resolve(), work_dir=work_dir.resolve(),
+        engine_dir=(options.output / configs.ENGINE_MODEL / "1" / ENGINE_SUBDIR).resolve(),
+        architecture=(checkpoint_config.get("architectures") or ["LlamaForCausalLM"])[0], dtype=dtype,
+        tp_size=options.tp_size, pp_size=options.pp_size, quantization=options.quantization,
+        kv_cache_dtype=options.kv_cache_dtype, max_batch_size=options.max_batch_size,
+        max_input_len=options.max_input_len, max_seq_len=options.max_seq_len, max_num_tokens=options.max_num_tokens,
+        workers=options.tp_size * options.pp_size)
+    commands = [trtllm.convert_command(spec), trtllm.build_command(spec)]
+    progress("commands:")
+    for command in commands:
+        progress("  " + " ".join(command))
+    if not options.dry_run:
+        trtllm.require_trtllm()
+    serving = dataclasses.replace(options.serving, target_triton=trtllm.TRITON_VERSION)
+    if options.planned_instances:
+        serving = dataclasses.replace(serving, preprocessing_instances=plan.preprocessing_instances,
+                                      postprocessing_instances=plan.postprocessing_instances,
+                                      bls_max_concurrency=plan.bls_max_concurrency,
+                                      max_queue_size=options.serving.max_queue_size or plan.max_queue_size)
+    plan_record = {"memory_plan": dataclasses.asdict(plan), "commands": commands,
+                   "tensorrt_llm": trtllm.TRTLLM_VERSION, "image": trtllm.TRITON_IMAGE}
+    repository = RepositoryPlan(output=options.output, engine="tensorrtllm", frontends=options.frontends,
+                                serving=serving, limits=limits,
+                                engine_parameters=tensorrtllm_engine_parameters(options, plan.kv_tokens))
+    prepare_output(options.output, force=options.force)
+    if not options.dry_run:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        spec.engine_dir.mkdir(parents=True, exist_ok=True)
+        trtllm.run_build(spec, work_dir / "build.log", progress)
+        trtllm.write_engine_info(spec, commands, trtllm.runtime_facts())
+    write_repository(repository, tokenizer_source=options.model, checkpoint=None,
+                     manifest={"tritonforge_build": _options_record(options), **plan_record,
+                               "dry_run": options.dry_run})
+    return options.output
+
+
+def _options_record(options: BuildOptions) -> dict:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(options).items()}
+
+
+def build(options: BuildOptions, progress=print) -> Path:
     checkpoint_config = read_checkpoint_config(options.model)
     max_positions = checkpoint_config.get("max_position_embeddings")
     if max_positions and options.max_seq_len > max_positions:
@@ -68,13 +191,12 @@ def build(options: BuildOptions) -> Path:
                          f"{max_positions}")
     limits = configs.EngineLimitsSpec(max_batch_size=options.max_batch_size, max_input_len=options.max_input_len,
                                       max_seq_len=options.max_seq_len)
-    if options.engine != "transformers":
-        raise NotImplementedError("the TensorRT-LLM build is not available yet")
+    if options.engine == "tensorrtllm":
+        return build_tensorrtllm(options, checkpoint_config, limits, progress)
     plan = RepositoryPlan(output=options.output, engine=options.engine, frontends=options.frontends,
                           serving=options.serving, limits=limits,
                           engine_parameters=transformers_engine_parameters(options))
     prepare_output(options.output, force=options.force)
-    manifest = {"tritonforge_build": {k: str(v) if isinstance(v, Path) else v
-                                      for k, v in asdict(options).items()}}
-    write_repository(plan, tokenizer_source=options.model, checkpoint=options.model, manifest=manifest)
+    write_repository(plan, tokenizer_source=options.model, checkpoint=options.model,
+                     manifest={"tritonforge_build": _options_record(options)})
     return options.output

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 from . import model_configs as configs
+from .trtllm import KV_CACHE_DTYPES, QUANTIZATIONS, EngineMismatch, TensorRTLLMMissing
 
 
 def _add_build_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,13 +36,28 @@ def _add_build_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--include-input-in-output", action="store_true",
                         help="echo the prompt in non-streamed output by default")
     parser.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    trt = parser.add_argument_group("TensorRT-LLM (--engine tensorrtllm)")
+    trt.add_argument("--tp-size", type=int, default=1, help="tensor parallel size")
+    trt.add_argument("--pp-size", type=int, default=1, help="pipeline parallel size")
+    trt.add_argument("--quantization", choices=QUANTIZATIONS, default="none")
+    trt.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
+    trt.add_argument("--max-num-tokens", type=int, default=8192, help="tokens per engine step (prefill budget)")
+    trt.add_argument("--kv-cache-free-gpu-mem-fraction", type=float, default=0.9)
+    trt.add_argument("--batch-scheduler-policy", choices=("guaranteed_no_evict", "max_utilization"),
+                     default="guaranteed_no_evict")
+    trt.add_argument("--no-kv-cache-reuse", action="store_true", help="disable KV-cache (prefix) reuse")
+    trt.add_argument("--chunked-context", action="store_true", help="enable chunked prefill")
+    trt.add_argument("--cuda-graphs", action="store_true")
+    trt.add_argument("--gpu-memory-gb", type=float, default=None, help="plan for this GPU size without a GPU")
+    trt.add_argument("--repository-mount", default="/models", help="repository path inside the server container")
+    trt.add_argument("--dry-run", action="store_true", help="print the plan and commands, write configs, build nothing")
 
 
 def build_command(args: argparse.Namespace) -> int:
     from .build import BuildOptions, build
 
     serving = configs.ServingConfig(
-        max_batch_size=args.triton_max_batch_size,
+        max_batch_size=max(args.triton_max_batch_size, args.max_batch_size),
         decoupled=not args.no_streaming,
         preprocessing_instances=args.preprocessing_instances or 2,
         postprocessing_instances=args.postprocessing_instances or 2,
@@ -54,7 +70,14 @@ def build_command(args: argparse.Namespace) -> int:
         model=args.model, output=args.output, engine=args.engine,
         frontends=tuple(f.strip() for f in args.frontends.split(",") if f.strip()),
         max_batch_size=args.max_batch_size, max_input_len=args.max_input_len, max_seq_len=args.max_seq_len,
-        dtype=args.dtype, device=args.device, serving=serving, force=args.force)
+        dtype=args.dtype, device=args.device, serving=serving, force=args.force,
+        tp_size=args.tp_size, pp_size=args.pp_size, quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype, max_num_tokens=args.max_num_tokens,
+        kv_cache_free_gpu_mem_fraction=args.kv_cache_free_gpu_mem_fraction,
+        batch_scheduler_policy=args.batch_scheduler_policy, enable_kv_cache_reuse=not args.no_kv_cache_reuse,
+        enable_chunked_context=args.chunked_context, cuda_graphs=args.cuda_graphs,
+        gpu_memory_gb=args.gpu_memory_gb, repository_mount=args.repository_mount, dry_run=args.dry_run,
+        planned_instances=args.preprocessing_instances is None and args.postprocessing_instances is None)
     output = build(options)
     print(f"repository ready: {output}")
     return 0
@@ -203,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError) as error:
+    except (ValueError, FileNotFoundError, FileExistsError, TensorRTLLMMissing, EngineMismatch) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

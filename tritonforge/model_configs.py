@@ -17,6 +17,8 @@ ENGINES = ("transformers", "tensorrtllm")
 FRONTENDS = ("ensemble", "bls")
 # The Triton release our tests run (pytriton 0.7.0); configs for another target may use newer fields.
 TESTED_TRITON = (2, 51)
+MAX_INFLIGHT_SINCE = (2, 63)  # ModelEnsembling.max_inflight_requests; 2.51's parser rejects the field
+ENSEMBLE_MAX_INFLIGHT = 64
 
 S = mc.TYPE_STRING
 I32 = mc.TYPE_INT32
@@ -148,8 +150,8 @@ class ServingConfig:
 
     max_batch_size: int = 64  # Triton's batch limit per model; the engine batches on its own
     decoupled: bool = True  # streaming needs a decoupled engine (and then ensemble / BLS)
-    preprocessing_instances: int = 1
-    postprocessing_instances: int = 1
+    preprocessing_instances: int = 2
+    postprocessing_instances: int = 2
     bls_instances: int = 1
     bls_max_concurrency: int = 256  # requests one BLS instance runs at once
     max_queue_delay_microseconds: int = 0
@@ -254,6 +256,9 @@ def engine_config(serving: ServingConfig, *, backend: str, parameters: dict[str,
 
 def ensemble_config(serving: ServingConfig) -> mc.ModelConfig:
     config = mc.ModelConfig(name="ensemble", platform="ensemble", max_batch_size=serving.max_batch_size)
+    if serving.target_triton >= MAX_INFLIGHT_SINCE:
+        # Backpressure between steps (2.63+): without it a slow detokenizer lets responses pile up unbounded.
+        config.ensemble_scheduling.max_inflight_requests = ENSEMBLE_MAX_INFLIGHT
     _add_tensors(config.input, CLIENT_INPUTS, is_input=True)
     _add_tensors(config.output, CLIENT_OUTPUTS, is_input=False)
 

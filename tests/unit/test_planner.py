@@ -1,0 +1,74 @@
+"""Memory plans for known shapes, against figures computed by hand from the published configs."""
+
+import pytest
+
+from tritonforge.planner import GIB, ModelShape, PlanRefused, plan_memory
+
+LLAMA_3_1_8B = ModelShape(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+                          num_heads=32, num_kv_heads=8, head_dim=128, tied_embeddings=False)
+LLAMA_3_1_70B = ModelShape(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_layers=80,
+                           num_heads=64, num_kv_heads=8, head_dim=128, tied_embeddings=False)
+RESERVE = 2 * GIB  # the planner's default runtime reserve
+
+# By hand, 8B: per layer q 4096·4096 + k,v 2·4096·1024 + o 4096·4096 + mlp 3·4096·14336 = 218,103,808;
+# × 32 layers = 6,979,321,856 linear; embeddings 2 · 128256·4096 = 1,050,673,152; norms 65·4096 = 266,240.
+LINEAR_8B, OTHER_8B = 6_979_321_856, 1_050_939_392
+# 70B: per layer 67,108,864 + 16,777,216 + 67,108,864 + 704,643,072 = 855,638,016; × 80 = 68,451,041,280;
+# embeddings 2 · 128256·8192 = 2,101,346,304; norms 161·8192 = 1,318,912.
+LINEAR_70B, OTHER_70B = 68_451_041_280, 2_102_665_216
+
+
+def expected_sequences(weights, kv_per_token, gpu_gb, max_seq_len, fraction=0.9):
+    kv_memory = int((gpu_gb * 1e9 - weights - RESERVE) * fraction)
+    blocks = kv_memory // kv_per_token // 32
+    return blocks * 32, blocks // -(-max_seq_len // 32)
+
+
+def test_parameter_counts_match_the_published_8b_size():
+    assert LLAMA_3_1_8B.linear_params == LINEAR_8B and LLAMA_3_1_8B.other_params == OTHER_8B
+    assert LINEAR_8B + OTHER_8B == 8_030_261_248  # Llama-3.1-8B's 8.03 B parameters
+
+
+@pytest.mark.parametrize("gpu_gb", [80, 141])
+def test_llama_8b_fp16(gpu_gb):
+    plan = plan_memory(LLAMA_3_1_8B, gpu_memory_gb=gpu_gb, max_seq_len=8192, max_batch_size=64)
+    weights = (LINEAR_8B + OTHER_8B) * 2  # 16,060,522,496 bytes
+    assert plan.weight_bytes_per_gpu == weights
+    assert plan.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131_072
+    assert (plan.kv_tokens, plan.max_sequences) == expected_sequences(weights, 131_072, gpu_gb, 8192)
+
+
+@pytest.mark.parametrize("gpu_gb", [80, 141])
+def test_llama_8b_fp8_weights_and_fp8_kv(gpu_gb):
+    plan = plan_memory(LLAMA_3_1_8B, gpu_memory_gb=gpu_gb, quantization="fp8", kv_cache_dtype="fp8",
+                       max_seq_len=8192, max_batch_size=64)
+    weights = LINEAR_8B * 1 + OTHER_8B * 2  # 9,081,200,640: embeddings and lm_head stay 16-bit
+    assert plan.weight_bytes_per_gpu == weights
+    assert plan.kv_bytes_per_token == 65_536
+    assert (plan.kv_tokens, plan.max_sequences) == expected_sequences(weights, 65_536, gpu_gb, 8192)
+
+
+def test_llama_70b_fp8_on_four_gpus():
+    plan = plan_memory(LLAMA_3_1_70B, gpu_memory_gb=80, quantization="fp8", tp_size=4, max_seq_len=8192,
+                       max_batch_size=64)
+    weights = (LINEAR_70B + OTHER_70B * 2) // 4  # 18,164,092,928 bytes per GPU
+    assert plan.weight_bytes_per_gpu == weights
+    assert plan.kv_bytes_per_token == 2 * 80 * 2 * 128 * 2 == 81_920  # 8 KV heads over tp=4
+    assert (plan.kv_tokens, plan.max_sequences) == expected_sequences(weights, 81_920, 80, 8192)
+
+
+def test_70b_in_fp16_on_one_gpu_is_refused_with_advice():
+    with pytest.raises(PlanRefused, match="tp-size"):
+        plan_memory(LLAMA_3_1_70B, gpu_memory_gb=80, max_seq_len=8192, max_batch_size=8)
+
+
+def test_plan_where_not_one_sequence_fits_is_refused_with_advice():
+    with pytest.raises(PlanRefused, match="not one sequence") as error:
+        plan_memory(LLAMA_3_1_8B, gpu_memory_gb=24, max_seq_len=131072, max_batch_size=8,
+                    kv_cache_free_gpu_mem_fraction=0.5)
+    assert "--max-seq-len" in str(error.value) and "fp8" in str(error.value)
+
+
+def test_heads_that_do_not_split_over_tp_are_refused():
+    with pytest.raises(PlanRefused, match="tp=3"):
+        plan_memory(LLAMA_3_1_8B, gpu_memory_gb=80, tp_size=3, max_seq_len=4096, max_batch_size=8)

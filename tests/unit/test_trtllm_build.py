@@ -1,0 +1,112 @@
+"""The TensorRT-LLM build path where TensorRT-LLM cannot run: dry-run plans, commands, refusal, pinning guard."""
+
+import json
+
+import pytest
+
+from tritonforge import model_configs as configs
+from tritonforge.build import BuildOptions, build
+from tritonforge.cli import main
+from tritonforge.trtllm import (
+    ENGINE_INFO,
+    TRITON_IMAGE,
+    EngineMismatch,
+    TensorRTLLMMissing,
+    TrtBuildSpec,
+    build_command,
+    check_engine,
+    convert_command,
+)
+
+# Every `parameters` key of the tensorrtllm backend listed in INTERFACE.md.
+BACKEND_KEYS = {
+    "gpt_model_type", "gpt_model_path", "max_beam_width", "batch_scheduler_policy", "kv_cache_free_gpu_mem_fraction",
+    "max_tokens_in_paged_kv_cache", "max_attention_window_size", "enable_kv_cache_reuse", "enable_chunked_context",
+    "exclude_input_in_output", "cancellation_check_period_ms", "stats_check_period_ms", "normalize_log_probs",
+    "decoding_mode", "gpu_device_ids", "participant_ids", "cuda_graph_mode", "cuda_graph_cache_size",
+    "multi_block_mode", "enable_context_fmha_fp32_acc", "kv_cache_host_memory_bytes", "executor_worker_path",
+    "FORCE_CPU_ONLY_INPUT_TENSORS",
+}
+
+
+def options(model, output, **kwargs):
+    return BuildOptions(model=model, output=output, engine="tensorrtllm", gpu_memory_gb=80, max_input_len=64,
+                        max_seq_len=256, **kwargs)
+
+
+def test_dry_run_writes_configs_with_every_backend_parameter(tiny_models, tmp_path, capsys):
+    out = build(options(tiny_models["bpe"], tmp_path / "repo", dry_run=True, tp_size=2))
+    printed = capsys.readouterr().out
+    assert "KV tokens available" in printed and "trtllm-build" in printed
+    engine = configs.parse_text((out / "tensorrt_llm" / "config.pbtxt").read_text())
+    assert engine.backend == "tensorrtllm"
+    assert set(engine.parameters) == BACKEND_KEYS
+    assert engine.parameters["gpt_model_type"].string_value == "inflight_fused_batching"
+    assert int(engine.parameters["max_tokens_in_paged_kv_cache"].string_value) > 0
+    ensemble = configs.parse_text((out / "ensemble" / "config.pbtxt").read_text())
+    assert ensemble.ensemble_scheduling.max_inflight_requests > 0  # the pinned image's Triton has it
+    manifest = json.loads((out / "tritonforge.json").read_text())
+    assert manifest["dry_run"] and manifest["commands"][1][0] == "trtllm-build"
+
+
+def test_without_tensorrt_llm_the_build_exits_non_zero_naming_the_container(tiny_models, tmp_path, capsys):
+    code = main(["build", "--model", str(tiny_models["bpe"]), "--output", str(tmp_path / "repo"),
+                 "--engine", "tensorrtllm", "--gpu-memory-gb", "80", "--max-input-len", "64", "--max-seq-len", "256"])
+    assert code != 0
+    assert TRITON_IMAGE in capsys.readouterr().err
+    assert not (tmp_path / "repo" / "tensorrt_llm").exists()
+
+
+def test_missing_tensorrt_llm_raises_from_the_library(tiny_models, tmp_path):
+    with pytest.raises(TensorRTLLMMissing, match="--dry-run"):
+        build(options(tiny_models["bpe"], tmp_path / "repo"))
+
+
+def test_commands_use_the_pinned_release_flags(tmp_path):
+    spec = TrtBuildSpec(checkpoint=tmp_path / "hf", work_dir=tmp_path / "w", engine_dir=tmp_path / "e",
+                        architecture="LlamaForCausalLM", tp_size=2, quantization="int4_wo", kv_cache_dtype="fp8")
+    convert = convert_command(spec)
+    assert convert[1].endswith("models/core/llama/convert_checkpoint.py")
+    assert convert[convert.index("--tp_size") + 1] == "2" and "--use_weight_only" in convert
+    assert convert[convert.index("--weight_only_precision") + 1] == "int4" and "--fp8_kv_cache" in convert
+    trt = build_command(spec)
+    assert trt[trt.index("--kv_cache_type") + 1] == "paged"  # --paged_kv_cache is deprecated in 1.x
+    assert "--max_output_len" not in trt and "--paged_kv_cache" not in trt
+    fp8 = convert_command(TrtBuildSpec(checkpoint=tmp_path, work_dir=tmp_path, engine_dir=tmp_path,
+                                       architecture="LlamaForCausalLM", quantization="fp8"))
+    assert fp8[1].endswith("quantization/quantize.py") and fp8[fp8.index("--qformat") + 1] == "fp8"
+
+
+def test_impossible_plan_is_refused_before_anything_is_written(tiny_models, tmp_path):
+    with pytest.raises(ValueError, match="not one sequence"):
+        build(BuildOptions(model=tiny_models["bpe"], output=tmp_path / "repo", engine="tensorrtllm",
+                           gpu_memory_gb=2.2, max_input_len=64, max_seq_len=256, dry_run=True,
+                           kv_cache_free_gpu_mem_fraction=0.0001))
+    assert not (tmp_path / "repo").exists()
+
+
+ENGINE_FACTS = {"tensorrt_llm_version": "1.1.0", "tensorrt_version": "10.13.2", "gpu_name": "NVIDIA H200",
+                "compute_capability": "9.0"}
+
+
+def fabricate_engine(tmp_path, **overrides):
+    (tmp_path / ENGINE_INFO).write_text(json.dumps({**ENGINE_FACTS, "tp_size": 1, "pp_size": 1, **overrides}))
+    return tmp_path
+
+
+def test_pinning_guard_accepts_the_machine_the_engine_was_built_on(tmp_path):
+    check_engine(fabricate_engine(tmp_path), ENGINE_FACTS, world_size=1)
+
+
+def test_pinning_guard_names_every_difference_and_says_rebuild(tmp_path):
+    running = {**ENGINE_FACTS, "gpu_name": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0"}
+    with pytest.raises(EngineMismatch) as error:
+        check_engine(fabricate_engine(tmp_path), running, world_size=2)
+    message = str(error.value)
+    assert "rebuild" in message and "compute_capability" in message and "'9.0'" in message
+    assert "NVIDIA A100" in message and "world size" in message
+
+
+def test_pinning_guard_refuses_an_engine_without_info(tmp_path):
+    with pytest.raises(EngineMismatch, match="missing"):
+        check_engine(tmp_path, ENGINE_FACTS)

@@ -1,0 +1,207 @@
+"""The TensorRT-LLM build: the pinned release, its exact commands, and the engine pinning guard.
+
+Flow (TensorRT-LLM's documented two-step engine flow, run as subprocesses with argument lists):
+1. checkpoint → TensorRT-LLM checkpoint: `convert_checkpoint.py` for full precision, weight-only INT8/INT4 and
+   INT8 SmoothQuant; ModelOpt's `quantize.py` for FP8 and INT4 AWQ (calibrated formats);
+2. `trtllm-build` → `rank{r}.engine` + `config.json`.
+The LLM API would build the same engine, but the Triton `tensorrtllm` backend serves an engine directory,
+and the two explicit steps are where users need control (parallelism, quantization, max shapes); each is
+also rerunnable alone from the printed commands.
+
+An engine only runs on the GPU architecture and TensorRT / TensorRT-LLM versions it was built with.
+`engine_info.json` records them beside the engine; `check_engine` compares it with the running machine and
+says what differs, instead of TensorRT's deserialization error at load.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+# The one place naming the pinned release and the container that ships it.
+TRTLLM_VERSION = "1.1.0"
+TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+TRITON_VERSION = (2, 64)  # Triton in that image (25.11 = 2.63, 26.01 = 2.65)
+EXAMPLES_DIR = "/app/tensorrt_llm/examples"  # TensorRT-LLM's examples inside that image
+TOKENS_PER_BLOCK = 32  # trtllm-build's default KV-cache block
+
+QUANTIZATIONS = ("none", "fp8", "int8_sq", "int4_awq", "int8_wo", "int4_wo")
+KV_CACHE_DTYPES = ("auto", "fp8", "int8")
+# Bytes per weight of the quantized linear layers; embeddings and lm_head stay in the model dtype.
+WEIGHT_BYTES = {"none": None, "fp8": 1.0, "int8_sq": 1.0, "int8_wo": 1.0, "int4_awq": 0.5, "int4_wo": 0.5}
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+
+class TensorRTLLMMissing(RuntimeError):
+    pass
+
+
+def require_trtllm() -> None:
+    if importlib.util.find_spec("tensorrt_llm") is None:
+        raise TensorRTLLMMissing(
+            f"TensorRT-LLM is not installed here. Build the engine inside {TRITON_IMAGE} (TensorRT-LLM "
+            f"{TRTLLM_VERSION}), e.g. with the Dockerfile's build command; --dry-run plans and prints the "
+            f"commands without it.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrtBuildSpec:
+    checkpoint: Path
+    work_dir: Path  # converted TensorRT-LLM checkpoint goes here
+    engine_dir: Path
+    architecture: str
+    dtype: str = "float16"
+    tp_size: int = 1
+    pp_size: int = 1
+    quantization: str = "none"
+    kv_cache_dtype: str = "auto"
+    max_batch_size: int = 64
+    max_input_len: int = 1024
+    max_seq_len: int = 2048
+    max_num_tokens: int = 8192
+    use_paged_context_fmha: bool = True  # needed by KV-cache reuse and chunked context
+    workers: int = 1
+    examples_dir: str = EXAMPLES_DIR
+
+    def __post_init__(self):
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"--quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"--kv-cache-dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        if self.dtype not in ("float16", "bfloat16"):
+            raise ValueError(f"--dtype for TensorRT-LLM must be float16 or bfloat16, got {self.dtype!r}")
+        if self.tp_size < 1 or self.pp_size < 1:
+            raise ValueError("tensor and pipeline parallel sizes must be >= 1")
+        if self.max_num_tokens < self.max_input_len:
+            raise ValueError(f"--max-num-tokens ({self.max_num_tokens}) must be >= --max-input-len "
+                             f"({self.max_input_len}) unless chunked context is used")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp_size * self.pp_size
+
+    @property
+    def converted(self) -> Path:
+        return self.work_dir / "trtllm_checkpoint"
+
+
+def _family_dir(architecture: str) -> str:
+    if architecture in ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM"):
+        return "llama"
+    if architecture.startswith("Qwen"):
+        return "qwen"
+    raise ValueError(f"no TensorRT-LLM converter wired for {architecture}; supported: Llama, Mistral, Mixtral, "
+                     f"Qwen")
+
+
+def convert_command(spec: TrtBuildSpec) -> list[str]:
+    """Step 1: HF checkpoint → TensorRT-LLM checkpoint (parallelism and quantization are fixed here)."""
+    parallel = ["--tp_size", str(spec.tp_size), "--pp_size", str(spec.pp_size)]
+    if spec.quantization in ("fp8", "int4_awq"):
+        command = [sys.executable, f"{spec.examples_dir}/quantization/quantize.py",
+                   "--model_dir", str(spec.checkpoint), "--output_dir", str(spec.converted),
+                   "--dtype", spec.dtype, "--qformat", spec.quantization, *parallel]
+        if spec.kv_cache_dtype != "auto":
+            command += ["--kv_cache_dtype", spec.kv_cache_dtype]
+        return command
+    converter = f"{spec.examples_dir}/models/core/{_family_dir(spec.architecture)}/convert_checkpoint.py"
+    command = [sys.executable, converter, "--model_dir", str(spec.checkpoint), "--output_dir", str(spec.converted),
+               "--dtype", spec.dtype, *parallel, "--workers", str(spec.workers)]
+    if spec.quantization == "int8_sq":
+        command += ["--smoothquant", "0.5", "--per_channel", "--per_token"]
+    elif spec.quantization in ("int8_wo", "int4_wo"):
+        command += ["--use_weight_only", "--weight_only_precision", spec.quantization.split("_")[0]]
+    if spec.kv_cache_dtype == "fp8":
+        command.append("--fp8_kv_cache")
+    elif spec.kv_cache_dtype == "int8":
+        command.append("--int8_kv_cache")
+    return command
+
+
+def build_command(spec: TrtBuildSpec) -> list[str]:
+    """Step 2: `trtllm-build` with a paged KV cache and the max shapes that become hard request limits."""
+    command = ["trtllm-build", "--checkpoint_dir", str(spec.converted), "--output_dir", str(spec.engine_dir),
+               "--max_batch_size", str(spec.max_batch_size), "--max_input_len", str(spec.max_input_len),
+               "--max_seq_len", str(spec.max_seq_len), "--max_num_tokens", str(spec.max_num_tokens),
+               "--kv_cache_type", "paged", "--remove_input_padding", "enable", "--context_fmha", "enable",
+               "--use_paged_context_fmha", "enable" if spec.use_paged_context_fmha else "disable",
+               "--gpt_attention_plugin", "auto", "--gemm_plugin", "fp8" if spec.quantization == "fp8" else "auto",
+               "--tokens_per_block", str(TOKENS_PER_BLOCK), "--workers", str(spec.workers)]
+    return command
+
+
+def run_build(spec: TrtBuildSpec, log_path: Path, progress=print) -> list[list[str]]:
+    """Run both steps, each logged to log_path; raise with the log's tail when one fails."""
+    require_trtllm()
+    commands = [convert_command(spec), build_command(spec)]
+    spec.work_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as log:
+        for step, command in zip(("convert", "build"), commands):
+            progress(f"[{step}] {' '.join(command)}  (log: {log_path})")
+            log.write(f"$ {' '.join(command)}\n")
+            log.flush()
+            result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
+            if result.returncode != 0:
+                tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
+                raise RuntimeError(f"{step} step failed with exit code {result.returncode}:\n{tail}")
+    return commands
+
+
+# ---- engine pinning guard ----------------------------------------------------------------------------------
+
+ENGINE_INFO = "engine_info.json"
+PINNED_KEYS = ("tensorrt_llm_version", "tensorrt_version", "gpu_name", "compute_capability")
+
+
+def runtime_facts() -> dict[str, str]:
+    """The versions and GPU of this machine, as far as they can be read."""
+    facts: dict[str, str] = {}
+    for module, key in (("tensorrt_llm", "tensorrt_llm_version"), ("tensorrt", "tensorrt_version")):
+        if importlib.util.find_spec(module) is not None:
+            facts[key] = __import__(module).__version__
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            facts["gpu_name"] = torch.cuda.get_device_name(0)
+            major, minor = torch.cuda.get_device_capability(0)
+            facts["compute_capability"] = f"{major}.{minor}"
+    except ImportError:
+        pass
+    return facts
+
+
+def write_engine_info(spec: TrtBuildSpec, commands: list[list[str]], facts: dict[str, str]) -> Path:
+    info = {**facts, "tp_size": spec.tp_size, "pp_size": spec.pp_size, "dtype": spec.dtype,
+            "quantization": spec.quantization, "kv_cache_dtype": spec.kv_cache_dtype,
+            "max_batch_size": spec.max_batch_size, "max_input_len": spec.max_input_len,
+            "max_seq_len": spec.max_seq_len, "max_num_tokens": spec.max_num_tokens,
+            "commands": commands}
+    path = spec.engine_dir / ENGINE_INFO
+    path.write_text(json.dumps(info, indent=2) + "\n")
+    return path
+
+
+class EngineMismatch(RuntimeError):
+    pass
+
+
+def check_engine(engine_dir: Path, facts: dict[str, str], world_size: int | None = None) -> None:
+    """Fail with what differs between the engine's build machine and this one, before TensorRT does."""
+    path = Path(engine_dir) / ENGINE_INFO
+    if not path.is_file():
+        raise EngineMismatch(f"{path} is missing: the engine was not built by tritonforge; rebuild it or check "
+                             f"its versions by hand")
+    info = json.loads(path.read_text())
+    differences = [f"{key}: engine built with {info.get(key)!r}, this machine has {facts.get(key)!r}"
+                   for key in PINNED_KEYS if key in info and info.get(key) != facts.get(key)]
+    if world_size is not None and info.get("tp_size", 1) * info.get("pp_size", 1) != world_size:
+        differences.append(f"world size: engine built for tp*pp = {info['tp_size'] * info['pp_size']}, "
+                           f"serving with {world_size}")
+    if differences:
+        raise EngineMismatch("the TensorRT-LLM engine does not match this machine; rebuild it here "
+                             "(python build_engine.py --engine tensorrtllm ...):\n  " + "\n  ".join(differences))
