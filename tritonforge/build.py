@@ -47,6 +47,7 @@ class BuildOptions:
     gpu_memory_gb: float | None = None  # plan without a GPU
     repository_mount: str = "/models"  # where the repository is mounted in the server's container
     dry_run: bool = False
+    target_triton: tuple[int, int] | None = None  # Triton the configs are for; TensorRT-LLM: the pinned image's
     planned_instances: bool = True  # TensorRT-LLM: pre/post instance counts from the plan unless set
 
     def __post_init__(self):
@@ -156,7 +157,7 @@ def build_tensorrtllm(options: BuildOptions, checkpoint_config: dict, limits, pr
         progress("  " + " ".join(command))
     if not options.dry_run:
         trtllm.require_trtllm()
-    serving = dataclasses.replace(options.serving, target_triton=trtllm.TRITON_VERSION)
+    serving = dataclasses.replace(options.serving, target_triton=options.target_triton or trtllm.TRITON_VERSION)
     if options.planned_instances:
         serving = dataclasses.replace(serving, preprocessing_instances=plan.preprocessing_instances,
                                       postprocessing_instances=plan.postprocessing_instances,

@@ -50,6 +50,8 @@ def _add_build_arguments(parser: argparse.ArgumentParser) -> None:
     trt.add_argument("--cuda-graphs", action="store_true")
     trt.add_argument("--gpu-memory-gb", type=float, default=None, help="plan for this GPU size without a GPU")
     trt.add_argument("--repository-mount", default="/models", help="repository path inside the server container")
+    trt.add_argument("--target-triton", default=None,
+                     help="Triton version the configs are for (default: the pinned image's), e.g. 2.51")
     trt.add_argument("--dry-run", action="store_true", help="print the plan and commands, write configs, build nothing")
 
 
@@ -77,18 +79,36 @@ def build_command(args: argparse.Namespace) -> int:
         batch_scheduler_policy=args.batch_scheduler_policy, enable_kv_cache_reuse=not args.no_kv_cache_reuse,
         enable_chunked_context=args.chunked_context, cuda_graphs=args.cuda_graphs,
         gpu_memory_gb=args.gpu_memory_gb, repository_mount=args.repository_mount, dry_run=args.dry_run,
+        target_triton=tuple(int(part) for part in args.target_triton.split(".")[:2]) if args.target_triton else None,
         planned_instances=args.preprocessing_instances is None and args.postprocessing_instances is None)
     output = build(options)
     print(f"repository ready: {output}")
     return 0
 
 
+def check_repository_engine(repository: Path) -> int:
+    """For a TensorRT-LLM repository: fail now if its engine was built for another GPU or release."""
+    import json
+
+    from .repository import ENGINE_SUBDIR, MANIFEST
+    from .trtllm import check_engine, runtime_facts
+
+    manifest = json.loads((repository / MANIFEST).read_text()) if (repository / MANIFEST).exists() else {}
+    build = manifest.get("tritonforge_build", {})
+    if build.get("engine") != "tensorrtllm":
+        return 1
+    world_size = int(build.get("tp_size", 1)) * int(build.get("pp_size", 1))
+    check_engine(repository / configs.ENGINE_MODEL / "1" / ENGINE_SUBDIR, runtime_facts(), world_size)
+    return world_size
+
+
 def serve_command(args: argparse.Namespace) -> int:
     from .server import TritonServer
 
+    world_size = check_repository_engine(args.repository)
     server = TritonServer(args.repository, executable=args.tritonserver, http_port=args.http_port,
                           grpc_port=args.grpc_port, metrics_port=args.metrics_port, address=args.address,
-                          log_verbose=args.log_verbose)
+                          log_verbose=args.log_verbose, world_size=world_size)
     server.start()
     print(f"serving {args.repository}: HTTP {server.http_url}, gRPC {server.grpc_url}; log {server.log_path}")
     stop = threading.Event()

@@ -98,6 +98,8 @@ class TritonServer:
     exit_timeout_s: int = 10
     log_verbose: int = 0
     restricted_api_key: str | None = None  # header value that unlocks the restricted APIs; None = random
+    require_all_models: bool = True  # False: serve the models that load, and be "ready" without the others
+    world_size: int = 1  # TensorRT-LLM engines with tp*pp > 1: one tritonserver per MPI rank
     extra_args: list[str] = field(default_factory=list)
 
     def __post_init__(self):
@@ -126,11 +128,26 @@ class TritonServer:
             f"--metrics-address={self.address}",
             f"--http-restricted-api={RESTRICTED_APIS}:admin-key={key}",
             f"--grpc-restricted-protocol={RESTRICTED_APIS}:admin-key={key}",
-            "--exit-on-error=true", "--strict-readiness=true",
+            f"--exit-on-error={str(self.require_all_models).lower()}",
+            f"--strict-readiness={str(self.require_all_models).lower()}",
             f"--exit-timeout-secs={self.exit_timeout_s}",
             f"--log-verbose={self.log_verbose}",
             *self.extra_args,
         ]
+
+    def mpi_command(self, binary: ServerBinary) -> list[str]:
+        """One tritonserver per MPI rank: rank 0 loads everything and serves the ports; the other ranks load
+        only the engine model (whose executor never returns to them) with their own shared-memory prefix."""
+        if self.world_size == 1:
+            return self.command(binary)
+        command = ["mpirun", "--allow-run-as-root"]
+        for rank in range(self.world_size):
+            rank_args = [f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
+                         "--disable-auto-complete-config"]
+            if rank > 0:
+                rank_args += ["--model-control-mode=explicit", "--load-model=tensorrt_llm"]
+            command += [*([":"] if rank else []), "-n", "1", *self.command(binary), *rank_args]
+        return command
 
     def environment(self, binary: ServerBinary) -> dict[str, str]:
         env = dict(os.environ)
@@ -149,7 +166,7 @@ class TritonServer:
         self.grpc_port = self.grpc_port or free_port()
         self.metrics_port = self.metrics_port or free_port()
         self.log_path = self._work_dir / "tritonserver.log"
-        command = self.command(binary)
+        command = self.mpi_command(binary)
         logger.info("starting %s", " ".join(command))
         with open(self.log_path, "wb") as log:
             self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,

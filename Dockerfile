@@ -1,0 +1,23 @@
+# tritonforge on NVIDIA's Triton + TensorRT-LLM image. The pinned pair is named in tritonforge/trtllm.py
+# (TRITON_IMAGE, TRTLLM_VERSION); keep this tag equal to it.
+#   docker build -t tritonforge .
+#   build: docker run --rm --gpus all -v /path/to/hf-checkpoint:/checkpoint:ro -v "$PWD/model_repository:/models" \
+#            tritonforge build --model /checkpoint --output /models --engine tensorrtllm --force
+#   serve: docker run --rm --gpus all --shm-size=2g -p 8000:8000 -p 8001:8001 -v "$PWD/model_repository:/models" \
+#            tritonforge serve /models --address 0.0.0.0
+FROM nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3
+
+WORKDIR /opt/tritonforge
+COPY pyproject.toml README.md build_engine.py ./
+COPY tritonforge ./tritonforge
+COPY preprocessing ./preprocessing
+COPY postprocessing ./postprocessing
+COPY tensorrt_llm_transformers ./tensorrt_llm_transformers
+COPY tensorrt_llm_bls ./tensorrt_llm_bls
+# Editable, so that the model sources beside the package are found by the build. The image's own torch,
+# transformers and TensorRT-LLM stay as they are: no dependency is upgraded.
+RUN python3 -m pip install --no-cache-dir --no-deps -e . \
+    && python3 -c "import tritonforge.cli"
+
+ENTRYPOINT ["tritonforge"]
+CMD ["--help"]
