@@ -17,6 +17,7 @@ COPY tensorrt_llm_bls ./tensorrt_llm_bls
 # Editable, so that the model sources beside the package are found by the build. The image's own torch,
 # transformers and TensorRT-LLM stay as they are: no dependency is upgraded.
 RUN python3 -m pip install --no-cache-dir --no-deps -e . \
+    && python3 -m pip install --no-cache-dir "tritonclient[grpc,http]" \
     && python3 -c "import tritonforge.cli"
 
 ENTRYPOINT ["tritonforge"]
