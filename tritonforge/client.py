@@ -76,6 +76,18 @@ class TextAssembler:
         return self._decoder.decode(b"", final=True)
 
 
+def _texts(chunks: Iterator[bytes]) -> Iterator[str]:
+    """Byte chunks as non-empty pieces of complete characters."""
+    assembler = TextAssembler()
+    for chunk in chunks:
+        text = assembler.push(chunk)
+        if text:
+            yield text
+    tail = assembler.finish()
+    if tail:
+        yield tail
+
+
 def _chunk_bytes(value) -> bytes:
     if isinstance(value, np.ndarray):
         value = value.reshape(-1)[0] if value.size else b""
@@ -125,14 +137,7 @@ class GrpcClient:
     def stream(self, prompt: str | GenerateRequest, **parameters) -> Iterator[str]:
         """Text as it is generated: each piece holds complete characters."""
         request = prompt if isinstance(prompt, GenerateRequest) else _request(prompt, parameters)
-        assembler = TextAssembler()
-        for chunk in self.stream_bytes(request, stream=True):
-            text = assembler.push(chunk)
-            if text:
-                yield text
-        tail = assembler.finish()
-        if tail:
-            yield tail
+        yield from _texts(self.stream_bytes(request, stream=True))
 
     def generate(self, prompt: str | GenerateRequest, **parameters) -> str:
         request = prompt if isinstance(prompt, GenerateRequest) else _request(prompt, parameters)
@@ -233,14 +238,7 @@ class HttpClient:
 
     def stream(self, prompt: str | GenerateRequest, **parameters) -> Iterator[str]:
         request = prompt if isinstance(prompt, GenerateRequest) else _request(prompt, parameters)
-        assembler = TextAssembler()
-        for chunk in self.stream_bytes(request):
-            text = assembler.push(chunk)
-            if text:
-                yield text
-        tail = assembler.finish()
-        if tail:
-            yield tail
+        yield from _texts(self.stream_bytes(request))
 
 
 def _json_event(data: bytes) -> dict:
