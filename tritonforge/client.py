@@ -76,6 +76,17 @@ class TextAssembler:
         return self._decoder.decode(b"", final=True)
 
 
+def _grpc_inputs(request: GenerateRequest, stream: bool) -> list:
+    import tritonclient.grpc as grpcclient
+
+    inputs = []
+    for name, array in request.tensors(stream).items():
+        tensor = grpcclient.InferInput(name, list(array.shape), INPUT_DTYPES[name])
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
 def _texts(chunks: Iterator[bytes]) -> Iterator[str]:
     """Byte chunks as non-empty pieces of complete characters."""
     assembler = TextAssembler()
@@ -100,17 +111,8 @@ class GrpcClient:
     def __init__(self, url: str, model: str = "ensemble"):
         import tritonclient.grpc as grpcclient
 
-        self._grpc = grpcclient
         self.client = grpcclient.InferenceServerClient(url)
         self.model = model
-
-    def _inputs(self, request: GenerateRequest, stream: bool):
-        inputs = []
-        for name, array in request.tensors(stream).items():
-            tensor = self._grpc.InferInput(name, list(array.shape), INPUT_DTYPES[name])
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
-        return inputs
 
     def stream_bytes(self, request: GenerateRequest, *, stream: bool = True,
                      request_id: str | None = None, timeout_s: float = 300) -> Iterator[bytes]:
@@ -118,7 +120,7 @@ class GrpcClient:
         responses: queue.Queue = queue.Queue()
         self.client.start_stream(callback=lambda result, error: responses.put((result, error)))
         try:
-            self.client.async_stream_infer(self.model, self._inputs(request, stream),
+            self.client.async_stream_infer(self.model, _grpc_inputs(request, stream),
                                            request_id=request_id or uuid.uuid4().hex,
                                            enable_empty_final_response=True)
             while True:
@@ -152,20 +154,14 @@ class AsyncGrpcClient:
     """asyncio gRPC client: many concurrent streams on one connection."""
 
     def __init__(self, url: str, model: str = "ensemble"):
-        import tritonclient.grpc as grpcclient
         import tritonclient.grpc.aio as aioclient
 
-        self._grpc = grpcclient
         self.client = aioclient.InferenceServerClient(url)
         self.model = model
 
     async def stream_bytes(self, request: GenerateRequest, *, stream: bool = True,
                            request_id: str | None = None) -> AsyncIterator[bytes]:
-        inputs = []
-        for name, array in request.tensors(stream).items():
-            tensor = self._grpc.InferInput(name, list(array.shape), INPUT_DTYPES[name])
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
+        inputs = _grpc_inputs(request, stream)
 
         async def requests():
             yield {"model_name": self.model, "inputs": inputs, "request_id": request_id or uuid.uuid4().hex,

@@ -13,14 +13,12 @@ import numpy as np
 
 from .errors import RequestError
 from .inflight_engine import check_supported
+from .model_configs import ENGINE_FROM_CLIENT
 from .sampling import SamplingParams
 from .tokenization import from_word_list
 
-# Engine input → the name a client uses through the ensemble, for error messages.
-CLIENT_NAMES = {
-    "runtime_top_k": "top_k", "runtime_top_p": "top_p", "len_penalty": "length_penalty",
-    "request_output_len": "max_tokens", "streaming": "stream",
-}
+# Engine input → the name a client uses through the ensemble (its wiring), for error messages.
+CLIENT_NAMES = {**ENGINE_FROM_CLIENT, "request_output_len": "max_tokens"}
 
 # Engine input → (SamplingParams field, type).
 SAMPLING_INPUTS = {

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import RequestError
+from .model_configs import PREPROCESSING_MAP
 from .tokenization import (
     PromptEncoder,
     decode_utf8,
@@ -22,10 +23,9 @@ from .tokenization import (
     pad_word_lists,
 )
 
-# Client-facing names, so that errors name what the client sent (through the ensemble or the BLS).
-CLIENT_NAMES = {"QUERY": "text_input", "MESSAGES": "messages", "REQUEST_OUTPUT_LEN": "max_tokens",
-                "BAD_WORDS_DICT": "bad_words", "STOP_WORDS_DICT": "stop_words", "END_ID": "end_id",
-                "PAD_ID": "pad_id"}
+# Client-facing names, so that errors name what the client sent (through the ensemble or the BLS):
+# the ensemble's own wiring, model input → client input.
+CLIENT_NAMES = PREPROCESSING_MAP
 
 
 @dataclass(frozen=True, kw_only=True)
