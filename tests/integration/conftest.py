@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
 from tritonforge import model_configs as configs
 from tritonforge.build import BuildOptions, build
+from tritonforge.client import AsyncGrpcClient
 from tritonforge.server import TritonServer
 
 MAX_INPUT_LEN = 64
@@ -63,3 +66,17 @@ def engine_stream(url: str, inputs: dict[str, np.ndarray], request_id: str = "",
         client.stop_stream()
         client.close()
     return tokens, errors
+
+
+def stream_concurrently(url: str, model: str, prompts: list[str], max_tokens: int) -> list[str]:
+    """Stream every prompt at once over one asyncio gRPC connection; return each stream's whole text."""
+    async def run():
+        client = AsyncGrpcClient(url, model)
+        try:
+            async def one(prompt):
+                return "".join([piece async for piece in client.stream(prompt, max_tokens=max_tokens)])
+            return await asyncio.gather(*(one(prompt) for prompt in prompts))
+        finally:
+            await client.close()
+
+    return asyncio.run(run())

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
 
-from tritonforge.client import AsyncGrpcClient, GenerateRequest, GenerationError, GrpcClient
+from tritonforge.client import GenerateRequest, GenerationError, GrpcClient
 from tritonforge.tokenization import load_tokenizer
 
-from .conftest import serve_tiny
+from .conftest import serve_tiny, stream_concurrently
 
 MULTILINGUAL = ["The server reads a request", "你好，世界。模型正在生成文本。", "café naïve 🚀 👍🏽",
                 "Привет, мир!", "こんにちは"]
@@ -56,16 +55,7 @@ def test_many_concurrent_streams_through_one_bls_instance(served, clients):
     prompts = [f"{MULTILINGUAL[i % len(MULTILINGUAL)]} {i}" for i in range(STREAMS_ON_ONE_INSTANCE)]
     expected = [ensemble.generate(p, max_tokens=MAX_TOKENS) for p in prompts]
 
-    async def run():
-        client = AsyncGrpcClient(served[0].grpc_url, "tensorrt_llm_bls")
-        try:
-            async def one(prompt):
-                return "".join([piece async for piece in client.stream(prompt, max_tokens=MAX_TOKENS)])
-            return await asyncio.gather(*(one(p) for p in prompts))
-        finally:
-            await client.close()
-
-    assert asyncio.run(run()) == expected
+    assert stream_concurrently(served[0].grpc_url, "tensorrt_llm_bls", prompts, MAX_TOKENS) == expected
 
 
 def test_stop_phrase_split_across_tokens_is_never_emitted(clients):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import queue
 import threading
 
@@ -12,11 +11,11 @@ import torch
 import tritonclient.grpc as grpcclient
 from transformers import AutoModelForCausalLM
 
-from tritonforge.client import AsyncGrpcClient, GenerateRequest, GenerationError, GrpcClient, HttpClient
+from tritonforge.client import GenerateRequest, GenerationError, GrpcClient, HttpClient
 from tritonforge.detokenization import TokenBytes
 from tritonforge.tokenization import load_tokenizer, phrase_token_variants
 
-from .conftest import ENGINE_BATCH, MAX_INPUT_LEN, engine_stream
+from .conftest import ENGINE_BATCH, MAX_INPUT_LEN, engine_stream, stream_concurrently
 
 PROMPTS = ["The server reads a request", "你好，世界。", "café 🚀 naïve", "A", "Stop phrases end the answer"]
 MAX_TOKENS = 24
@@ -110,16 +109,8 @@ def test_prompt_is_echoed_only_when_asked(grpc_client, reference):
 def test_concurrent_streams_each_get_their_own_text(served, reference):
     prompts = [f"{PROMPTS[i % len(PROMPTS)]} {i}" for i in range(CONCURRENT_STREAMS)]
 
-    async def run():
-        client = AsyncGrpcClient(served[0].grpc_url)
-        try:
-            async def one(prompt):
-                return "".join([piece async for piece in client.stream(prompt, max_tokens=MAX_TOKENS)])
-            return await asyncio.gather(*(one(p) for p in prompts))
-        finally:
-            await client.close()
-
-    assert asyncio.run(run()) == [reference(p)[1] for p in prompts]
+    texts = stream_concurrently(served[0].grpc_url, "ensemble", prompts, MAX_TOKENS)
+    assert texts == [reference(p)[1] for p in prompts]
 
 
 def test_stop_word_ends_generation(grpc_client, reference, served):
