@@ -15,7 +15,14 @@ from pathlib import Path
 from . import model_configs as configs
 from . import trtllm
 from .planner import ModelShape, plan_memory
-from .repository import CHECKPOINT_SUBDIR, ENGINE_SUBDIR, RepositoryPlan, prepare_output, write_repository
+from .repository import (
+    CHECKPOINT_SUBDIR,
+    ENGINE_SUBDIR,
+    REPLAY_TOKENS,
+    RepositoryPlan,
+    prepare_output,
+    write_repository,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +56,7 @@ class BuildOptions:
     dry_run: bool = False
     target_triton: tuple[int, int] | None = None  # Triton the configs are for; TensorRT-LLM: the pinned image's
     planned_instances: bool = True  # TensorRT-LLM: pre/post instance counts from the plan unless set
+    replay_step_ms: float = 8.5  # replay engine (benchmarking only): one token per running request per step
 
     def __post_init__(self):
         if self.engine not in configs.ENGINES:
@@ -77,6 +85,19 @@ def transformers_engine_parameters(options: BuildOptions) -> dict[str, str]:
         "max_seq_len": str(options.max_seq_len),
         "dtype": options.dtype,
         "device": options.device,
+        "exclude_input_in_output": str(options.serving.exclude_input_in_output).lower(),
+        "cancellation_check_period_ms": "100",
+    }
+
+
+def replay_engine_parameters(options: BuildOptions, vocab_size: int) -> dict[str, str]:
+    return {
+        "replay_tokens": f"1/{REPLAY_TOKENS}",
+        "replay_step_ms": str(options.replay_step_ms),
+        "vocab_size": str(vocab_size),
+        "max_batch_size": str(options.max_batch_size),
+        "max_input_len": str(options.max_input_len),
+        "max_seq_len": str(options.max_seq_len),
         "exclude_input_in_output": str(options.serving.exclude_input_in_output).lower(),
         "cancellation_check_period_ms": "100",
     }
@@ -194,9 +215,12 @@ def build(options: BuildOptions, progress=print) -> Path:
                                       max_seq_len=options.max_seq_len)
     if options.engine == "tensorrtllm":
         return build_tensorrtllm(options, checkpoint_config, limits, progress)
+    if options.engine == "replay":
+        parameters = replay_engine_parameters(options, vocab_size=checkpoint_config["vocab_size"])
+    else:
+        parameters = transformers_engine_parameters(options)
     plan = RepositoryPlan(output=options.output, engine=options.engine, frontends=options.frontends,
-                          serving=options.serving, limits=limits,
-                          engine_parameters=transformers_engine_parameters(options))
+                          serving=options.serving, limits=limits, engine_parameters=parameters)
     prepare_output(options.output, force=options.force)
     write_repository(plan, tokenizer_source=options.model, checkpoint=options.model,
                      manifest={"tritonforge_build": _options_record(options)})

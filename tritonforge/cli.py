@@ -36,6 +36,8 @@ def _add_build_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--include-input-in-output", action="store_true",
                         help="echo the prompt in non-streamed output by default")
     parser.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    parser.add_argument("--replay-step-ms", type=float, default=8.5,
+                        help="--engine replay (benchmarking only): ms per step, one token per running request")
     trt = parser.add_argument_group("TensorRT-LLM (--engine tensorrtllm)")
     trt.add_argument("--tp-size", type=int, default=1, help="tensor parallel size")
     trt.add_argument("--pp-size", type=int, default=1, help="pipeline parallel size")
@@ -80,7 +82,8 @@ def build_command(args: argparse.Namespace) -> int:
         enable_chunked_context=args.chunked_context, cuda_graphs=args.cuda_graphs,
         gpu_memory_gb=args.gpu_memory_gb, repository_mount=args.repository_mount, dry_run=args.dry_run,
         target_triton=tuple(int(part) for part in args.target_triton.split(".")[:2]) if args.target_triton else None,
-        planned_instances=args.preprocessing_instances is None and args.postprocessing_instances is None)
+        planned_instances=args.preprocessing_instances is None and args.postprocessing_instances is None,
+        replay_step_ms=args.replay_step_ms)
     output = build(options)
     print(f"repository ready: {output}")
     return 0
@@ -161,9 +164,10 @@ def generate_command(args: argparse.Namespace) -> int:
 
 
 def make_tiny_model_command(args: argparse.Namespace) -> int:
-    from .tiny_model import make_tiny_model
+    from .tiny_model import SHAPES, make_tiny_model
 
-    print(f"tiny model ready: {make_tiny_model(args.output, tokenizer_family=args.tokenizer)}")
+    path = make_tiny_model(args.output, tokenizer_family=args.tokenizer, shape=SHAPES[args.size])
+    print(f"tiny model ready: {path}")
     return 0
 
 
@@ -231,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     tiny = commands.add_parser("make-tiny-model", help="write a small random-weight Llama and tokenizer")
     tiny.add_argument("output", type=Path)
     tiny.add_argument("--tokenizer", choices=("bpe", "sentencepiece"), default="bpe")
+    tiny.add_argument("--size", choices=("tiny", "1b"), default="tiny",
+                      help="tiny: ~1M parameters for CPUs; 1b: a ~1B Llama body for GPU measurements")
     tiny.set_defaults(func=make_tiny_model_command)
 
     demo = commands.add_parser("demo", help="tiny model → repository → tritonserver → a prompt over gRPC and HTTP")

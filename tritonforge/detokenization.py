@@ -94,6 +94,9 @@ class TokenBytes:
             logger.warning("tokenizer decoder not recognised: streamed text may differ from a full decode")
         self._table = table
         # SentencePiece adds a space before the first word; a whole sequence (one starting with BOS) drops it.
+        # The postprocessing step sees only the engine's tokens (Triton refuses an ensemble step fed by both
+        # a decoupled step and the client), so BOS is how it tells an echoed prompt from a completion; a
+        # completion whose FIRST token is a generated BOS therefore loses its leading space when not streamed.
         self._strip_first_space = self.family == SENTENCEPIECE
 
     def __len__(self) -> int:

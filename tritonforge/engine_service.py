@@ -1,6 +1,7 @@
-"""The transformers engine behind the `tensorrt_llm` I/O contract: requests in, responses out.
+"""An engine behind the `tensorrt_llm` I/O contract: requests in, responses out.
 
-Called by `tensorrt_llm_transformers/1/model.py` with the `pb_utils` module; answers like the `tensorrtllm`
+Called by `tensorrt_llm_transformers/1/model.py` (and the benchmarking replay engine's model) with the
+`pb_utils` module and an engine (`InflightBatchingEngine` or `ReplayEngine`); answers like the `tensorrtllm`
 backend: non-streaming responses carry the prompt unless `exclude_input_in_output`, streaming responses
 carry only new tokens, a batched request answers one response per row tagged with `batch_index`, and a
 request with `stop=true` cancels the running request that has the same request id.
@@ -27,8 +28,8 @@ logger = logging.getLogger(__name__)
 class EngineSettings:
     """The engine model's `parameters`, typed."""
 
-    model_path: str
     limits: EngineLimits
+    model_path: str = ""  # the transformers checkpoint; unused by the replay engine
     dtype: str = "auto"  # auto | float32 | float16 | bfloat16
     device: str = "auto"  # auto | cpu | cuda
     exclude_input_in_output: bool = True
@@ -41,7 +42,7 @@ class EngineSettings:
             return int(parameters[key]) if parameters.get(key) else default
 
         return cls(
-            model_path=parameters["model_path"],
+            model_path=parameters.get("model_path", ""),
             limits=EngineLimits(max_batch_size=number("max_batch_size", 8),
                                 max_input_len=number("max_input_len", 1024),
                                 max_seq_len=number("max_seq_len", 2048),
@@ -138,11 +139,10 @@ class _RowSink:
 
 
 class EngineService:
-    def __init__(self, pb_utils, settings: EngineSettings):
+    def __init__(self, pb_utils, settings: EngineSettings, engine=None):
         self.pb_utils = pb_utils
         self.settings = settings
-        self.model = load_model(settings)
-        self.engine = InflightBatchingEngine(self.model, settings.limits)
+        self.engine = engine if engine is not None else InflightBatchingEngine(load_model(settings), settings.limits)
 
     def handle(self, request) -> None:
         """Answer one Triton request through its response sender (never raises)."""

@@ -109,23 +109,7 @@ class InflightBatchingEngine:
 
     def validate(self, request: GenerationRequest) -> None:
         """Raise RequestError for a request this engine must refuse; called before `submit`."""
-        prompt_len = len(request.prompt_ids)
-        if prompt_len == 0:
-            raise RequestError("input_ids", "must not be empty")
-        if prompt_len > self.limits.max_input_len:
-            raise RequestError("input_ids", f"prompt has {prompt_len} tokens, more than max_input_len "
-                                            f"{self.limits.max_input_len}")
-        if request.max_new_tokens < 1:
-            raise RequestError("request_output_len", f"must be >= 1, got {request.max_new_tokens}")
-        if prompt_len + request.max_new_tokens > self.limits.max_seq_len:
-            raise RequestError("request_output_len", f"prompt ({prompt_len}) + request_output_len "
-                                                     f"({request.max_new_tokens}) exceeds max_seq_len "
-                                                     f"{self.limits.max_seq_len}")
-        vocab = self.model.config.vocab_size
-        if any(not 0 <= token < vocab for token in request.prompt_ids):
-            raise RequestError("input_ids", f"token ids must be in [0, {vocab})")
-        if self.limits.max_queue_size and self.pending() >= self.limits.max_queue_size:
-            raise QueueFullError("request", f"the engine queue is full ({self.limits.max_queue_size} waiting)")
+        check_limits(request, self.limits, vocab_size=self.model.config.vocab_size, pending=self.pending())
 
     def submit(self, request: GenerationRequest) -> None:
         self._incoming.put(request)
@@ -284,6 +268,26 @@ class InflightBatchingEngine:
 
 class QueueFullError(RequestError):
     """The engine's queue is full: the client may retry later (UNAVAILABLE)."""
+
+
+def check_limits(request: GenerationRequest, limits: EngineLimits, *, vocab_size: int, pending: int) -> None:
+    """The checks every engine makes before accepting a request; each error names the tensor at fault."""
+    prompt_len = len(request.prompt_ids)
+    if prompt_len == 0:
+        raise RequestError("input_ids", "must not be empty")
+    if prompt_len > limits.max_input_len:
+        raise RequestError("input_ids", f"prompt has {prompt_len} tokens, more than max_input_len "
+                                        f"{limits.max_input_len}")
+    if request.max_new_tokens < 1:
+        raise RequestError("request_output_len", f"must be >= 1, got {request.max_new_tokens}")
+    if prompt_len + request.max_new_tokens > limits.max_seq_len:
+        raise RequestError("request_output_len", f"prompt ({prompt_len}) + request_output_len "
+                                                 f"({request.max_new_tokens}) exceeds max_seq_len "
+                                                 f"{limits.max_seq_len}")
+    if any(not 0 <= token < vocab_size for token in request.prompt_ids):
+        raise RequestError("input_ids", f"token ids must be in [0, {vocab_size})")
+    if limits.max_queue_size and pending >= limits.max_queue_size:
+        raise QueueFullError("request", f"the engine queue is full ({limits.max_queue_size} waiting)")
 
 
 def _left_pad(tensor: torch.Tensor, length: int) -> torch.Tensor:

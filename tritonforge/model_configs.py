@@ -13,7 +13,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 ENGINE_MODEL = "tensorrt_llm"
-ENGINES = ("transformers", "tensorrtllm")
+# "replay" is for benchmarking only: it streams pre-set tokens (tritonforge/replay_engine.py).
+ENGINES = ("transformers", "tensorrtllm", "replay")
 FRONTENDS = ("ensemble", "bls")
 # The Triton release our tests run (pytriton 0.7.0); configs for another target may use newer fields.
 TESTED_TRITON = (2, 51)

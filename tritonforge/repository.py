@@ -27,17 +27,19 @@ MODEL_SOURCES = {
     "postprocessing": "postprocessing",
     "tensorrt_llm_bls": "tensorrt_llm_bls",
     "tensorrt_llm:transformers": "tensorrt_llm_transformers",
+    "tensorrt_llm:replay": "tensorrt_llm_replay_benchmark",
 }
 TOKENIZER_SUBDIR = "tokenizer"  # under preprocessing/
 CHECKPOINT_SUBDIR = "checkpoint"  # under tensorrt_llm/1/ for the transformers engine
 ENGINE_SUBDIR = "engine"  # under tensorrt_llm/1/ for the TensorRT-LLM engine
+REPLAY_TOKENS = "replay_tokens.json"  # under tensorrt_llm/1/ for the replay (benchmarking) engine
 CHECKPOINT_PATTERNS = ("config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json")
 
 
 @dataclass(frozen=True, kw_only=True)
 class RepositoryPlan:
     output: Path
-    engine: str  # transformers | tensorrtllm
+    engine: str  # transformers | tensorrtllm | replay
     frontends: tuple[str, ...]  # ensemble and/or bls
     serving: configs.ServingConfig
     limits: configs.EngineLimitsSpec
@@ -66,7 +68,7 @@ def build_configs(plan: RepositoryPlan) -> dict[str, mc.ModelConfig]:
         "preprocessing": configs.preprocessing_config(plan.serving, plan.limits, tokenizer),
         "postprocessing": configs.postprocessing_config(plan.serving, shared_tokenizer),
         configs.ENGINE_MODEL: configs.engine_config(
-            plan.serving, backend="python" if plan.engine == "transformers" else "tensorrtllm",
+            plan.serving, backend="tensorrtllm" if plan.engine == "tensorrtllm" else "python",
             parameters=plan.engine_parameters),
     }
     if "ensemble" in plan.frontends:
@@ -74,6 +76,16 @@ def build_configs(plan: RepositoryPlan) -> dict[str, mc.ModelConfig]:
     if "bls" in plan.frontends:
         out["tensorrt_llm_bls"] = configs.bls_config(plan.serving, plan.limits, shared_tokenizer)
     return out
+
+
+def replay_tokens(tokenizer_source: Path) -> list[int]:
+    """What the replay engine streams: the shipped corpus in the model's own tokens, so detokenizing it
+    costs what real text costs (multi-byte characters, word boundaries)."""
+    from .tiny_model import corpus_lines
+    from .tokenization import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_source)
+    return tokenizer(" ".join(corpus_lines()), add_special_tokens=False).input_ids
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
@@ -116,5 +128,7 @@ def write_repository(plan: RepositoryPlan, *, tokenizer_source: Path, checkpoint
                 _link_or_copy(file, target / file.name)
         if not any(target.glob("*.safetensors")):
             raise FileNotFoundError(f"no *.safetensors weights in {checkpoint}")
+    elif plan.engine == "replay":
+        (output / configs.ENGINE_MODEL / "1" / REPLAY_TOKENS).write_text(json.dumps(replay_tokens(tokenizer_source)))
     (output / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     logger.info("wrote %s: %s", output, ", ".join(sorted(model_configs)))

@@ -45,6 +45,16 @@ class TinyModelShape:
     # With the usual 0.02 a random model's logits are nearly flat and greedy decoding repeats one token.
     initializer_range: float = 0.5
     seed: int = 0
+    dtype: str = "float32"  # of the saved weights
+
+
+# "1b": the body of a ~1B-parameter Llama (Llama-3.2-1B's layers, a small vocabulary) for GPU measurements.
+# At that depth the tiny model's large init overflows, so it keeps the usual 0.02.
+SHAPES = {
+    "tiny": TinyModelShape(),
+    "1b": TinyModelShape(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                         num_key_value_heads=8, initializer_range=0.02, dtype="bfloat16"),
+}
 
 
 def corpus_lines() -> list[str]:
@@ -146,6 +156,6 @@ def make_tiny_model(output_dir: str | Path, *, tokenizer_family: str = "bpe",
         bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id,
         do_sample=False,
     )
-    model.save_pretrained(output)
+    model.to(getattr(torch, shape.dtype)).save_pretrained(output)
     logger.info("wrote a %s-tokenizer tiny Llama to %s", tokenizer_family, output)
     return output

@@ -1,0 +1,41 @@
+"""FOR BENCHMARKING ONLY: a replay engine served as the `tensorrt_llm` model (Python backend).
+
+Same tensors and behaviour as `tensorrt_llm_transformers` (see its docstring), but it computes nothing: it
+streams token ids tokenized at build time (`replay_tokens`) at one token per running request every
+`replay_step_ms`, so the pipeline around the engine can be measured at a TensorRT-LLM token rate.
+Built by `tritonforge build --engine replay`; never serve it to users.
+"""
+
+import json
+import logging
+
+import triton_python_backend_utils as pb_utils
+
+from tritonforge.engine_service import EngineService, EngineSettings
+from tritonforge.replay_engine import ReplayEngine
+from tritonforge.triton_adapter import is_decoupled, model_parameters, resolve_path
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        queue_policy = config.get("dynamic_batching", {}).get("default_queue_policy", {})
+        parameters = model_parameters(args)
+        settings = EngineSettings.from_parameters(
+            parameters, decoupled=is_decoupled(args),
+            max_queue_size=int(queue_policy.get("max_queue_size", 0)))
+        with open(resolve_path(args, parameters["replay_tokens"]), encoding="utf-8") as file:
+            token_ids = json.load(file)
+        engine = ReplayEngine(token_ids, step_ms=float(parameters["replay_step_ms"]), limits=settings.limits,
+                              vocab_size=int(parameters["vocab_size"]))
+        logging.getLogger(__name__).warning("tensorrt_llm is the REPLAY engine (benchmarking only): it "
+                                            "streams pre-set tokens every %s ms", parameters["replay_step_ms"])
+        self.service = EngineService(pb_utils, settings, engine)
+
+    def execute(self, requests):
+        for request in requests:
+            self.service.handle(request)
+        return None
+
+    def finalize(self):
+        self.service.shutdown()

@@ -1,0 +1,83 @@
+"""The replay engine (benchmarking only): what it streams, its batch capacity, cancellation, limits."""
+
+import threading
+
+import pytest
+
+from tritonforge.errors import RequestError
+from tritonforge.inflight_engine import EngineLimits, GenerationRequest
+from tritonforge.replay_engine import ReplayEngine
+
+TOKENS = list(range(10, 50))
+WAIT_S = 60
+
+
+class Sink:
+    def __init__(self, name: str, log: list):
+        self.name, self.log = name, log
+        self.done, self.streamed, self.result = threading.Event(), [], None
+
+    def tokens(self, ids, log_probs):
+        self.streamed += ids
+        self.log.append(("token", self.name))
+
+    def finish(self, result, error):
+        assert error is None
+        self.result = result
+        self.log.append(("finish", self.name))
+        self.done.set()
+
+    def cancelled(self):
+        return False
+
+
+@pytest.fixture()
+def engine():
+    engine = ReplayEngine(TOKENS, step_ms=2, limits=EngineLimits(max_batch_size=2, max_input_len=8, max_seq_len=64),
+                          vocab_size=100)
+    yield engine
+    engine.shutdown()
+
+
+def submit(engine, name, log, prompt, max_new_tokens, stream=True):
+    sink = Sink(name, log)
+    request = GenerationRequest(request_id=name, prompt_ids=prompt, max_new_tokens=max_new_tokens, sink=sink,
+                                stream=stream)
+    engine.validate(request)
+    engine.submit(request)
+    return sink
+
+
+def test_streams_the_preset_tokens_from_an_offset_set_by_the_prompt(engine):
+    log = []
+    sink = submit(engine, "a", log, [3, 4], 45)
+    assert sink.done.wait(WAIT_S)
+    expected = [TOKENS[(7 + i) % len(TOKENS)] for i in range(45)]
+    assert sink.streamed == expected and sink.result.token_ids == expected
+    assert sink.result.finish_reason == "length"
+
+
+def test_requests_beyond_the_batch_capacity_wait_for_a_free_slot(engine):
+    log = []
+    sinks = [submit(engine, name, log, [1], 5) for name in "abc"]
+    assert all(sink.done.wait(WAIT_S) for sink in sinks)
+    first_token_of_c = log.index(("token", "c"))
+    assert ("finish", "a") in log[:first_token_of_c] and ("finish", "b") in log[:first_token_of_c]
+
+
+def test_cancel_by_request_id_ends_the_stream(engine):
+    log = []
+    sink = submit(engine, "a", log, [1], 60)
+    engine.cancel("a")
+    assert sink.done.wait(WAIT_S) and sink.result.finish_reason == "cancelled"
+    assert len(sink.streamed) < 60
+
+
+@pytest.mark.parametrize("prompt, max_new_tokens, field", [
+    ([], 4, "input_ids"), ([1] * 9, 4, "input_ids"), ([1], 0, "request_output_len"), ([1], 64, "request_output_len"),
+    ([100], 4, "input_ids"),
+])
+def test_engine_limits_are_enforced(engine, prompt, max_new_tokens, field):
+    with pytest.raises(RequestError) as error:
+        submit(engine, "x", [], prompt, max_new_tokens)
+    assert error.value.field == field

@@ -1,0 +1,120 @@
+"""A replay engine, for benchmarking only: it streams pre-set token ids at a fixed step time.
+
+It stands in for the engine step when the question is how much of an engine's token rate survives the
+pipeline around it (tokenization, detokenization, Triton's scheduling), at rates the transformers engine
+cannot reach: it models an in-flight batching engine whose every step takes `step_ms` and gives one token
+to each running request, up to `max_batch_size` of them. At 128 streams, 8.5 ms a step is ~15k tokens/s,
+the rate of TensorRT-LLM on one GPU in the measurement the README cites.
+
+It answers through the same `EngineService` as the transformers engine, so its tensors, streaming,
+`stop` input and cancellation behave alike. It computes nothing: the tokens are a slice of `token_ids`
+(text tokenized at build time) starting at an offset taken from the prompt, so different prompts stream
+different text. It ignores sampling, end_id, stop and bad words; every request runs to `request_output_len`.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+
+from .inflight_engine import EngineLimits, GenerationRequest, GenerationResult, check_limits
+
+logger = logging.getLogger(__name__)
+
+
+class _Replay:
+    def __init__(self, request: GenerationRequest, offset: int):
+        self.request = request
+        self.offset = offset
+        self.generated: list[int] = []
+
+
+class ReplayEngine:
+    """Same interface as `InflightBatchingEngine`: validate, submit, cancel, shutdown."""
+
+    def __init__(self, token_ids: list[int], *, step_ms: float, limits: EngineLimits, vocab_size: int):
+        if not token_ids:
+            raise ValueError("the replay engine needs at least one token id to replay")
+        if step_ms <= 0:
+            raise ValueError(f"replay step_ms must be > 0, got {step_ms}")
+        self.token_ids = token_ids
+        self.step_s = step_ms / 1000
+        self.limits = limits
+        self.vocab_size = vocab_size
+        self._incoming: queue.Queue[GenerationRequest] = queue.Queue()
+        self._cancels: queue.Queue[str] = queue.Queue()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._waiting: list[GenerationRequest] = []
+        self._running: list[_Replay] = []
+        self._thread = threading.Thread(target=self._loop, name="replay-engine", daemon=True)
+        self._thread.start()
+
+    def validate(self, request: GenerationRequest) -> None:
+        check_limits(request, self.limits, vocab_size=self.vocab_size, pending=self.pending())
+
+    def submit(self, request: GenerationRequest) -> None:
+        self._incoming.put(request)
+        self._wake.set()
+
+    def cancel(self, request_id: str) -> None:
+        self._cancels.put(request_id)
+        self._wake.set()
+
+    def pending(self) -> int:
+        return self._incoming.qsize() + len(self._waiting)
+
+    def shutdown(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        next_step = time.monotonic()
+        while not self._stopping.is_set():
+            if not self._running and not self._waiting and self._incoming.empty():
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                next_step = time.monotonic()
+                continue
+            self._step()
+            # A fixed cadence: time spent in the step counts toward the step; a step that overran starts
+            # the next at once (no burst of catch-up steps).
+            next_step = max(next_step + self.step_s, time.monotonic())
+            time.sleep(max(0.0, next_step - time.monotonic()))
+        for replay in self._running:
+            replay.request.sink.finish(None, RuntimeError("the engine is shutting down"))
+        for request in self._waiting:
+            request.sink.finish(None, RuntimeError("the engine is shutting down"))
+
+    def _step(self) -> None:
+        while not self._incoming.empty():
+            self._waiting.append(self._incoming.get_nowait())
+        cancelled = set()
+        while not self._cancels.empty():
+            cancelled.add(self._cancels.get_nowait())
+        for request in [r for r in self._waiting if r.request_id in cancelled or r.sink.cancelled()]:
+            self._waiting.remove(request)
+            request.sink.finish(GenerationResult([], [], "cancelled"), None)
+        while self._waiting and len(self._running) < self.limits.max_batch_size:
+            request = self._waiting.pop(0)
+            self._running.append(_Replay(request, sum(request.prompt_ids) % len(self.token_ids)))
+        still_running = []
+        for replay in self._running:
+            request = replay.request
+            if request.request_id in cancelled or request.sink.cancelled():
+                request.sink.finish(GenerationResult(replay.generated, [0.0] * len(replay.generated),
+                                                     "cancelled"), None)
+                continue
+            token = self.token_ids[(replay.offset + len(replay.generated)) % len(self.token_ids)]
+            replay.generated.append(token)
+            if request.stream:
+                request.sink.tokens([token], [0.0])
+            if len(replay.generated) >= request.max_new_tokens:
+                request.sink.finish(GenerationResult(replay.generated, [0.0] * len(replay.generated), "length"),
+                                    None)
+            else:
+                still_running.append(replay)
+        self._running = still_running
