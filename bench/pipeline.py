@@ -53,6 +53,7 @@ DEFINITIONS = [
     "efficiency: output tokens/s of the path / output tokens/s of the engine model called directly",
 ]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+REQUEST_TIMEOUT_S = 120
 
 
 @dataclass
@@ -111,7 +112,8 @@ async def _one_request(client, model: str, arrays: dict[str, np.ndarray], output
         yield {"model_name": model, "inputs": inputs, "enable_empty_final_response": True}
 
     timing = Timing(sent=time.perf_counter(), arrivals=[], tokens=0)
-    async for result, error in client.stream_infer(requests()):
+    # A stream that stops answering is an error of the run, not a hang of the benchmark.
+    async for result, error in client.stream_infer(requests(), stream_timeout=REQUEST_TIMEOUT_S):
         now = time.perf_counter()
         if error is not None:
             timing.error = str(error)
@@ -176,7 +178,7 @@ def perf_analyzer_load(url: str, path: str, prompts, concurrency: int, output_to
                # Three windows make a measurement; a 100 % band accepts any steady load at the first three.
                "--measurement-interval", str(int(duration_s * 1000 / 3)), "--stability-percentage", "100",
                "--profile-export-file", str(export)]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=duration_s * 6 + 120)
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=duration_s * 4 + 60)
     if completed.returncode != 0 or not export.exists():
         raise RuntimeError(f"perf_analyzer failed ({completed.returncode}): {completed.stdout[-1500:]}"
                            f"{completed.stderr[-1500:]}")
@@ -301,32 +303,43 @@ def measure_engine(args, model_dir: Path, engine: str, work: Path, rows: list[di
     repository = work / f"repository-{engine}"
     build_repository(args, model_dir, engine, repository)
     prompts = make_prompts(repository / "preprocessing" / "tokenizer", 256, args.max_prompt_tokens)
-    server = TritonServer(repository, ready_timeout_s=600).start()
+    progress(f"{engine}: starting tritonserver")
+    server = TritonServer(repository, ready_timeout_s=300).start()
+    progress(f"{engine}: server ready, warming up")
     try:
+        def load(path: str, concurrency: int, duration_s: float) -> tuple[list[Timing], float]:
+            point = (server.grpc_url, path, prompts, concurrency, args.output_tokens, duration_s)
+            if args.tool == "asyncio":
+                return asyncio_load(*point)
+            try:
+                return perf_analyzer_load(*point, work=work)
+            except (RuntimeError, KeyError, subprocess.TimeoutExpired) as error:
+                return [Timing(sent=0.0, arrivals=[], tokens=0, error=f"perf_analyzer: {error}")], duration_s
+
         # Warm-up: first calls load kernels, fill pools, start stubs' threads.
         for path in PATHS:
-            asyncio_load(server.grpc_url, path, prompts, min(8, max(args.concurrency)), args.output_tokens, 0)
+            load(path, min(8, max(args.concurrency)), 0 if args.tool == "asyncio" else 1.5)
         for concurrency in args.concurrency:
             for path in PATHS:  # side by side: the three paths at one concurrency back to back
-                point = (server.grpc_url, path, prompts, concurrency, args.output_tokens, args.duration_s)
-                tool = args.tool
-                if tool == "perf_analyzer":
-                    try:
-                        timings, wall = perf_analyzer_load(*point, work=work)
-                    except (RuntimeError, KeyError, subprocess.TimeoutExpired) as error:
-                        print(f"perf_analyzer failed, measuring with asyncio instead: {error}", file=sys.stderr)
-                        tool = "asyncio"
-                if tool == "asyncio":
-                    timings, wall = asyncio_load(*point)
-                row = {"engine": engine, "concurrency": concurrency, "path": path, "tool": tool,
+                timings, wall = load(path, concurrency, args.duration_s)
+                row = {"engine": engine, "concurrency": concurrency, "path": path, "tool": args.tool,
                        **summarize(timings, wall)}
                 rows.append(row)
                 save()
+                if row["errors"] and not any(r["errors"] for r in rows[:-1]):
+                    print(f"--- tritonserver log ---\n{server.failure_summary(max_lines=30)}", file=sys.stderr)
                 print(f"{engine:12} {concurrency:4} {path:9} {row['output_tokens_per_s']:10,.0f} tok/s  "
                       f"TTFT p50 {row['ttft_ms_p50']} ms  ITL p50 {row['itl_ms_p50']} ms  "
-                      f"errors {row['errors']}", flush=True)
+                      f"errors {row['errors']} {row['first_error'] or ''}"[:600], flush=True)
+    except BaseException:
+        print(f"--- tritonserver log ---\n{server.failure_summary(max_lines=40)}", file=sys.stderr)
+        raise
     finally:
         server.stop()
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def main() -> int:
@@ -376,6 +389,8 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as temporary:
         work = Path(temporary)
+        if args.model is None:
+            progress(f"building a {args.model_size} model")
         model_dir = args.model or make_tiny_model(work / "model", shape=SHAPES[args.model_size])
         for engine in [e.strip() for e in args.engines.split(",") if e.strip()]:
             measure_engine(args, model_dir, engine, work, rows, save)
