@@ -11,3 +11,7 @@ python3 -u bench/pipeline.py --engines replay --tool perf_analyzer --duration-s 
   --name pipeline-gpu-replay --results-dir "$results" "$@"
 python3 -u bench/pipeline.py --engines transformers --model-size 1b --dtype bfloat16 --tool perf_analyzer \
   --duration-s 3 --name pipeline-gpu-transformers --results-dir "$results" "$@"
+# Tuned: more pre/post and BLS instances for the replay engine's token rate (16 CPU cores here).
+python3 -u bench/pipeline.py --engines replay --tool perf_analyzer --duration-s 3 --concurrency 32,128 \
+  --preprocessing-instances 4 --postprocessing-instances 8 --bls-instances 4 \
+  --name pipeline-gpu-replay-tuned --results-dir "$results" "$@"

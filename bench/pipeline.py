@@ -304,7 +304,8 @@ def measure_engine(args, model_dir: Path, engine: str, work: Path, rows: list[di
     build_repository(args, model_dir, engine, repository)
     prompts = make_prompts(repository / "preprocessing" / "tokenizer", 256, args.max_prompt_tokens)
     progress(f"{engine}: starting tritonserver")
-    server = TritonServer(repository, ready_timeout_s=300).start()
+    # Open APIs: perf_analyzer reads the model config and statistics; the ports are local to this run.
+    server = TritonServer(repository, ready_timeout_s=300, restricted_apis="").start()
     progress(f"{engine}: server ready, warming up")
     try:
         def load(path: str, concurrency: int, duration_s: float) -> tuple[list[Timing], float]:

@@ -98,6 +98,8 @@ class TritonServer:
     exit_timeout_s: int = 10
     log_verbose: int = 0
     restricted_api_key: str | None = None  # header value that unlocks the restricted APIs; None = random
+    # Which APIs need that key; "" opens them all (perf_analyzer reads the model config and statistics).
+    restricted_apis: str = RESTRICTED_APIS
     require_all_models: bool = True  # False: serve the models that load, and be "ready" without the others
     world_size: int = 1  # TensorRT-LLM engines with tp*pp > 1: one tritonserver per MPI rank
     extra_args: list[str] = field(default_factory=list)
@@ -118,6 +120,10 @@ class TritonServer:
 
     def command(self, binary: ServerBinary) -> list[str]:
         key = self.restricted_api_key or os.urandom(16).hex()
+        restricted = []
+        if self.restricted_apis:
+            restricted = [f"--http-restricted-api={self.restricted_apis}:admin-key={key}",
+                          f"--grpc-restricted-protocol={self.restricted_apis}:admin-key={key}"]
         return [
             str(binary.executable),
             f"--model-repository={self.repository}",
@@ -126,8 +132,7 @@ class TritonServer:
             f"--metrics-port={self.metrics_port}",
             f"--http-address={self.address}", f"--grpc-address={self.address}",
             f"--metrics-address={self.address}",
-            f"--http-restricted-api={RESTRICTED_APIS}:admin-key={key}",
-            f"--grpc-restricted-protocol={RESTRICTED_APIS}:admin-key={key}",
+            *restricted,
             f"--exit-on-error={str(self.require_all_models).lower()}",
             f"--strict-readiness={str(self.require_all_models).lower()}",
             f"--exit-timeout-secs={self.exit_timeout_s}",
