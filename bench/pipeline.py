@@ -182,7 +182,8 @@ def perf_analyzer_load(url: str, path: str, prompts, concurrency: int, output_to
     if completed.returncode != 0 or not export.exists():
         raise RuntimeError(f"perf_analyzer failed ({completed.returncode}): {completed.stdout[-1500:]}"
                            f"{completed.stderr[-1500:]}")
-    experiment = json.loads(export.read_text())["experiments"][-1]
+    # The export records response outputs too: streamed byte chunks that may split a UTF-8 character.
+    experiment = json.loads(export.read_bytes().decode("utf-8", errors="replace"))["experiments"][-1]
     timings = []
     for request in experiment["requests"]:
         arrivals = [ns / 1e9 for ns in request.get("response_timestamps", [])]
@@ -327,11 +328,11 @@ def measure_engine(args, model_dir: Path, engine: str, work: Path, rows: list[di
                        **summarize(timings, wall)}
                 rows.append(row)
                 save()
-                if row["errors"] and not any(r["errors"] for r in rows[:-1]):
-                    print(f"--- tritonserver log ---\n{server.failure_summary(max_lines=30)}", file=sys.stderr)
                 print(f"{engine:12} {concurrency:4} {path:9} {row['output_tokens_per_s']:10,.0f} tok/s  "
                       f"TTFT p50 {row['ttft_ms_p50']} ms  ITL p50 {row['itl_ms_p50']} ms  "
                       f"errors {row['errors']} {row['first_error'] or ''}"[:600], flush=True)
+        if any(row["errors"] for row in rows if row["engine"] == engine):
+            print(f"--- tritonserver log ---\n{server.failure_summary(max_lines=40)}", file=sys.stderr)
     except BaseException:
         print(f"--- tritonserver log ---\n{server.failure_summary(max_lines=40)}", file=sys.stderr)
         raise
