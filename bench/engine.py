@@ -15,7 +15,8 @@ import time
 import torch
 from transformers import AutoModelForCausalLM
 
-from tritonforge.inflight_engine import EngineLimits, GenerationRequest, InflightBatchingEngine
+from tritonforge.generation import EngineLimits, GenerationRequest
+from tritonforge.inflight_engine import InflightBatchingEngine
 from tritonforge.sampling import SamplingParams
 from tritonforge.tiny_model import make_tiny_model
 from tritonforge.tokenization import load_tokenizer

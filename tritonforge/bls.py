@@ -26,7 +26,7 @@ from .model_configs import ENGINE_FROM_CLIENT, PREPROCESSING_MAP
 from .preprocess import PreprocessLimits, Preprocessor
 from .stop_phrases import StopPhraseFilter
 from .tokenization import decode_utf8
-from .triton_adapter import output_tensors, request_inputs, to_triton_error
+from .triton_adapter import output_tensors, request_inputs, requested_outputs, to_triton_error
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +49,9 @@ class BlsSettings:
 class _Completion:
     """Counts a request's open rows; the last one to finish sends FINAL."""
 
-    def __init__(self, pb_utils, sender, rows: int):
+    def __init__(self, pb_utils, sender, rows: int, requested: frozenset[str] | None):
         self.pb_utils, self.sender, self.open_rows = pb_utils, sender, rows
+        self.requested = requested  # the client's requested outputs: responses carry only these
         self.lock = threading.Lock()
 
     def send(self, response) -> None:
@@ -91,7 +92,7 @@ class BlsOrchestrator:
             sender.send(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)),
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
-        completion = _Completion(pb_utils, sender, batch)
+        completion = _Completion(pb_utils, sender, batch, requested_outputs(request))
         for row in range(batch):
             self.pool.submit(self._run_row, inputs, tokens, row, stop_phrases[row], stream, exclude_input,
                              completion)
@@ -168,7 +169,8 @@ class BlsOrchestrator:
                     continue
                 text = stop_filter.push(detokenizer.push(ids[:length].tolist()))
                 if stream and text:
-                    completion.send(self._response(text, row, batch, log_probs if return_log_probs else None))
+                    completion.send(self._response(completion, text, row, batch,
+                                                   log_probs if return_log_probs else None))
                 elif text:
                     pieces.append(text)
                 if stop_filter.stopped or completion.sender.is_cancelled():
@@ -179,10 +181,10 @@ class BlsOrchestrator:
                 prompt_ids = tokens["INPUT_ID"][row, : int(tokens["REQUEST_INPUT_LEN"][row, 0])].tolist()
                 pieces.insert(0, self.token_bytes.decode_sequence(prompt_ids).decode("utf-8", errors="replace"))
             if not stream:
-                completion.send(self._response("".join(pieces) + tail, row, batch,
+                completion.send(self._response(completion, "".join(pieces) + tail, row, batch,
                                                log_probs if return_log_probs else None))
             elif tail:
-                completion.send(self._response(tail, row, batch, None))
+                completion.send(self._response(completion, tail, row, batch, None))
             completion.row_done()
         except Exception as error:  # noqa: BLE001 - the stream must always end, with the error
             if not stopped_engine:
@@ -192,7 +194,7 @@ class BlsOrchestrator:
                     logger.exception("could not stop engine request %s", request_id)
             completion.row_done(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)))
 
-    def _response(self, text: str, row: int, batch: int, log_probs: list[float] | None):
+    def _response(self, completion: _Completion, text: str, row: int, batch: int, log_probs: list[float] | None):
         outputs = {
             "text_output": np.array([[text.encode("utf-8")]], dtype=object),
             "batch_index": np.array([[row]], dtype=np.int32),
@@ -201,7 +203,7 @@ class BlsOrchestrator:
         if log_probs is not None:
             outputs["output_log_probs"] = np.array([[log_probs]], dtype=np.float32).reshape(1, 1, -1)
             outputs["cum_log_probs"] = np.array([[sum(log_probs)]], dtype=np.float32)
-        return self.pb_utils.InferenceResponse(output_tensors(self.pb_utils, outputs))
+        return self.pb_utils.InferenceResponse(output_tensors(self.pb_utils, outputs, completion.requested))
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import RequestError
-from .inflight_engine import check_supported
+from .generation import check_supported
 from .model_configs import ENGINE_FROM_CLIENT
 from .sampling import SamplingParams
 from .tokenization import from_word_list

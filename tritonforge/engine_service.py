@@ -18,8 +18,8 @@ import numpy as np
 
 from .engine_requests import EngineRow, is_stop_request, parse_engine_request
 from .errors import RequestError
-from .inflight_engine import EngineLimits, GenerationRequest, GenerationResult, InflightBatchingEngine
-from .triton_adapter import output_tensors, request_inputs, to_triton_error
+from .generation import EngineLimits, GenerationRequest, GenerationResult
+from .triton_adapter import output_tensors, request_inputs, requested_outputs, to_triton_error
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +70,10 @@ def load_model(settings: EngineSettings):
 class _RequestState:
     """One Triton request: its sender, and how many of its rows are still running."""
 
-    def __init__(self, pb_utils, sender, rows: int, check_period_s: float):
+    def __init__(self, pb_utils, sender, rows: int, check_period_s: float, requested: frozenset[str] | None):
         self.pb_utils = pb_utils
         self.sender = sender
+        self.requested = requested  # the caller's requested outputs: responses carry only these
         self.open_rows = rows
         self.lock = threading.Lock()
         self._check_period_s = check_period_s
@@ -110,7 +111,7 @@ class _RowSink:
 
     def _response(self, token_ids: list[int], log_probs: list[float]):
         pb_utils = self.state.pb_utils
-        return pb_utils.InferenceResponse(output_tensors(pb_utils, {
+        return pb_utils.InferenceResponse(output_tensors(pb_utils, requested=self.state.requested, outputs={
             "output_ids": np.array([[token_ids]], dtype=np.int32),
             "sequence_length": np.array([[len(token_ids)]], dtype=np.int32),
             "cum_log_probs": np.array([[sum(log_probs)]], dtype=np.float32),
@@ -142,7 +143,11 @@ class EngineService:
     def __init__(self, pb_utils, settings: EngineSettings, engine=None):
         self.pb_utils = pb_utils
         self.settings = settings
-        self.engine = engine if engine is not None else InflightBatchingEngine(load_model(settings), settings.limits)
+        if engine is None:
+            from .inflight_engine import InflightBatchingEngine  # torch: loaded only for the transformers engine
+
+            engine = InflightBatchingEngine(load_model(settings), settings.limits)
+        self.engine = engine
 
     def handle(self, request) -> None:
         """Answer one Triton request through its response sender (never raises)."""
@@ -161,7 +166,8 @@ class EngineService:
                                                  "(build with streaming enabled)")
                 if len(rows) > 1:
                     raise RequestError("input_ids", "a batched request needs the engine model deployed decoupled")
-            state = _RequestState(pb_utils, sender, len(rows), self.settings.cancellation_check_period_ms / 1000)
+            state = _RequestState(pb_utils, sender, len(rows), self.settings.cancellation_check_period_ms / 1000,
+                                  requested_outputs(request))
             requests = []
             for index, row in enumerate(rows):
                 generation = GenerationRequest(

@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 
-from .inflight_engine import EngineLimits, GenerationRequest, GenerationResult, check_limits
+from .generation import EngineLimits, GenerationRequest, GenerationResult, check_limits
 
 logger = logging.getLogger(__name__)
 

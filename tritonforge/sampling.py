@@ -13,10 +13,12 @@ from __future__ import annotations
 import math
 import secrets
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from .errors import RequestError
+
+if TYPE_CHECKING:  # torch is imported where logits are touched: request validation runs without it
+    import torch
 
 MAX_SEED = 2**64 - 1
 
@@ -54,6 +56,8 @@ class SamplingParams:
         return self.temperature == 0 or not (self.top_k > 1 or self.top_p < 1)
 
     def make_generator(self, device: torch.device) -> torch.Generator | None:
+        import torch
+
         if self.greedy:
             return None
         generator = torch.Generator(device=device)
@@ -66,6 +70,8 @@ class SamplingParams:
 def apply_penalties(logits: torch.Tensor, params: SamplingParams, seen: list[int], generated: list[int],
                     end_id: int | None) -> torch.Tensor:
     """Penalties and min_tokens on one row of logits [vocab]. Returns a new tensor when it changes anything."""
+    import torch
+
     if params.repetition_penalty != 1.0 and seen:
         index = torch.tensor(sorted(set(seen)), device=logits.device)
         values = logits[index]
@@ -84,6 +90,8 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, seen: list[int
 
 def choose_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """Greedy or sampled next token from one row of processed logits [vocab]."""
+    import torch
+
     if params.greedy or generator is None:
         return int(torch.argmax(logits))
     scores = logits / params.temperature

@@ -34,7 +34,7 @@ def is_decoupled(args: dict) -> bool:
 
 def to_triton_error(pb_utils, error: Exception):
     """A client-safe TritonError: our own messages verbatim, anything else without internals."""
-    from .inflight_engine import QueueFullError
+    from .generation import QueueFullError
 
     if hasattr(error, "triton_code"):  # an error another model already answered: pass it on unchanged
         return pb_utils.TritonError(str(error), error.triton_code)
@@ -48,8 +48,19 @@ def to_triton_error(pb_utils, error: Exception):
     return pb_utils.TritonError(f"internal error: {type(error).__name__}", pb_utils.TritonError.INTERNAL)
 
 
-def output_tensors(pb_utils, outputs: dict[str, np.ndarray]) -> list:
-    return [pb_utils.Tensor(name, value) for name, value in outputs.items()]
+def requested_outputs(request) -> frozenset[str] | None:
+    """The outputs the caller asked for (None: all)."""
+    return frozenset(request.requested_output_names()) or None
+
+
+def output_tensors(pb_utils, outputs: dict[str, np.ndarray], requested: frozenset[str] | None = None) -> list:
+    """Tensors for a response or a BLS request, only those `requested` when given.
+
+    A response must not carry outputs its caller did not request: the 2.51 stub drops them in
+    `ResponseSender.send` without holding the GIL, which crashes the stub under Python 3.12 (the Python of
+    NVIDIA's containers). A BLS call that asks for a subset of the engine's outputs is such a caller.
+    """
+    return [pb_utils.Tensor(name, value) for name, value in outputs.items() if requested is None or name in requested]
 
 
 def resolve_path(args: dict, value: str) -> str:

@@ -15,7 +15,14 @@ Stateless: streamed chunks may go to any instance. One response per request.
 import triton_python_backend_utils as pb_utils
 
 from tritonforge.postprocess import Postprocessor
-from tritonforge.triton_adapter import model_parameters, output_tensors, request_inputs, resolve_path, to_triton_error
+from tritonforge.triton_adapter import (
+    model_parameters,
+    output_tensors,
+    request_inputs,
+    requested_outputs,
+    resolve_path,
+    to_triton_error,
+)
 
 
 class TritonPythonModel:
@@ -28,7 +35,8 @@ class TritonPythonModel:
             try:
                 inputs = request_inputs(request)
                 text = self.postprocessor(inputs["TOKENS_BATCH"], inputs["SEQUENCE_LENGTH"])
-                responses.append(pb_utils.InferenceResponse(output_tensors(pb_utils, {"OUTPUT": text})))
+                tensors = output_tensors(pb_utils, {"OUTPUT": text}, requested_outputs(request))
+                responses.append(pb_utils.InferenceResponse(tensors))
             except Exception as error:  # noqa: BLE001 - one bad request must not fail the batch
                 responses.append(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)))
         return responses

@@ -21,7 +21,14 @@ One response per request; a bad request gets its own INVALID_ARG error naming th
 import triton_python_backend_utils as pb_utils
 
 from tritonforge.preprocess import PreprocessLimits, Preprocessor
-from tritonforge.triton_adapter import model_parameters, output_tensors, request_inputs, resolve_path, to_triton_error
+from tritonforge.triton_adapter import (
+    model_parameters,
+    output_tensors,
+    request_inputs,
+    requested_outputs,
+    resolve_path,
+    to_triton_error,
+)
 
 
 class TritonPythonModel:
@@ -38,7 +45,8 @@ class TritonPythonModel:
         for request in requests:
             try:
                 outputs = self.preprocessor(request_inputs(request))
-                responses.append(pb_utils.InferenceResponse(output_tensors(pb_utils, outputs)))
+                tensors = output_tensors(pb_utils, outputs, requested_outputs(request))
+                responses.append(pb_utils.InferenceResponse(tensors))
             except Exception as error:  # noqa: BLE001 - one bad request must not fail the batch
                 responses.append(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)))
         return responses

@@ -8,7 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tritonforge.errors import RequestError
-from tritonforge.inflight_engine import EngineLimits, GenerationRequest, InflightBatchingEngine
+from tritonforge.generation import EngineLimits, GenerationRequest
+from tritonforge.inflight_engine import InflightBatchingEngine
 from tritonforge.sampling import SamplingParams
 from tritonforge.tokenization import load_tokenizer
 

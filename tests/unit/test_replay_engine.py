@@ -5,7 +5,7 @@ import threading
 import pytest
 
 from tritonforge.errors import RequestError
-from tritonforge.inflight_engine import EngineLimits, GenerationRequest
+from tritonforge.generation import EngineLimits, GenerationRequest
 from tritonforge.replay_engine import ReplayEngine
 
 TOKENS = list(range(10, 50))

@@ -1,0 +1,27 @@
+"""The edge to Triton's Python backend: responses carry only the outputs their caller requested.
+
+The 2.51 stub drops unrequested outputs without holding the GIL, which kills it under Python 3.12 (seen with
+a BLS call that requests a subset of the engine's outputs), so the adapter must never send them.
+"""
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from tritonforge.triton_adapter import output_tensors, requested_outputs
+
+# Only the constructor the adapter calls; the real pb_utils exists only inside the server's stub.
+PB_UTILS_STAND_IN = SimpleNamespace(Tensor=lambda name, value: (name, value))
+OUTPUTS = {"output_ids": np.zeros((1, 1, 2), np.int32), "sequence_length": np.ones((1, 1), np.int32),
+           "cum_log_probs": np.zeros((1, 1), np.float32)}
+
+
+def test_only_the_requested_outputs_are_sent():
+    tensors = output_tensors(PB_UTILS_STAND_IN, OUTPUTS, frozenset({"output_ids", "sequence_length"}))
+    assert [name for name, _ in tensors] == ["output_ids", "sequence_length"]
+
+
+def test_every_output_is_sent_when_the_caller_names_none():
+    request = SimpleNamespace(requested_output_names=lambda: [])
+    tensors = output_tensors(PB_UTILS_STAND_IN, OUTPUTS, requested_outputs(request))
+    assert [name for name, _ in tensors] == list(OUTPUTS)

@@ -1,0 +1,89 @@
+"""What every engine shares: a generation request, its result, where its tokens go, and the checks made
+before a request is accepted. Free of torch, so request handling loads without it (the replay engine)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .errors import RequestError, UnsupportedError
+from .sampling import SamplingParams
+
+
+class TokenSink(Protocol):
+    """Where one request's results go. Called from the engine thread."""
+
+    def tokens(self, token_ids: list[int], log_probs: list[float]) -> None:
+        """New tokens of a streaming request."""
+
+    def finish(self, result: GenerationResult | None, error: Exception | None) -> None:
+        """Called exactly once: the whole result, or the error that ended the request."""
+
+    def cancelled(self) -> bool:
+        """True once the client went away; the engine then drops the request."""
+
+
+@dataclass(kw_only=True)
+class GenerationRequest:
+    request_id: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sink: TokenSink
+    end_id: int | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop_sequences: list[list[int]] = field(default_factory=list)
+    bad_sequences: list[list[int]] = field(default_factory=list)
+    stream: bool = False
+    return_log_probs: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    token_ids: list[int]  # generated tokens only; the end id is not included
+    log_probs: list[float]
+    finish_reason: str  # "length" | "end_id" | "stop_words" | "cancelled"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineLimits:
+    max_batch_size: int = 8
+    max_input_len: int = 1024
+    max_seq_len: int = 2048
+    max_queue_size: int = 0
+
+    def __post_init__(self):
+        if self.max_batch_size < 1 or self.max_input_len < 1 or self.max_seq_len <= self.max_input_len - 1:
+            raise ValueError(f"inconsistent engine limits: {self}")
+
+
+class QueueFullError(RequestError):
+    """The engine's queue is full: the client may retry later (UNAVAILABLE)."""
+
+
+def check_limits(request: GenerationRequest, limits: EngineLimits, *, vocab_size: int, pending: int) -> None:
+    """The checks every engine makes before accepting a request; each error names the tensor at fault."""
+    prompt_len = len(request.prompt_ids)
+    if prompt_len == 0:
+        raise RequestError("input_ids", "must not be empty")
+    if prompt_len > limits.max_input_len:
+        raise RequestError("input_ids", f"prompt has {prompt_len} tokens, more than max_input_len "
+                                        f"{limits.max_input_len}")
+    if request.max_new_tokens < 1:
+        raise RequestError("request_output_len", f"must be >= 1, got {request.max_new_tokens}")
+    if prompt_len + request.max_new_tokens > limits.max_seq_len:
+        raise RequestError("request_output_len", f"prompt ({prompt_len}) + request_output_len "
+                                                 f"({request.max_new_tokens}) exceeds max_seq_len "
+                                                 f"{limits.max_seq_len}")
+    if any(not 0 <= token < vocab_size for token in request.prompt_ids):
+        raise RequestError("input_ids", f"token ids must be in [0, {vocab_size})")
+    if limits.max_queue_size and pending >= limits.max_queue_size:
+        raise QueueFullError("request", f"the engine queue is full ({limits.max_queue_size} waiting)")
+
+
+def check_supported(*, beam_width: int, num_return_sequences: int) -> None:
+    if beam_width != 1:
+        raise UnsupportedError("beam_width", f"beam search is not supported by the transformers engine, "
+                                             f"got {beam_width}; use 1 or the TensorRT-LLM engine")
+    if num_return_sequences != 1:
+        raise UnsupportedError("num_return_sequences", f"only 1 sequence per request is supported by the "
+                                                       f"transformers engine, got {num_return_sequences}")
