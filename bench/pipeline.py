@@ -10,9 +10,10 @@ work. Terms, as printed under the table:
   p50 / p99        percentiles over the run's requests (numpy)
   efficiency       output tokens/s of a path / output tokens/s of the engine called directly
 
-Load generators: `asyncio` (tritonclient's asyncio gRPC streaming; one stream per concurrent user, each
-sending its next request when the previous one ends) or `perf_analyzer` (--streaming, string inputs through
---input-data; timings read from its --profile-export-file). perf_analyzer needs glibc 2.38.
+Load generators (tritonforge/benchmark.py): `asyncio` (tritonclient's asyncio gRPC streaming; one stream
+per concurrent user, each sending its next request when the previous one ends) or `perf_analyzer`
+(--streaming, string inputs through --input-data; timings read from its --profile-export-file). perf_analyzer
+needs glibc 2.38. `tritonforge bench` measures an already running server the same way.
 
 Run from a fresh clone (after scripts/bootstrap.sh):
   .venv/bin/python bench/pipeline.py                       # tiny model, transformers + replay engines, CPU
@@ -22,272 +23,30 @@ Run from a fresh clone (after scripts/bootstrap.sh):
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime
 import json
-import os
-import platform
 import shutil
-import subprocess
+import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from tritonforge import model_configs as configs
+from tritonforge.benchmark import (
+    add_efficiency,
+    machine_description,
+    make_prompts,
+    markdown,
+    measure_server,
+    write_results,
+)
 from tritonforge.build import BuildOptions, build
 from tritonforge.server import TritonServer
-from tritonforge.tiny_model import SHAPES, corpus_lines, make_tiny_model
-from tritonforge.tokenization import load_tokenizer
+from tritonforge.tiny_model import SHAPES, make_tiny_model
 
-PATHS = ("direct", "ensemble", "bls")
-PATH_MODELS = {"direct": configs.ENGINE_MODEL, "ensemble": "ensemble", "bls": "tensorrt_llm_bls"}
-DEFINITIONS = [
-    "output tokens/s: tokens of the completed requests / wall time of the run (first send to last response)",
-    "TTFT: time to first token, from sending a request to its first streamed response",
-    "ITL: inter-token latency of one request, (last response - first response) / (tokens - 1)",
-    "p50 / p99: percentiles over the run's requests (numpy.percentile)",
-    "efficiency: output tokens/s of the path / output tokens/s of the engine model called directly",
-]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-REQUEST_TIMEOUT_S = 120
 
-
-@dataclass
-class Timing:
-    """One request: send time, arrival time of each streamed response (seconds), tokens, error."""
-
-    sent: float
-    arrivals: list[float]
-    tokens: int
-    error: str | None = None
-
-
-# ---- workload -----------------------------------------------------------------------------------------------
-
-def make_prompts(tokenizer_dir: Path, count: int, max_prompt_tokens: int) -> list[tuple[str, list[int]]]:
-    """Distinct prompts from the shipped corpus, with the token ids the preprocessing model would produce."""
-    tokenizer = load_tokenizer(tokenizer_dir)
-    lines = [line for line in corpus_lines() if line.strip()]
-    prompts = []
-    for index in range(count):
-        text = f"{lines[index % len(lines)]} ({index})"
-        ids = tokenizer(text).input_ids[:max_prompt_tokens]
-        prompts.append((tokenizer.decode(ids, skip_special_tokens=True), ids))
-    return prompts
-
-
-def request_arrays(path: str, prompt: tuple[str, list[int]], output_tokens: int) -> dict[str, np.ndarray]:
-    """The tensors of one request, [1, ...] with the batch dimension, by the model's input names."""
-    text, ids = prompt
-    if path == "direct":
-        return {"input_ids": np.array([ids], dtype=np.int32),
-                "input_lengths": np.array([[len(ids)]], dtype=np.int32),
-                "request_output_len": np.array([[output_tokens]], dtype=np.int32),
-                "min_tokens": np.array([[output_tokens]], dtype=np.int32),
-                "streaming": np.array([[True]])}
-    return {"text_input": np.array([[text.encode()]], dtype=object),
-            "max_tokens": np.array([[output_tokens]], dtype=np.int32),
-            "min_tokens": np.array([[output_tokens]], dtype=np.int32),
-            "stream": np.array([[True]])}
-
-
-def triton_dtype(array: np.ndarray) -> str:
-    return {np.int32: "INT32", np.bool_: "BOOL", np.object_: "BYTES"}[array.dtype.type]
-
-
-# ---- load generator: asyncio gRPC ---------------------------------------------------------------------------
-
-async def _one_request(client, model: str, arrays: dict[str, np.ndarray], output_tokens: int, grpc) -> Timing:
-    inputs = []
-    for name, array in arrays.items():
-        tensor = grpc.InferInput(name, list(array.shape), triton_dtype(array))
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-
-    async def requests():
-        yield {"model_name": model, "inputs": inputs, "enable_empty_final_response": True}
-
-    timing = Timing(sent=time.perf_counter(), arrivals=[], tokens=0)
-    # A stream that stops answering is an error of the run, not a hang of the benchmark.
-    async for result, error in client.stream_infer(requests(), stream_timeout=REQUEST_TIMEOUT_S):
-        now = time.perf_counter()
-        if error is not None:
-            timing.error = str(error)
-            return timing
-        response = result.get_response()
-        if response.outputs:
-            timing.arrivals.append(now)
-        final = response.parameters.get("triton_final_response")
-        if final is not None and final.bool_param:
-            break
-    # min_tokens = max_tokens: a completed request carries exactly output_tokens tokens on every path.
-    timing.tokens = output_tokens if timing.arrivals else 0
-    return timing
-
-
-async def _asyncio_load(url: str, path: str, prompts, concurrency: int, output_tokens: int,
-                        duration_s: float) -> tuple[list[Timing], float]:
-    import tritonclient.grpc.aio as grpc_aio
-
-    client = grpc_aio.InferenceServerClient(url)
-    model = PATH_MODELS[path]
-    start = time.perf_counter()
-    deadline = start + duration_s
-    timings: list[Timing] = []
-
-    async def user(index: int) -> None:
-        sent = 0
-        while sent == 0 or time.perf_counter() < deadline:
-            prompt = prompts[(index + sent * concurrency) % len(prompts)]
-            timings.append(await _one_request(client, model, request_arrays(path, prompt, output_tokens),
-                                              output_tokens, grpc_aio))
-            sent += 1
-
-    await asyncio.gather(*(user(index) for index in range(concurrency)))
-    await client.close()
-    end = max((t.arrivals[-1] for t in timings if t.arrivals), default=time.perf_counter())
-    return timings, end - start
-
-
-def asyncio_load(url, path, prompts, concurrency, output_tokens, duration_s):
-    return asyncio.run(_asyncio_load(url, path, prompts, concurrency, output_tokens, duration_s))
-
-
-# ---- load generator: perf_analyzer --------------------------------------------------------------------------
-
-def perf_analyzer_load(url: str, path: str, prompts, concurrency: int, output_tokens: int, duration_s: float,
-                       work: Path) -> tuple[list[Timing], float]:
-    data = []
-    for prompt in prompts:
-        entry = {}
-        for name, array in request_arrays(path, prompt, output_tokens).items():
-            values = array[0].tolist()
-            if array.dtype == object:
-                values = [value.decode() for value in values]
-            entry[name] = {"content": values, "shape": list(array.shape[1:])}
-        data.append(entry)
-    input_file = work / f"input-{path}.json"
-    input_file.write_text(json.dumps({"data": data}))
-    export = work / f"export-{path}-{concurrency}.json"
-    command = ["perf_analyzer", "-m", PATH_MODELS[path], "-i", "grpc", "-u", url, "--streaming",
-               "--input-data", str(input_file), "--concurrency-range", str(concurrency),
-               # Three windows make a measurement; a 100 % band accepts any steady load at the first three.
-               "--measurement-interval", str(int(duration_s * 1000 / 3)), "--stability-percentage", "100",
-               "--profile-export-file", str(export)]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=duration_s * 4 + 60)
-    if completed.returncode != 0 or not export.exists():
-        raise RuntimeError(f"perf_analyzer failed ({completed.returncode}): {completed.stdout[-1500:]}"
-                           f"{completed.stderr[-1500:]}")
-    # The export records response outputs too: streamed byte chunks that may split a UTF-8 character.
-    experiment = json.loads(export.read_bytes().decode("utf-8", errors="replace"))["experiments"][-1]
-    timings = []
-    for request in experiment["requests"]:
-        arrivals = [ns / 1e9 for ns in request.get("response_timestamps", [])]
-        timings.append(Timing(sent=request["timestamp"] / 1e9, arrivals=arrivals,
-                              tokens=output_tokens if arrivals else 0))
-    completed_requests = [t for t in timings if t.arrivals]
-    if not completed_requests:
-        return timings, duration_s
-    wall = max(t.arrivals[-1] for t in completed_requests) - min(t.sent for t in timings)
-    return timings, wall
-
-
-# ---- figures ------------------------------------------------------------------------------------------------
-
-def summarize(timings: list[Timing], wall_s: float) -> dict:
-    done = [t for t in timings if t.error is None and t.arrivals]
-    ttft = np.array([t.arrivals[0] - t.sent for t in done]) * 1000
-    itl = np.array([(t.arrivals[-1] - t.arrivals[0]) / (t.tokens - 1) for t in done if t.tokens > 1]) * 1000
-
-    def percentile(values, q):
-        return round(float(np.percentile(values, q)), 2) if len(values) else None
-
-    return {"requests": len(done), "errors": len(timings) - len(done),
-            "output_tokens_per_s": round(sum(t.tokens for t in done) / wall_s, 1) if wall_s > 0 else 0.0,
-            "ttft_ms_p50": percentile(ttft, 50), "ttft_ms_p99": percentile(ttft, 99),
-            "itl_ms_p50": percentile(itl, 50), "itl_ms_p99": percentile(itl, 99),
-            "first_error": next((t.error for t in timings if t.error), None)}
-
-
-def add_efficiency(rows: list[dict]) -> None:
-    direct = {(r["engine"], r["concurrency"]): r["output_tokens_per_s"] for r in rows if r["path"] == "direct"}
-    for row in rows:
-        base = direct.get((row["engine"], row["concurrency"]))
-        row["efficiency"] = round(row["output_tokens_per_s"] / base, 3) if base else None
-
-
-def markdown(result: dict) -> str:
-    meta = result["meta"]
-    lines = [f"Pipeline efficiency — {meta['machine']}, {meta['date']}, load: {meta['tool']}, "
-             f"{meta['output_tokens']} output tokens per request, {meta['duration_s']} s per point",
-             "", "| engine | streams | path | output tokens/s | efficiency | TTFT p50 / p99 ms | "
-                 "ITL p50 / p99 ms | requests | errors |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
-    for row in result["rows"]:
-        efficiency = "" if row["path"] == "direct" else f"{row['efficiency']:.2f}" if row["efficiency"] else "-"
-        lines.append(f"| {row['engine']} | {row['concurrency']} | {row['path']} | {row['output_tokens_per_s']:,.0f} | "
-                     f"{efficiency} | {row['ttft_ms_p50']} / {row['ttft_ms_p99']} | "
-                     f"{row['itl_ms_p50']} / {row['itl_ms_p99']} | {row['requests']} | {row['errors']} |")
-    lines += ["", *(f"- {definition}" for definition in DEFINITIONS)]
-    if meta.get("notes"):
-        lines += ["", *(f"- {note}" for note in meta["notes"])]
-    return "\n".join(lines) + "\n"
-
-
-def plot(result: dict, png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    engines = sorted({row["engine"] for row in result["rows"]})
-    figure, axes = plt.subplots(1, len(engines), figsize=(6 * len(engines), 4.2), squeeze=False)
-    for axis, engine in zip(axes[0], engines):
-        for path in PATHS:
-            rows = sorted((r for r in result["rows"] if r["engine"] == engine and r["path"] == path),
-                          key=lambda r: r["concurrency"])
-            if rows:
-                axis.plot([r["concurrency"] for r in rows], [r["output_tokens_per_s"] for r in rows],
-                          marker="o", label=path)
-        axis.set_xscale("log", base=2)
-        axis.set_xlabel("concurrent streams")
-        axis.set_ylabel("output tokens/s")
-        axis.set_title(f"{engine} engine")
-        axis.grid(True, alpha=0.3)
-        axis.legend()
-    figure.suptitle(f"{result['meta']['machine']} — {result['meta']['date']}", fontsize=9)
-    figure.tight_layout()
-    figure.savefig(png, dpi=110)
-    plt.close(figure)
-
-
-def write_results(result: dict, stem: Path) -> None:
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    stem.with_suffix(".md").write_text(markdown(result))
-    try:
-        plot(result, stem.with_suffix(".png"))
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install -e .[bench])", file=sys.stderr)
-
-
-def machine_description() -> str:
-    description = f"{platform.machine()}, {os.cpu_count()} CPUs"
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            description = f"{torch.cuda.get_device_name(0)}, {description}"
-    except ImportError:
-        pass
-    return description
-
-
-# ---- the run ------------------------------------------------------------------------------------------------
 
 def build_repository(args, model_dir: Path, engine: str, output: Path) -> None:
     serving = configs.ServingConfig(
@@ -299,7 +58,6 @@ def build_repository(args, model_dir: Path, engine: str, output: Path) -> None:
                        max_seq_len=args.max_prompt_tokens + 8 + args.output_tokens, dtype=args.dtype,
                        serving=serving, replay_step_ms=args.replay_step_ms, force=True), progress=lambda _: None)
 
-
 def measure_engine(args, model_dir: Path, engine: str, work: Path, rows: list[dict], save) -> None:
     repository = work / f"repository-{engine}"
     build_repository(args, model_dir, engine, repository)
@@ -309,29 +67,14 @@ def measure_engine(args, model_dir: Path, engine: str, work: Path, rows: list[di
     server = TritonServer(repository, ready_timeout_s=300, restricted_apis="").start()
     progress(f"{engine}: server ready, warming up")
     try:
-        def load(path: str, concurrency: int, duration_s: float) -> tuple[list[Timing], float]:
-            point = (server.grpc_url, path, prompts, concurrency, args.output_tokens, duration_s)
-            if args.tool == "asyncio":
-                return asyncio_load(*point)
-            try:
-                return perf_analyzer_load(*point, work=work)
-            except (RuntimeError, KeyError, subprocess.TimeoutExpired) as error:
-                return [Timing(sent=0.0, arrivals=[], tokens=0, error=f"perf_analyzer: {error}")], duration_s
+        def on_row(row: dict) -> None:
+            rows.append(row)
+            save()
 
-        # Warm-up: first calls load kernels, fill pools, start stubs' threads.
-        for path in PATHS:
-            load(path, min(8, max(args.concurrency)), 0 if args.tool == "asyncio" else 1.5)
-        for concurrency in args.concurrency:
-            for path in PATHS:  # side by side: the three paths at one concurrency back to back
-                timings, wall = load(path, concurrency, args.duration_s)
-                row = {"engine": engine, "concurrency": concurrency, "path": path, "tool": args.tool,
-                       **summarize(timings, wall)}
-                rows.append(row)
-                save()
-                print(f"{engine:12} {concurrency:4} {path:9} {row['output_tokens_per_s']:10,.0f} tok/s  "
-                      f"TTFT p50 {row['ttft_ms_p50']} ms  ITL p50 {row['itl_ms_p50']} ms  "
-                      f"errors {row['errors']} {row['first_error'] or ''}"[:600], flush=True)
-        if any(row["errors"] for row in rows if row["engine"] == engine):
+        measured = measure_server(server.grpc_url, prompts, concurrencies=args.concurrency,
+                                  output_tokens=args.output_tokens, duration_s=args.duration_s, tool=args.tool,
+                                  work=work, label=engine, on_row=on_row)
+        if any(row["errors"] for row in measured):
             print(f"--- tritonserver log ---\n{server.failure_summary(max_lines=40)}", file=sys.stderr)
     except BaseException:
         print(f"--- tritonserver log ---\n{server.failure_summary(max_lines=40)}", file=sys.stderr)
@@ -366,6 +109,8 @@ def main() -> int:
     parser.add_argument("--note", action="append", default=[], help="a line for the report")
     parser.add_argument("--report", type=Path, default=None, help="re-render the table and plot of a JSON file")
     args = parser.parse_args()
+    # A run stopped by `timeout` or a CI job still stops its tritonserver (the `finally` blocks run).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     if args.report:
         result = json.loads(args.report.read_text())

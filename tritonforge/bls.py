@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ CLIENT_TO_PREPROCESSING = {client: model for model, client in PREPROCESSING_MAP.
 CLIENT_TO_ENGINE = {client: engine for engine, client in ENGINE_FROM_CLIENT.items()}
 # Inputs the BLS sets itself on every engine request.
 FORCED_ENGINE_INPUTS = {"streaming", "exclude_input_in_output"}
+CANCEL_CHECK_PERIOD_S = 0.1  # as the engine's cancellation_check_period_ms
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,10 +55,20 @@ class _Completion:
         self.pb_utils, self.sender, self.open_rows = pb_utils, sender, rows
         self.requested = requested  # the client's requested outputs: responses carry only these
         self.lock = threading.Lock()
+        self._next_check = 0.0
+        self._cancelled = False
 
     def send(self, response) -> None:
         with self.lock:
             self.sender.send(response)
+
+    def cancelled(self) -> bool:
+        # is_cancelled() is an IPC round trip to the server: ask at most once per period.
+        now = time.monotonic()
+        if not self._cancelled and now >= self._next_check:
+            self._next_check = now + CANCEL_CHECK_PERIOD_S
+            self._cancelled = bool(self.sender.is_cancelled())
+        return self._cancelled
 
     def row_done(self, error_response=None) -> None:
         with self.lock:
@@ -173,7 +185,7 @@ class BlsOrchestrator:
                                                    log_probs if return_log_probs else None))
                 elif text:
                     pieces.append(text)
-                if stop_filter.stopped or completion.sender.is_cancelled():
+                if stop_filter.stopped or completion.cancelled():
                     self._stop_engine(request_id)
                     stopped_engine = True
             tail = stop_filter.push(detokenizer.flush()) + stop_filter.flush()

@@ -1,4 +1,4 @@
-"""`tritonforge`: build | serve | generate | demo | make-tiny-model | bench | tune."""
+"""`tritonforge`: build | serve | generate | bench | tune | demo | make-tiny-model."""
 
 from __future__ import annotations
 
@@ -106,12 +106,13 @@ def check_repository_engine(repository: Path) -> int:
 
 
 def serve_command(args: argparse.Namespace) -> int:
-    from .server import TritonServer
+    from .server import RESTRICTED_APIS, TritonServer
 
     world_size = check_repository_engine(args.repository)
     server = TritonServer(args.repository, executable=args.tritonserver, http_port=args.http_port,
                           grpc_port=args.grpc_port, metrics_port=args.metrics_port, address=args.address,
-                          log_verbose=args.log_verbose, world_size=world_size)
+                          log_verbose=args.log_verbose, world_size=world_size,
+                          restricted_apis="" if args.open_apis else RESTRICTED_APIS)
     server.start()
     print(f"serving {args.repository}: HTTP {server.http_url}, gRPC {server.grpc_url}; log {server.log_path}")
     stop = threading.Event()
@@ -161,6 +162,60 @@ def generate_command(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def bench_command(args: argparse.Namespace) -> int:
+    """Measure a running server: output tokens/s, TTFT and ITL per path and concurrency, efficiency vs direct."""
+    import datetime
+    import json
+    import tempfile
+
+    from .benchmark import (
+        DEFINITIONS,
+        PATH_MODELS,
+        add_efficiency,
+        machine_description,
+        make_prompts,
+        markdown,
+        measure_server,
+    )
+
+    paths = tuple(p.strip() for p in args.paths.split(",") if p.strip())
+    unknown = set(paths) - set(PATH_MODELS)
+    if unknown:
+        raise ValueError(f"--paths: unknown {sorted(unknown)}; known: {sorted(PATH_MODELS)}")
+    prompts = make_prompts(args.repository / "preprocessing" / "tokenizer", 256, args.max_prompt_tokens)
+    with tempfile.TemporaryDirectory() as work:
+        rows = measure_server(args.url, prompts, paths=paths,
+                              concurrencies=[int(c) for c in args.concurrency.split(",")],
+                              output_tokens=args.output_tokens, duration_s=args.duration_s, tool=args.tool,
+                              work=Path(work), label=args.repository.name)
+    add_efficiency(rows)
+    result = {"meta": {"machine": machine_description(), "date": datetime.date.today().isoformat(),
+                       "tool": args.tool, "output_tokens": args.output_tokens, "duration_s": args.duration_s,
+                       "url": args.url, "definitions": DEFINITIONS}, "rows": rows}
+    print(markdown(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    return 0 if all(row["errors"] == 0 for row in rows) else 1
+
+
+def tune_command(args: argparse.Namespace) -> int:
+    """Measure candidate instance counts of the Python steps and write the best into the repository."""
+    from .tuning import instance_counts, tune
+
+    before = instance_counts(args.repository)
+    result = tune(args.repository, counts=[int(c) for c in args.counts.split(",")], concurrency=args.concurrency,
+                  target=args.target, output_tokens=args.output_tokens, duration_s=args.duration_s, tool=args.tool)
+    print("| instances | path | output tokens/s | efficiency | TTFT p50 ms | ITL p50 ms | errors |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    for row in result.rows:
+        print(f"| {row['instances']} | {row['path']} | {row['output_tokens_per_s']:,.0f} | {row['efficiency']} | "
+              f"{row['ttft_ms_p50']} | {row['itl_ms_p50']} | {row['errors']} |")
+    verdict = "reaches" if result.reached_target else "does NOT reach (best ensemble efficiency kept)"
+    print(f"\n{args.concurrency} streams: {result.chosen} instances {verdict} {args.target} of the engine's "
+          f"tokens/s; counts were {before}, now {instance_counts(args.repository)}")
+    return 0 if result.reached_target else 1
 
 
 def make_tiny_model_command(args: argparse.Namespace) -> int:
@@ -216,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--grpc-port", type=int, default=8001)
     serve.add_argument("--metrics-port", type=int, default=8002)
     serve.add_argument("--log-verbose", type=int, default=0)
+    serve.add_argument("--open-apis", action="store_true",
+                       help="leave model-config, statistics, ... unrestricted (perf_analyzer reads them)")
     serve.set_defaults(func=serve_command)
 
     generate = commands.add_parser("generate", help="send a prompt and print the answer")
@@ -231,6 +288,29 @@ def main(argv: list[str] | None = None) -> int:
     generate.add_argument("--seed", type=int, default=None)
     generate.add_argument("--stop", action="append", default=[], help="stop phrase (repeatable)")
     generate.set_defaults(func=generate_command)
+
+    bench = commands.add_parser("bench", help="measure a running server: tokens/s, TTFT, ITL per path")
+    bench.add_argument("repository", type=Path, help="the served repository (for its tokenizer)")
+    bench.add_argument("--url", default="127.0.0.1:8001", help="gRPC host:port")
+    bench.add_argument("--paths", default="direct,ensemble,bls", help="direct (tensorrt_llm), ensemble, bls")
+    bench.add_argument("--concurrency", default="1,8,32,128")
+    bench.add_argument("--output-tokens", type=int, default=64, help="min_tokens = max_tokens per request")
+    bench.add_argument("--max-prompt-tokens", type=int, default=32)
+    bench.add_argument("--duration-s", type=float, default=10.0, help="measurement time per point")
+    bench.add_argument("--tool", choices=("asyncio", "perf_analyzer"), default="asyncio",
+                       help="perf_analyzer needs a server started with --open-apis")
+    bench.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    bench.set_defaults(func=bench_command)
+
+    tune_parser = commands.add_parser("tune", help="pick pre/post/BLS instance counts from measurements")
+    tune_parser.add_argument("repository", type=Path, help="a built repository; its counts are rewritten")
+    tune_parser.add_argument("--counts", default="1,2,4,8", help="candidate instance counts")
+    tune_parser.add_argument("--concurrency", type=int, default=128, help="concurrent streams to tune for")
+    tune_parser.add_argument("--target", type=float, default=0.95, help="efficiency to reach vs the engine alone")
+    tune_parser.add_argument("--output-tokens", type=int, default=64)
+    tune_parser.add_argument("--duration-s", type=float, default=10.0)
+    tune_parser.add_argument("--tool", choices=("asyncio", "perf_analyzer"), default="asyncio")
+    tune_parser.set_defaults(func=tune_command)
 
     tiny = commands.add_parser("make-tiny-model", help="write a small random-weight Llama and tokenizer")
     tiny.add_argument("output", type=Path)

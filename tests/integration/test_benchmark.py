@@ -1,0 +1,49 @@
+"""The pipeline benchmark's machinery against a real tritonserver: every path answers every request in full."""
+
+import pytest
+
+from tritonforge.benchmark import PATHS, add_efficiency, make_prompts, markdown, measure_server
+
+from .conftest import serve_tiny
+
+OUTPUT_TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def served(tiny_models, tmp_path_factory):
+    repository = tmp_path_factory.mktemp("repo") / "model_repository"
+    server = serve_tiny(tiny_models["bpe"], repository)
+    yield server, repository
+    server.stop()
+
+
+def test_every_path_completes_fixed_length_streams(served, tmp_path):
+    server, repository = served
+    prompts = make_prompts(repository / "preprocessing" / "tokenizer", 8, 16)
+    rows = measure_server(server.grpc_url, prompts, concurrencies=(1, 3), output_tokens=OUTPUT_TOKENS,
+                          duration_s=0.2, work=tmp_path, label="tiny")
+    add_efficiency(rows)
+    assert [(row["concurrency"], row["path"]) for row in rows] == [(c, p) for c in (1, 3) for p in PATHS]
+    for row in rows:
+        assert row["errors"] == 0 and row["requests"] >= row["concurrency"], row
+        assert row["output_tokens_per_s"] > 0 and row["ttft_ms_p50"] is not None and row["itl_ms_p50"] is not None
+        assert row["efficiency"] is not None and row["efficiency"] > 0
+    table = markdown({"meta": {"machine": "m", "date": "d", "tool": "asyncio", "output_tokens": OUTPUT_TOKENS,
+                               "duration_s": 0.2}, "rows": rows})
+    assert table.count("\n| tiny |") == len(rows) and "TTFT: time to first token" in table
+
+
+def test_tune_measures_each_count_and_writes_the_chosen_one(tiny_models, tmp_path):
+    from tritonforge import model_configs as configs
+    from tritonforge.build import BuildOptions, build
+    from tritonforge.tuning import instance_counts, tune
+
+    repository = tmp_path / "model_repository"
+    build(BuildOptions(model=tiny_models["bpe"], output=repository, max_input_len=64, max_seq_len=256,
+                       max_batch_size=4, serving=configs.ServingConfig(postprocessing_instances=3)))
+    # A target of 0 is met by the first count: the test checks the mechanics, not this machine's speed.
+    result = tune(repository, counts=(1, 2), concurrency=2, target=0.0, output_tokens=OUTPUT_TOKENS, duration_s=0.2)
+    assert [(row["instances"], row["path"]) for row in result.rows] == [(c, p) for c in (1, 2) for p in PATHS]
+    assert all(row["errors"] == 0 for row in result.rows)
+    assert result.chosen == 1 and result.reached_target
+    assert instance_counts(repository) == {"preprocessing": 1, "postprocessing": 1, "tensorrt_llm_bls": 1}

@@ -1,0 +1,308 @@
+"""Measure how much of the engine's token rate reaches the client, on a running server: the engine model
+called directly, through the ensemble and through the BLS, streaming, side by side at each concurrency.
+
+Every request asks for exactly `output_tokens` tokens (min_tokens = max_tokens), so every path does equal
+work. Load generators: `asyncio` (tritonclient's asyncio gRPC streaming; one stream per concurrent user,
+each sending its next request when the previous one ends) or `perf_analyzer` (--streaming, inputs through
+--input-data; timings read from its --profile-export-file). Used by `tritonforge bench` and
+`bench/pipeline.py`; the terms are defined in DEFINITIONS and printed under every table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import model_configs as configs
+from .tiny_model import corpus_lines
+from .tokenization import load_tokenizer
+
+PATHS = ("direct", "ensemble", "bls")
+PATH_MODELS = {"direct": configs.ENGINE_MODEL, "ensemble": "ensemble", "bls": "tensorrt_llm_bls"}
+DEFINITIONS = [
+    "output tokens/s: tokens of the completed requests / wall time of the run (first send to last response)",
+    "TTFT: time to first token, from sending a request to its first streamed response",
+    "ITL: inter-token latency of one request, (last response - first response) / (tokens - 1)",
+    "p50 / p99: percentiles over the run's requests (numpy.percentile)",
+    "efficiency: output tokens/s of the path / output tokens/s of the engine model called directly",
+]
+REQUEST_TIMEOUT_S = 120
+
+
+@dataclass
+class Timing:
+    """One request: send time, arrival time of each streamed response (seconds), tokens, error."""
+
+    sent: float
+    arrivals: list[float]
+    tokens: int
+    error: str | None = None
+
+
+# ---- workload -----------------------------------------------------------------------------------------------
+
+def make_prompts(tokenizer_dir: Path, count: int, max_prompt_tokens: int) -> list[tuple[str, list[int]]]:
+    """Distinct prompts from the shipped corpus, with the token ids the preprocessing model would produce."""
+    tokenizer = load_tokenizer(tokenizer_dir)
+    lines = [line for line in corpus_lines() if line.strip()]
+    prompts = []
+    for index in range(count):
+        text = f"{lines[index % len(lines)]} ({index})"
+        ids = tokenizer(text).input_ids[:max_prompt_tokens]
+        prompts.append((tokenizer.decode(ids, skip_special_tokens=True), ids))
+    return prompts
+
+
+def request_arrays(path: str, prompt: tuple[str, list[int]], output_tokens: int) -> dict[str, np.ndarray]:
+    """The tensors of one request, [1, ...] with the batch dimension, by the model's input names."""
+    text, ids = prompt
+    if path == "direct":
+        return {"input_ids": np.array([ids], dtype=np.int32),
+                "input_lengths": np.array([[len(ids)]], dtype=np.int32),
+                "request_output_len": np.array([[output_tokens]], dtype=np.int32),
+                "min_tokens": np.array([[output_tokens]], dtype=np.int32),
+                "streaming": np.array([[True]])}
+    return {"text_input": np.array([[text.encode()]], dtype=object),
+            "max_tokens": np.array([[output_tokens]], dtype=np.int32),
+            "min_tokens": np.array([[output_tokens]], dtype=np.int32),
+            "stream": np.array([[True]])}
+
+
+def triton_dtype(array: np.ndarray) -> str:
+    return {np.int32: "INT32", np.bool_: "BOOL", np.object_: "BYTES"}[array.dtype.type]
+
+
+# ---- load generator: asyncio gRPC ---------------------------------------------------------------------------
+
+async def _one_request(client, model: str, arrays: dict[str, np.ndarray], output_tokens: int, client_module) -> Timing:
+    import grpc
+
+    inputs = []
+    for name, array in arrays.items():
+        tensor = client_module.InferInput(name, list(array.shape), triton_dtype(array))
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+
+    async def requests():
+        yield {"model_name": model, "inputs": inputs, "enable_empty_final_response": True}
+
+    timing = Timing(sent=time.perf_counter(), arrivals=[], tokens=0)
+    try:
+        # A stream that stops answering is an error of the run, not a hang of the benchmark.
+        async for result, error in client.stream_infer(requests(), stream_timeout=REQUEST_TIMEOUT_S):
+            now = time.perf_counter()
+            if error is not None:
+                timing.error = str(error)
+                return timing
+            response = result.get_response()
+            if response.outputs:
+                timing.arrivals.append(now)
+            final = response.parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                break
+    except grpc.aio.AioRpcError as error:  # e.g. DEADLINE_EXCEEDED: counted, and the run goes on
+        timing.error = f"{error.code().name}: {error.details()}"
+        return timing
+    # min_tokens = max_tokens: a completed request carries exactly output_tokens tokens on every path.
+    timing.tokens = output_tokens if timing.arrivals else 0
+    return timing
+
+
+async def _asyncio_load(url: str, path: str, prompts, concurrency: int, output_tokens: int,
+                        duration_s: float) -> tuple[list[Timing], float]:
+    import tritonclient.grpc.aio as grpc_aio
+
+    client = grpc_aio.InferenceServerClient(url)
+    model = PATH_MODELS[path]
+    start = time.perf_counter()
+    deadline = start + duration_s
+    timings: list[Timing] = []
+
+    async def user(index: int) -> None:
+        sent = 0
+        while sent == 0 or time.perf_counter() < deadline:
+            prompt = prompts[(index + sent * concurrency) % len(prompts)]
+            timings.append(await _one_request(client, model, request_arrays(path, prompt, output_tokens),
+                                              output_tokens, grpc_aio))
+            sent += 1
+
+    await asyncio.gather(*(user(index) for index in range(concurrency)))
+    await client.close()
+    end = max((t.arrivals[-1] for t in timings if t.arrivals), default=time.perf_counter())
+    return timings, end - start
+
+
+def asyncio_load(url, path, prompts, concurrency, output_tokens, duration_s):
+    return asyncio.run(_asyncio_load(url, path, prompts, concurrency, output_tokens, duration_s))
+
+
+# ---- load generator: perf_analyzer --------------------------------------------------------------------------
+
+def perf_analyzer_load(url: str, path: str, prompts, concurrency: int, output_tokens: int, duration_s: float,
+                       work: Path) -> tuple[list[Timing], float]:
+    data = []
+    for prompt in prompts:
+        entry = {}
+        for name, array in request_arrays(path, prompt, output_tokens).items():
+            values = array[0].tolist()
+            if array.dtype == object:
+                values = [value.decode() for value in values]
+            entry[name] = {"content": values, "shape": list(array.shape[1:])}
+        data.append(entry)
+    input_file = work / f"input-{path}.json"
+    input_file.write_text(json.dumps({"data": data}))
+    export = work / f"export-{path}-{concurrency}.json"
+    command = ["perf_analyzer", "-m", PATH_MODELS[path], "-i", "grpc", "-u", url, "--streaming",
+               "--input-data", str(input_file), "--concurrency-range", str(concurrency),
+               # Three windows make a measurement; a 100 % band accepts any steady load at the first three.
+               "--measurement-interval", str(int(duration_s * 1000 / 3)), "--stability-percentage", "100",
+               "--profile-export-file", str(export)]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=duration_s * 4 + 60)
+    if completed.returncode != 0 or not export.exists():
+        raise RuntimeError(f"perf_analyzer failed ({completed.returncode}): {completed.stdout[-1500:]}"
+                           f"{completed.stderr[-1500:]}")
+    # The export records response outputs too: streamed byte chunks that may split a UTF-8 character.
+    experiment = json.loads(export.read_bytes().decode("utf-8", errors="replace"))["experiments"][-1]
+    timings = []
+    for request in experiment["requests"]:
+        arrivals = [ns / 1e9 for ns in request.get("response_timestamps", [])]
+        timings.append(Timing(sent=request["timestamp"] / 1e9, arrivals=arrivals,
+                              tokens=output_tokens if arrivals else 0))
+    completed_requests = [t for t in timings if t.arrivals]
+    if not completed_requests:
+        return timings, duration_s
+    wall = max(t.arrivals[-1] for t in completed_requests) - min(t.sent for t in timings)
+    return timings, wall
+
+
+# ---- figures ------------------------------------------------------------------------------------------------
+
+def summarize(timings: list[Timing], wall_s: float) -> dict:
+    done = [t for t in timings if t.error is None and t.arrivals]
+    ttft = np.array([t.arrivals[0] - t.sent for t in done]) * 1000
+    itl = np.array([(t.arrivals[-1] - t.arrivals[0]) / (t.tokens - 1) for t in done if t.tokens > 1]) * 1000
+
+    def percentile(values, q):
+        return round(float(np.percentile(values, q)), 2) if len(values) else None
+
+    return {"requests": len(done), "errors": len(timings) - len(done),
+            "output_tokens_per_s": round(sum(t.tokens for t in done) / wall_s, 1) if wall_s > 0 else 0.0,
+            "ttft_ms_p50": percentile(ttft, 50), "ttft_ms_p99": percentile(ttft, 99),
+            "itl_ms_p50": percentile(itl, 50), "itl_ms_p99": percentile(itl, 99),
+            "first_error": next((t.error for t in timings if t.error), None)}
+
+
+def add_efficiency(rows: list[dict]) -> None:
+    direct = {(r["engine"], r["concurrency"]): r["output_tokens_per_s"] for r in rows if r["path"] == "direct"}
+    for row in rows:
+        base = direct.get((row["engine"], row["concurrency"]))
+        row["efficiency"] = round(row["output_tokens_per_s"] / base, 3) if base else None
+
+
+def markdown(result: dict) -> str:
+    meta = result["meta"]
+    lines = [f"Pipeline efficiency — {meta['machine']}, {meta['date']}, load: {meta['tool']}, "
+             f"{meta['output_tokens']} output tokens per request, {meta['duration_s']} s per point",
+             "", "| engine | streams | path | output tokens/s | efficiency | TTFT p50 / p99 ms | "
+                 "ITL p50 / p99 ms | requests | errors |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for row in result["rows"]:
+        efficiency = "" if row["path"] == "direct" else f"{row['efficiency']:.2f}" if row["efficiency"] else "-"
+        lines.append(f"| {row['engine']} | {row['concurrency']} | {row['path']} | {row['output_tokens_per_s']:,.0f} | "
+                     f"{efficiency} | {row['ttft_ms_p50']} / {row['ttft_ms_p99']} | "
+                     f"{row['itl_ms_p50']} / {row['itl_ms_p99']} | {row['requests']} | {row['errors']} |")
+    lines += ["", *(f"- {definition}" for definition in DEFINITIONS)]
+    if meta.get("notes"):
+        lines += ["", *(f"- {note}" for note in meta["notes"])]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    engines = sorted({row["engine"] for row in result["rows"]})
+    figure, axes = plt.subplots(1, len(engines), figsize=(6 * len(engines), 4.2), squeeze=False)
+    for axis, engine in zip(axes[0], engines):
+        for path in PATHS:
+            rows = sorted((r for r in result["rows"] if r["engine"] == engine and r["path"] == path),
+                          key=lambda r: r["concurrency"])
+            if rows:
+                axis.plot([r["concurrency"] for r in rows], [r["output_tokens_per_s"] for r in rows],
+                          marker="o", label=path)
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("concurrent streams")
+        axis.set_ylabel("output tokens/s")
+        axis.set_title(f"{engine} engine")
+        axis.grid(True, alpha=0.3)
+        axis.legend()
+    figure.suptitle(f"{result['meta']['machine']} — {result['meta']['date']}", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(png, dpi=110)
+    plt.close(figure)
+
+
+def write_results(result: dict, stem: Path) -> None:
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    stem.with_suffix(".md").write_text(markdown(result))
+    try:
+        plot(result, stem.with_suffix(".png"))
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install -e .[bench])", file=sys.stderr)
+
+
+def machine_description() -> str:
+    description = f"{platform.machine()}, {os.cpu_count()} CPUs"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            description = f"{torch.cuda.get_device_name(0)}, {description}"
+    except ImportError:
+        pass
+    return description
+
+
+# ---- the run ------------------------------------------------------------------------------------------------
+
+
+def measure_server(url: str, prompts, *, paths=PATHS, concurrencies=(1, 8, 32, 128), output_tokens: int = 64,
+                   duration_s: float = 10.0, tool: str = "asyncio", work: Path, label: str = "",
+                   on_row=lambda row: None) -> list[dict]:
+    """Warm up, then measure every path at every concurrency (the paths of one concurrency back to back)."""
+    def load(path: str, concurrency: int, seconds: float) -> tuple[list[Timing], float]:
+        point = (url, path, prompts, concurrency, output_tokens, seconds)
+        if tool == "asyncio":
+            return asyncio_load(*point)
+        try:
+            return perf_analyzer_load(*point, work=work)
+        except (RuntimeError, KeyError, subprocess.TimeoutExpired) as error:
+            return [Timing(sent=0.0, arrivals=[], tokens=0, error=f"perf_analyzer: {error}")], seconds
+
+    # Warm-up: first calls load kernels, fill pools, start the stubs' threads.
+    for path in paths:
+        load(path, min(8, max(concurrencies)), 0 if tool == "asyncio" else 1.5)
+    rows = []
+    for concurrency in concurrencies:
+        for path in paths:
+            timings, wall = load(path, concurrency, duration_s)
+            row = {"engine": label, "concurrency": concurrency, "path": path, "tool": tool,
+                   **summarize(timings, wall)}
+            rows.append(row)
+            on_row(row)
+            print(f"{label:12} {concurrency:4} {path:9} {row['output_tokens_per_s']:10,.0f} tok/s  "
+                  f"TTFT p50 {row['ttft_ms_p50']} ms  ITL p50 {row['itl_ms_p50']} ms  "
+                  f"errors {row['errors']} {row['first_error'] or ''}"[:600], file=sys.stderr, flush=True)
+    return rows
