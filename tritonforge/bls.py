@@ -13,6 +13,7 @@ when the client asked for one non-streamed answer.
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -37,6 +38,34 @@ CLIENT_TO_ENGINE = {client: engine for engine, client in ENGINE_FROM_CLIENT.item
 # Inputs the BLS sets itself on every engine request.
 FORCED_ENGINE_INPUTS = {"streaming", "exclude_input_in_output"}
 CANCEL_CHECK_PERIOD_S = 0.1  # as the engine's cancellation_check_period_ms
+ITERATOR_GRACE_S = 2.0  # how long a finished BLS response iterator is kept alive (see _IteratorGraveyard)
+
+
+class _IteratorGraveyard:
+    """Keeps finished BLS response iterators alive for a while, then drops them here, under the GIL.
+
+    A 2.51 `ResponseIterator` holds every response it delivered, and the stub's cleanup thread holds it
+    too. If Python lets go first, the cleanup thread runs its destructor, which frees the responses' numpy
+    arrays without the GIL: heap corruption, seen as the BLS stub aborting under load. Holding the iterator
+    until that cleanup is long done makes the last reference ours.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._kept: collections.deque = collections.deque()
+
+    def keep(self, iterator) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._kept.append((now, iterator))
+            expired = []
+            while self._kept and now - self._kept[0][0] > ITERATOR_GRACE_S:
+                expired.append(self._kept.popleft()[1])
+        del expired  # released here, in a Python thread that holds the GIL
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +116,7 @@ class BlsOrchestrator:
         self.preprocessor = Preprocessor(settings.tokenizer_dir, settings.limits, settings.add_special_tokens)
         self.token_bytes = TokenBytes(self.preprocessor.tokenizer)
         self.pool = ThreadPoolExecutor(max_workers=settings.max_concurrency, thread_name_prefix="bls")
+        self.graveyard = _IteratorGraveyard()
 
     def submit(self, request) -> None:
         """Called from execute(): parse now (errors answer at once), generate in the pool."""
@@ -148,8 +178,10 @@ class BlsOrchestrator:
             inputs=output_tensors(pb_utils, {"stop": np.array([[True]]),
                                              "input_lengths": np.array([[1]], dtype=np.int32),
                                              "request_output_len": np.array([[1]], dtype=np.int32)}))
-        for _ in stop.exec(decoupled=True):
+        responses = stop.exec(decoupled=True)
+        for _ in responses:
             pass
+        self.graveyard.keep(responses)
 
     def _run_row(self, inputs, tokens, row: int, stop_phrases: list[str], stream: bool, exclude_input: bool,
                  completion: _Completion) -> None:
@@ -166,28 +198,33 @@ class BlsOrchestrator:
             engine_request = pb_utils.InferenceRequest(
                 model_name=self.settings.engine_model, request_id=request_id,
                 inputs=self._engine_inputs(inputs, tokens, row), requested_output_names=ENGINE_OUTPUTS)
-            for response in engine_request.exec(decoupled=True):
-                if response.has_error():
-                    raise EngineStepError(response.error().message(), response.error().code())
-                ids_tensor = pb_utils.get_output_tensor_by_name(response, "output_ids")
-                if ids_tensor is None:  # the empty response that carries FINAL
-                    continue
-                ids = ids_tensor.as_numpy().reshape(-1)
-                length = int(pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy().reshape(-1)[0])
-                if return_log_probs:
-                    log_probs.extend(pb_utils.get_output_tensor_by_name(response, "output_log_probs")
-                                     .as_numpy().reshape(-1)[:length].tolist())
-                if stopped_engine:
-                    continue
-                text = stop_filter.push(detokenizer.push(ids[:length].tolist()))
-                if stream and text:
-                    completion.send(self._response(completion, text, row, batch,
-                                                   log_probs if return_log_probs else None))
-                elif text:
-                    pieces.append(text)
-                if stop_filter.stopped or completion.cancelled():
-                    self._stop_engine(request_id)
-                    stopped_engine = True
+            responses = engine_request.exec(decoupled=True)
+            try:
+                for response in responses:
+                    if response.has_error():
+                        raise EngineStepError(response.error().message(), response.error().code())
+                    ids_tensor = pb_utils.get_output_tensor_by_name(response, "output_ids")
+                    if ids_tensor is None:  # the empty response that carries FINAL
+                        continue
+                    ids = ids_tensor.as_numpy().reshape(-1)
+                    lengths = pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy()
+                    length = int(lengths.reshape(-1)[0])
+                    if return_log_probs:
+                        log_probs.extend(pb_utils.get_output_tensor_by_name(response, "output_log_probs")
+                                         .as_numpy().reshape(-1)[:length].tolist())
+                    if stopped_engine:
+                        continue
+                    text = stop_filter.push(detokenizer.push(ids[:length].tolist()))
+                    if stream and text:
+                        completion.send(self._response(completion, text, row, batch,
+                                                       log_probs if return_log_probs else None))
+                    elif text:
+                        pieces.append(text)
+                    if stop_filter.stopped or completion.cancelled():
+                        self._stop_engine(request_id)
+                        stopped_engine = True
+            finally:
+                self.graveyard.keep(responses)
             tail = stop_filter.push(detokenizer.flush()) + stop_filter.flush()
             if not exclude_input and not stream:
                 prompt_ids = tokens["INPUT_ID"][row, : int(tokens["REQUEST_INPUT_LEN"][row, 0])].tolist()
@@ -219,6 +256,7 @@ class BlsOrchestrator:
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.graveyard.clear()
 
 
 class EngineStepError(RuntimeError):
