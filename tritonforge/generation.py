@@ -3,6 +3,8 @@ before a request is accepted. Free of torch, so request handling loads without i
 
 from __future__ import annotations
 
+import queue
+import threading
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -54,6 +56,57 @@ class EngineLimits:
     def __post_init__(self):
         if self.max_batch_size < 1 or self.max_input_len < 1 or self.max_seq_len <= self.max_input_len - 1:
             raise ValueError(f"inconsistent engine limits: {self}")
+
+
+class EngineThread:
+    """The client side every engine shares: requests and cancellations go into thread-safe queues that the
+    engine's own thread (`_loop`, written by the subclass) drains between steps."""
+
+    def __init__(self, name: str):
+        self._incoming: queue.Queue[GenerationRequest] = queue.Queue()
+        self._cancels: queue.Queue[str] = queue.Queue()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._waiting: list[GenerationRequest] = []  # engine thread only
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def submit(self, request: GenerationRequest) -> None:
+        self._incoming.put(request)
+        self._wake.set()
+
+    def cancel(self, request_id: str) -> None:
+        """Stop the running or waiting request with this id (the `stop` input of the engine model)."""
+        self._cancels.put(request_id)
+        self._wake.set()
+
+    def pending(self) -> int:
+        return self._incoming.qsize() + len(self._waiting)
+
+    def shutdown(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+    # ---- engine thread ------------------------------------------------------------------------------------
+
+    def _idle(self) -> bool:
+        return self._incoming.empty() and self._cancels.empty() and not self._waiting
+
+    def _wait_for_work(self) -> None:
+        self._wake.wait(timeout=0.5)
+        self._wake.clear()
+
+    def _take_new(self) -> set[str]:
+        """Move new requests to `_waiting`; return the request ids cancelled since the last call."""
+        while not self._incoming.empty():
+            self._waiting.append(self._incoming.get_nowait())
+        cancelled = set()
+        while not self._cancels.empty():
+            cancelled.add(self._cancels.get_nowait())
+        return cancelled
 
 
 class QueueFullError(RequestError):

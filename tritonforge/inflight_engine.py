@@ -18,12 +18,10 @@ batch, and this engine must serve per-request seeds, penalties, min_tokens, bad 
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 
 import torch
 
-from .generation import EngineLimits, GenerationRequest, GenerationResult, check_limits
+from .generation import EngineLimits, EngineThread, GenerationRequest, GenerationResult, check_limits
 from .sampling import apply_penalties, choose_token
 
 logger = logging.getLogger(__name__)
@@ -41,20 +39,15 @@ class _Sequence:
         self.finish_reason: str | None = None
 
 
-class InflightBatchingEngine:
+class InflightBatchingEngine(EngineThread):
     def __init__(self, model, limits: EngineLimits):
+        super().__init__("inflight-engine")
         self.model = model
         self.limits = limits
         self.device = next(model.parameters()).device
-        self._incoming: queue.Queue[GenerationRequest] = queue.Queue()
-        self._cancels: queue.Queue[str] = queue.Queue()
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
-        self._waiting: list[GenerationRequest] = []
         self._running: list[_Sequence] = []
         self._cache = None  # DynamicCache of the running batch, rows left-padded
         self._attention_mask: torch.Tensor | None = None  # [batch, cache_len + 1]
-        self._thread = threading.Thread(target=self._loop, name="inflight-engine", daemon=True)
         self._thread.start()
 
     # ---- client side (any thread) -------------------------------------------------------------------------
@@ -63,31 +56,13 @@ class InflightBatchingEngine:
         """Raise RequestError for a request this engine must refuse; called before `submit`."""
         check_limits(request, self.limits, vocab_size=self.model.config.vocab_size, pending=self.pending())
 
-    def submit(self, request: GenerationRequest) -> None:
-        self._incoming.put(request)
-        self._wake.set()
-
-    def cancel(self, request_id: str) -> None:
-        """Stop the running or waiting request with this id (the `stop` input of the engine model)."""
-        self._cancels.put(request_id)
-        self._wake.set()
-
-    def pending(self) -> int:
-        return self._incoming.qsize() + len(self._waiting)
-
-    def shutdown(self) -> None:
-        self._stopping.set()
-        self._wake.set()
-        self._thread.join(timeout=30)
-
     # ---- engine thread ------------------------------------------------------------------------------------
 
     def _loop(self) -> None:
         with torch.inference_mode():
             while not self._stopping.is_set():
-                if not self._running and not self._waiting and self._incoming.empty() and self._cancels.empty():
-                    self._wake.wait(timeout=0.5)
-                    self._wake.clear()
+                if not self._running and self._idle():
+                    self._wait_for_work()
                     continue
                 try:
                     self._iteration()
@@ -102,9 +77,7 @@ class InflightBatchingEngine:
             request.sink.finish(None, RuntimeError("the engine is shutting down"))
 
     def _iteration(self) -> None:
-        while not self._incoming.empty():
-            self._waiting.append(self._incoming.get_nowait())
-        self._apply_cancellations()
+        self._apply_cancellations(self._take_new())
         while self._waiting and len(self._running) < self.limits.max_batch_size:
             request = self._waiting.pop(0)
             if request.sink.cancelled():
@@ -114,10 +87,7 @@ class InflightBatchingEngine:
         if self._running:
             self._decode_step()
 
-    def _apply_cancellations(self) -> None:
-        ids = set()
-        while not self._cancels.empty():
-            ids.add(self._cancels.get_nowait())
+    def _apply_cancellations(self, ids: set[str]) -> None:
         for sequence in self._running:
             if sequence.finish_reason is None and sequence.request.request_id in ids:
                 sequence.finish_reason = "cancelled"

@@ -15,11 +15,9 @@ different text. It ignores sampling, end_id, stop and bad words; every request r
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 
-from .generation import EngineLimits, GenerationRequest, GenerationResult, check_limits
+from .generation import EngineLimits, EngineThread, GenerationRequest, GenerationResult, check_limits
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +29,7 @@ class _Replay:
         self.generated: list[int] = []
 
 
-class ReplayEngine:
+class ReplayEngine(EngineThread):
     """Same interface as `InflightBatchingEngine`: validate, submit, cancel, shutdown."""
 
     def __init__(self, token_ids: list[int], *, step_ms: float, limits: EngineLimits, vocab_size: int):
@@ -39,44 +37,22 @@ class ReplayEngine:
             raise ValueError("the replay engine needs at least one token id to replay")
         if step_ms <= 0:
             raise ValueError(f"replay step_ms must be > 0, got {step_ms}")
+        super().__init__("replay-engine")
         self.token_ids = token_ids
         self.step_s = step_ms / 1000
         self.limits = limits
         self.vocab_size = vocab_size
-        self._incoming: queue.Queue[GenerationRequest] = queue.Queue()
-        self._cancels: queue.Queue[str] = queue.Queue()
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
-        self._waiting: list[GenerationRequest] = []
         self._running: list[_Replay] = []
-        self._thread = threading.Thread(target=self._loop, name="replay-engine", daemon=True)
         self._thread.start()
 
     def validate(self, request: GenerationRequest) -> None:
         check_limits(request, self.limits, vocab_size=self.vocab_size, pending=self.pending())
 
-    def submit(self, request: GenerationRequest) -> None:
-        self._incoming.put(request)
-        self._wake.set()
-
-    def cancel(self, request_id: str) -> None:
-        self._cancels.put(request_id)
-        self._wake.set()
-
-    def pending(self) -> int:
-        return self._incoming.qsize() + len(self._waiting)
-
-    def shutdown(self) -> None:
-        self._stopping.set()
-        self._wake.set()
-        self._thread.join(timeout=30)
-
     def _loop(self) -> None:
         next_step = time.monotonic()
         while not self._stopping.is_set():
-            if not self._running and not self._waiting and self._incoming.empty():
-                self._wake.wait(timeout=0.5)
-                self._wake.clear()
+            if not self._running and self._idle():
+                self._wait_for_work()
                 next_step = time.monotonic()
                 continue
             self._step()
@@ -90,11 +66,7 @@ class ReplayEngine:
             request.sink.finish(None, RuntimeError("the engine is shutting down"))
 
     def _step(self) -> None:
-        while not self._incoming.empty():
-            self._waiting.append(self._incoming.get_nowait())
-        cancelled = set()
-        while not self._cancels.empty():
-            cancelled.add(self._cancels.get_nowait())
+        cancelled = self._take_new()
         for request in [r for r in self._waiting if r.request_id in cancelled or r.sink.cancelled()]:
             self._waiting.remove(request)
             request.sink.finish(GenerationResult([], [], "cancelled"), None)
