@@ -14,12 +14,9 @@ different text. It ignores sampling, end_id, stop and bad words; every request r
 
 from __future__ import annotations
 
-import logging
 import time
 
 from .generation import EngineLimits, EngineThread, GenerationRequest, GenerationResult, check_limits
-
-logger = logging.getLogger(__name__)
 
 
 class _Replay:
