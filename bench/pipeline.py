@@ -58,6 +58,7 @@ def build_repository(args, model_dir: Path, engine: str, output: Path) -> None:
                        max_seq_len=args.max_prompt_tokens + 8 + args.output_tokens, dtype=args.dtype,
                        serving=serving, replay_step_ms=args.replay_step_ms, force=True), progress=lambda _: None)
 
+
 def measure_engine(args, model_dir: Path, engine: str, work: Path, rows: list[dict], save) -> None:
     repository = work / f"repository-{engine}"
     build_repository(args, model_dir, engine, repository)
