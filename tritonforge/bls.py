@@ -28,7 +28,7 @@ from .model_configs import ENGINE_FROM_CLIENT, PREPROCESSING_MAP
 from .preprocess import PreprocessLimits, Preprocessor
 from .stop_phrases import StopPhraseFilter
 from .tokenization import decode_utf8
-from .triton_adapter import output_tensors, request_inputs, requested_outputs, to_triton_error
+from .triton_adapter import CancellationCheck, output_tensors, request_inputs, requested_outputs, to_triton_error
 
 logger = logging.getLogger(__name__)
 
@@ -84,20 +84,11 @@ class _Completion:
         self.pb_utils, self.sender, self.open_rows = pb_utils, sender, rows
         self.requested = requested  # the client's requested outputs: responses carry only these
         self.lock = threading.Lock()
-        self._next_check = 0.0
-        self._cancelled = False
+        self.cancelled = CancellationCheck(sender, CANCEL_CHECK_PERIOD_S)
 
     def send(self, response) -> None:
         with self.lock:
             self.sender.send(response)
-
-    def cancelled(self) -> bool:
-        # is_cancelled() is an IPC round trip to the server: ask at most once per period.
-        now = time.monotonic()
-        if not self._cancelled and now >= self._next_check:
-            self._next_check = now + CANCEL_CHECK_PERIOD_S
-            self._cancelled = bool(self.sender.is_cancelled())
-        return self._cancelled
 
     def row_done(self, error_response=None) -> None:
         with self.lock:

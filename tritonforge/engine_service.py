@@ -9,9 +9,9 @@ request with `stop=true` cancels the running request that has the same request i
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +19,17 @@ import numpy as np
 from .engine_requests import EngineRow, is_stop_request, parse_engine_request
 from .errors import RequestError
 from .generation import EngineLimits, GenerationRequest, GenerationResult
-from .triton_adapter import output_tensors, request_inputs, requested_outputs, to_triton_error
+from .triton_adapter import (
+    CancellationCheck,
+    is_decoupled,
+    model_parameters,
+    output_tensors,
+    parameter_flag,
+    request_inputs,
+    requested_outputs,
+    resolve_path,
+    to_triton_error,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +59,21 @@ class EngineSettings:
                                 max_queue_size=max_queue_size),
             dtype=parameters.get("dtype", "auto") or "auto",
             device=parameters.get("device", "auto") or "auto",
-            exclude_input_in_output=parameters.get("exclude_input_in_output", "true").lower() in ("true", "1"),
+            exclude_input_in_output=parameter_flag(parameters, "exclude_input_in_output", True),
             cancellation_check_period_ms=number("cancellation_check_period_ms", 100),
             decoupled=decoupled,
         )
+
+
+    @classmethod
+    def from_model_args(cls, args: dict) -> EngineSettings:
+        """From the `args` of `initialize`: parameters, decoupled policy, queue size; paths made absolute."""
+        queue_policy = json.loads(args["model_config"]).get("dynamic_batching", {}).get("default_queue_policy", {})
+        parameters = model_parameters(args)
+        if parameters.get("model_path"):
+            parameters["model_path"] = resolve_path(args, parameters["model_path"])
+        return cls.from_parameters(parameters, decoupled=is_decoupled(args),
+                                   max_queue_size=int(queue_policy.get("max_queue_size", 0)))
 
 
 def load_model(settings: EngineSettings):
@@ -76,17 +97,7 @@ class _RequestState:
         self.requested = requested  # the caller's requested outputs: responses carry only these
         self.open_rows = rows
         self.lock = threading.Lock()
-        self._check_period_s = check_period_s
-        self._next_check = 0.0
-        self._cancelled = False
-
-    def cancelled(self) -> bool:
-        # is_cancelled() is an IPC round trip to the server: ask at most once per period.
-        now = time.monotonic()
-        if not self._cancelled and now >= self._next_check:
-            self._next_check = now + self._check_period_s
-            self._cancelled = bool(self.sender.is_cancelled())
-        return self._cancelled
+        self.cancelled = CancellationCheck(sender, check_period_s)
 
     def send(self, response, row_done: bool) -> None:
         with self.lock:

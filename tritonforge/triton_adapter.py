@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,12 @@ def model_parameters(args: dict) -> dict[str, str]:
     """The config's `parameters` as plain strings."""
     parameters = json.loads(args["model_config"]).get("parameters", {})
     return {key: value.get("string_value", "") for key, value in parameters.items()}
+
+
+def parameter_flag(parameters: dict[str, str], key: str, default: bool) -> bool:
+    """A true/false model parameter ("true" / "1" are true); absent or empty gives `default`."""
+    value = parameters.get(key, "")
+    return value.lower() in ("true", "1") if value else default
 
 
 def is_decoupled(args: dict) -> bool:
@@ -61,6 +68,37 @@ def output_tensors(pb_utils, outputs: dict[str, np.ndarray], requested: frozense
     NVIDIA's containers). A BLS call that asks for a subset of the engine's outputs is such a caller.
     """
     return [pb_utils.Tensor(name, value) for name, value in outputs.items() if requested is None or name in requested]
+
+
+def answer_each(pb_utils, requests, compute) -> list:
+    """The responses of a non-decoupled model: `compute(inputs)` gives one request's outputs; a request
+    that fails gets its own error response, and the others in the batch are still answered."""
+    responses = []
+    for request in requests:
+        try:
+            tensors = output_tensors(pb_utils, compute(request_inputs(request)), requested_outputs(request))
+            responses.append(pb_utils.InferenceResponse(tensors))
+        except Exception as error:  # noqa: BLE001 - one bad request must not fail the batch
+            responses.append(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)))
+    return responses
+
+
+class CancellationCheck:
+    """Whether a request's client went away, asked of its response sender at most once per period:
+    `is_cancelled()` is an IPC round trip to the server, too costly for every token."""
+
+    def __init__(self, sender, period_s: float):
+        self._sender = sender
+        self._period_s = period_s
+        self._next_check = 0.0
+        self._cancelled = False
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if not self._cancelled and now >= self._next_check:
+            self._next_check = now + self._period_s
+            self._cancelled = bool(self._sender.is_cancelled())
+        return self._cancelled
 
 
 def resolve_path(args: dict, value: str) -> str:

@@ -15,14 +15,7 @@ Stateless: streamed chunks may go to any instance. One response per request.
 import triton_python_backend_utils as pb_utils
 
 from tritonforge.postprocess import Postprocessor
-from tritonforge.triton_adapter import (
-    model_parameters,
-    output_tensors,
-    request_inputs,
-    requested_outputs,
-    resolve_path,
-    to_triton_error,
-)
+from tritonforge.triton_adapter import answer_each, model_parameters, resolve_path
 
 
 class TritonPythonModel:
@@ -30,13 +23,5 @@ class TritonPythonModel:
         self.postprocessor = Postprocessor(resolve_path(args, model_parameters(args)["tokenizer_dir"]))
 
     def execute(self, requests):
-        responses = []
-        for request in requests:
-            try:
-                inputs = request_inputs(request)
-                text = self.postprocessor(inputs["TOKENS_BATCH"], inputs["SEQUENCE_LENGTH"])
-                tensors = output_tensors(pb_utils, {"OUTPUT": text}, requested_outputs(request))
-                responses.append(pb_utils.InferenceResponse(tensors))
-            except Exception as error:  # noqa: BLE001 - one bad request must not fail the batch
-                responses.append(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)))
-        return responses
+        return answer_each(pb_utils, requests, lambda inputs: {
+            "OUTPUT": self.postprocessor(inputs["TOKENS_BATCH"], inputs["SEQUENCE_LENGTH"])})

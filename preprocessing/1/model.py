@@ -21,14 +21,7 @@ One response per request; a bad request gets its own INVALID_ARG error naming th
 import triton_python_backend_utils as pb_utils
 
 from tritonforge.preprocess import PreprocessLimits, Preprocessor
-from tritonforge.triton_adapter import (
-    model_parameters,
-    output_tensors,
-    request_inputs,
-    requested_outputs,
-    resolve_path,
-    to_triton_error,
-)
+from tritonforge.triton_adapter import answer_each, model_parameters, parameter_flag, resolve_path
 
 
 class TritonPythonModel:
@@ -38,15 +31,7 @@ class TritonPythonModel:
             resolve_path(args, parameters["tokenizer_dir"]),
             PreprocessLimits(max_input_len=int(parameters["max_input_len"]),
                              max_output_len=int(parameters["max_output_len"])),
-            add_special_tokens=parameters.get("add_special_tokens", "true").lower() in ("true", "1"))
+            add_special_tokens=parameter_flag(parameters, "add_special_tokens", True))
 
     def execute(self, requests):
-        responses = []
-        for request in requests:
-            try:
-                outputs = self.preprocessor(request_inputs(request))
-                tensors = output_tensors(pb_utils, outputs, requested_outputs(request))
-                responses.append(pb_utils.InferenceResponse(tensors))
-            except Exception as error:  # noqa: BLE001 - one bad request must not fail the batch
-                responses.append(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)))
-        return responses
+        return answer_each(pb_utils, requests, self.preprocessor)

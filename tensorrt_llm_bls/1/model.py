@@ -11,7 +11,7 @@ import triton_python_backend_utils as pb_utils
 
 from tritonforge.bls import BlsOrchestrator, BlsSettings
 from tritonforge.preprocess import PreprocessLimits
-from tritonforge.triton_adapter import is_decoupled, model_parameters, resolve_path
+from tritonforge.triton_adapter import is_decoupled, model_parameters, parameter_flag, resolve_path
 
 
 class TritonPythonModel:
@@ -25,7 +25,7 @@ class TritonPythonModel:
                                     max_output_len=int(parameters["max_output_len"])),
             engine_model=parameters.get("engine_model", "tensorrt_llm"),
             max_concurrency=int(parameters.get("max_concurrency", "256")),
-            add_special_tokens=parameters.get("add_special_tokens", "true").lower() in ("true", "1")))
+            add_special_tokens=parameter_flag(parameters, "add_special_tokens", True)))
 
     def execute(self, requests):
         for request in requests:

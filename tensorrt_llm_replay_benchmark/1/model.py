@@ -13,17 +13,13 @@ import triton_python_backend_utils as pb_utils
 
 from tritonforge.engine_service import EngineService, EngineSettings
 from tritonforge.replay_engine import ReplayEngine
-from tritonforge.triton_adapter import is_decoupled, model_parameters, resolve_path
+from tritonforge.triton_adapter import model_parameters, resolve_path
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-        queue_policy = config.get("dynamic_batching", {}).get("default_queue_policy", {})
+        settings = EngineSettings.from_model_args(args)
         parameters = model_parameters(args)
-        settings = EngineSettings.from_parameters(
-            parameters, decoupled=is_decoupled(args),
-            max_queue_size=int(queue_policy.get("max_queue_size", 0)))
         with open(resolve_path(args, parameters["replay_tokens"]), encoding="utf-8") as file:
             token_ids = json.load(file)
         engine = ReplayEngine(token_ids, step_ms=float(parameters["replay_step_ms"]), limits=settings.limits,

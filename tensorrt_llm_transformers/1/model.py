@@ -21,24 +21,14 @@ Same tensors as NVIDIA's `tensorrtllm` backend (INTERFACE.md), decoupled; one re
 | batch_index, sequence_index | INT32 | [1] | |
 """
 
-import json
-
 import triton_python_backend_utils as pb_utils
 
 from tritonforge.engine_service import EngineService, EngineSettings
-from tritonforge.triton_adapter import is_decoupled, model_parameters, resolve_path
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-        queue_policy = config.get("dynamic_batching", {}).get("default_queue_policy", {})
-        parameters = model_parameters(args)
-        parameters["model_path"] = resolve_path(args, parameters["model_path"])
-        settings = EngineSettings.from_parameters(
-            parameters, decoupled=is_decoupled(args),
-            max_queue_size=int(queue_policy.get("max_queue_size", 0)))
-        self.service = EngineService(pb_utils, settings)
+        self.service = EngineService(pb_utils, EngineSettings.from_model_args(args))
 
     def execute(self, requests):
         for request in requests:
