@@ -2,13 +2,8 @@
 the ensemble, (c) through the BLS, on one server, streaming, side by side at each concurrency.
 
 Every request asks for exactly --output-tokens tokens (min_tokens = max_tokens), so every path does equal
-work. Terms, as printed under the table:
-  output tokens/s  tokens of the requests completed in the run / the run's wall time (first send to last
-                   response), summed over all streams
-  TTFT             time to first token: from sending a request to its first streamed response
-  ITL              inter-token latency of one request: (last response - first response) / (tokens - 1)
-  p50 / p99        percentiles over the run's requests (numpy)
-  efficiency       output tokens/s of a path / output tokens/s of the engine called directly
+work. The terms (output tokens/s, TTFT, ITL, p50/p99, efficiency) are defined under every printed table
+(tritonforge.benchmark.DEFINITIONS).
 
 Load generators (tritonforge/benchmark.py): `asyncio` (tritonclient's asyncio gRPC streaming; one stream
 per concurrent user, each sending its next request when the previous one ends) or `perf_analyzer`
@@ -42,6 +37,7 @@ from tritonforge.benchmark import (
     write_results,
 )
 from tritonforge.build import BuildOptions, build
+from tritonforge.cli import positive_ints
 from tritonforge.server import TritonServer
 from tritonforge.tiny_model import SHAPES, make_tiny_model
 
@@ -93,7 +89,7 @@ def main() -> int:
     parser.add_argument("--model", type=Path, default=None, help="checkpoint directory (default: a tiny model)")
     parser.add_argument("--model-size", choices=sorted(SHAPES), default="tiny", help="size of the built model")
     parser.add_argument("--engines", default="transformers,replay", help="transformers, replay (comma-separated)")
-    parser.add_argument("--concurrency", default="1,8,32,128")
+    parser.add_argument("--concurrency", type=positive_ints, default="1,8,32,128")
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--max-prompt-tokens", type=int, default=32)
     parser.add_argument("--duration-s", type=float, default=10.0, help="measurement time per point")
@@ -118,7 +114,6 @@ def main() -> int:
         write_results(result, args.report.with_suffix(""))
         print(markdown(result))
         return 0
-    args.concurrency = [int(c) for c in args.concurrency.split(",")]
     if args.tool == "perf_analyzer" and not shutil.which("perf_analyzer"):
         parser.error("perf_analyzer is not on PATH")
     rows: list[dict] = []

@@ -52,6 +52,8 @@ class Timing:
 
 def make_prompts(tokenizer_dir: Path, count: int, max_prompt_tokens: int) -> list[tuple[str, list[int]]]:
     """Distinct prompts from the shipped corpus, with the token ids the preprocessing model would produce."""
+    if not Path(tokenizer_dir).is_dir():
+        raise FileNotFoundError(f"no tokenizer at {tokenizer_dir}: pass a repository written by tritonforge build")
     tokenizer = load_tokenizer(tokenizer_dir)
     lines = [line for line in corpus_lines() if line.strip()]
     prompts = []

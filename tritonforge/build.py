@@ -65,6 +65,8 @@ class BuildOptions:
             raise ValueError(f"--max-seq-len ({self.max_seq_len}) must exceed --max-input-len ({self.max_input_len})")
         if self.max_batch_size < 1:
             raise ValueError(f"--max-batch-size must be >= 1, got {self.max_batch_size}")
+        if self.replay_step_ms <= 0:
+            raise ValueError(f"--replay-step-ms must be > 0, got {self.replay_step_ms}")
         if self.batch_scheduler_policy not in ("guaranteed_no_evict", "max_utilization"):
             raise ValueError(f"--batch-scheduler-policy must be guaranteed_no_evict or max_utilization, got "
                              f"{self.batch_scheduler_policy!r}")

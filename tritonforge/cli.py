@@ -14,6 +14,17 @@ from . import model_configs as configs
 from .trtllm import KV_CACHE_DTYPES, QUANTIZATIONS, EngineMismatch, TensorRTLLMMissing
 
 
+def positive_ints(text: str) -> list[int]:
+    """An argparse `type` for lists like "1,8,32,128" (concurrencies, instance counts)."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected numbers >= 1, got {text!r}")
+    return values
+
+
 def _add_build_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, required=True, help="Hugging Face checkpoint directory")
     parser.add_argument("--output", type=Path, default=Path("model_repository"), help="repository to write")
@@ -187,7 +198,7 @@ def bench_command(args: argparse.Namespace) -> int:
     prompts = make_prompts(args.repository / "preprocessing" / "tokenizer", 256, args.max_prompt_tokens)
     with tempfile.TemporaryDirectory() as work:
         rows = measure_server(args.url, prompts, paths=paths,
-                              concurrencies=[int(c) for c in args.concurrency.split(",")],
+                              concurrencies=args.concurrency,
                               output_tokens=args.output_tokens, duration_s=args.duration_s, tool=args.tool,
                               work=Path(work), label=args.repository.name)
     add_efficiency(rows)
@@ -205,7 +216,7 @@ def tune_command(args: argparse.Namespace) -> int:
     from .tuning import instance_counts, tune
 
     before = instance_counts(args.repository)
-    result = tune(args.repository, counts=[int(c) for c in args.counts.split(",")], concurrency=args.concurrency,
+    result = tune(args.repository, counts=args.counts, concurrency=args.concurrency,
                   target=args.target, output_tokens=args.output_tokens, duration_s=args.duration_s, tool=args.tool)
     print("| instances | path | output tokens/s | efficiency | TTFT p50 ms | ITL p50 ms | errors |")
     print("|---:|---|---:|---:|---:|---:|---:|")
@@ -293,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("repository", type=Path, help="the served repository (for its tokenizer)")
     bench.add_argument("--url", default="127.0.0.1:8001", help="gRPC host:port")
     bench.add_argument("--paths", default="direct,ensemble,bls", help="direct (tensorrt_llm), ensemble, bls")
-    bench.add_argument("--concurrency", default="1,8,32,128")
+    bench.add_argument("--concurrency", type=positive_ints, default="1,8,32,128")
     bench.add_argument("--output-tokens", type=int, default=64, help="min_tokens = max_tokens per request")
     bench.add_argument("--max-prompt-tokens", type=int, default=32)
     bench.add_argument("--duration-s", type=float, default=10.0, help="measurement time per point")
@@ -304,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tune_parser = commands.add_parser("tune", help="pick pre/post/BLS instance counts from measurements")
     tune_parser.add_argument("repository", type=Path, help="a built repository; its counts are rewritten")
-    tune_parser.add_argument("--counts", default="1,2,4,8", help="candidate instance counts")
+    tune_parser.add_argument("--counts", type=positive_ints, default="1,2,4,8", help="candidate instance counts")
     tune_parser.add_argument("--concurrency", type=int, default=128, help="concurrent streams to tune for")
     tune_parser.add_argument("--target", type=float, default=0.95, help="efficiency to reach vs the engine alone")
     tune_parser.add_argument("--output-tokens", type=int, default=64)
