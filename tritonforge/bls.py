@@ -7,8 +7,9 @@ Same client contract as the ensemble, with what the ensemble cannot do:
 - many requests per instance: each request runs in a worker thread of the instance's pool (BLS response
   iterators block their thread), so concurrency is `max_concurrency` per instance, not one.
 
-The engine is always asked to stream, without the prompt, so a stop phrase can end generation early even
-when the client asked for one non-streamed answer.
+A decoupled engine is always asked to stream, without the prompt, so a stop phrase can end generation early
+even when the client asked for one non-streamed answer. Deployed non-decoupled (as NVIDIA's with
+`decoupled_mode` false), the BLS answers one response per request and asks the engine for one.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .contract import ENGINE_FROM_CLIENT, ENGINE_PASSTHROUGH_OUTPUTS, MESSAGES_WIRING, PREPROCESSING_FROM_CLIENT
 from .detokenization import IncrementalDetokenizer, TokenBytes
-from .model_configs import ENGINE_FROM_CLIENT, PREPROCESSING_MAP
+from .errors import RequestError
 from .preprocess import PreprocessLimits, Preprocessor
 from .stop_phrases import StopPhraseFilter
 from .tokenization import decode_utf8
@@ -33,7 +35,11 @@ from .triton_adapter import CancellationCheck, output_tensors, request_inputs, r
 logger = logging.getLogger(__name__)
 
 ENGINE_OUTPUTS = ["output_ids", "sequence_length", "cum_log_probs", "output_log_probs"]
-CLIENT_TO_PREPROCESSING = {client: model for model, client in PREPROCESSING_MAP.items()}
+# The engine's statistics outputs, passed on to the client as the engine sent them last.
+ENGINE_STATISTICS = [t.name for t in ENGINE_PASSTHROUGH_OUTPUTS
+                     if t.name not in {"cum_log_probs", "output_log_probs", "batch_index", "sequence_index",
+                                       "num_output_tokens"}]
+CLIENT_TO_PREPROCESSING = {client: model for model, client in {**PREPROCESSING_FROM_CLIENT, **MESSAGES_WIRING}.items()}
 CLIENT_TO_ENGINE = {client: engine for engine, client in ENGINE_FROM_CLIENT.items()}
 # Inputs the BLS sets itself on every engine request.
 FORCED_ENGINE_INPUTS = {"streaming", "exclude_input_in_output"}
@@ -75,6 +81,7 @@ class BlsSettings:
     engine_model: str = "tensorrt_llm"
     max_concurrency: int = 256
     add_special_tokens: bool = True
+    decoupled: bool = True
 
 
 class _Completion:
@@ -90,12 +97,14 @@ class _Completion:
         with self.lock:
             self.sender.send(response)
 
-    def row_done(self, error_response=None) -> None:
+    def row_done(self, last_response=None) -> None:
+        """A row's last response (data or error); the last open row's is flagged final, so that a
+        non-decoupled BLS answers exactly one response."""
         with self.lock:
             self.open_rows -= 1
             final = self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if self.open_rows == 0 else 0
-            if error_response is not None:
-                self.sender.send(error_response, flags=final)
+            if last_response is not None:
+                self.sender.send(last_response, flags=final)
             elif final:
                 self.sender.send(flags=final)
 
@@ -121,6 +130,10 @@ class BlsOrchestrator:
             stop_phrases = self._stop_phrases(inputs, batch)
             stream = _flag(inputs, "stream")
             exclude_input = _flag(inputs, "exclude_input_in_output", default=True)
+            if not self.settings.decoupled and (stream or batch > 1):
+                raise RequestError("stream" if stream else "text_input",
+                                   "streaming and batched requests need the BLS deployed decoupled "
+                                   "(build with streaming enabled)")
         except Exception as error:  # noqa: BLE001 - the client gets the error, the model keeps serving
             sender.send(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)),
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -148,21 +161,28 @@ class BlsOrchestrator:
             "pad_id": tokens["OUT_PAD_ID"][row:row + 1],
             "stop_words_list": tokens["STOP_WORDS_IDS"][row:row + 1],
             "bad_words_list": tokens["BAD_WORDS_IDS"][row:row + 1],
-            "streaming": np.array([[True]]),
+            "streaming": np.array([[self.settings.decoupled]]),
             "exclude_input_in_output": np.array([[True]]),
         }
         if tensors["stop_words_list"].shape[-1] == 0:
             del tensors["stop_words_list"]
         if tensors["bad_words_list"].shape[-1] == 0:
             del tensors["bad_words_list"]
+        if tokens["EMBEDDING_BIAS"].shape[-1]:
+            tensors["embedding_bias"] = tokens["EMBEDDING_BIAS"][row:row + 1]
         for client_name, engine_name in CLIENT_TO_ENGINE.items():
             value = inputs.get(client_name)
             if value is not None and engine_name not in FORCED_ENGINE_INPUTS:
+                if value.ndim == 1:  # an input NVIDIA's BLS config reshapes to a scalar: [B] → [B, 1]
+                    value = value.reshape(-1, 1)
                 tensors[engine_name] = value[row:row + 1] if value.shape[0] > 1 else value
         return output_tensors(pb_utils, tensors)
 
     def _stop_engine(self, request_id: str) -> None:
-        """Cancel the engine's request: Triton 2.51 cannot cancel a BLS call, so use the `stop` input."""
+        """Cancel the engine's request: Triton 2.51 cannot cancel a BLS call, so use the `stop` input.
+        A non-decoupled engine has always finished by the time the BLS could ask."""
+        if not self.settings.decoupled:
+            return
         pb_utils = self.pb_utils
         stop = pb_utils.InferenceRequest(
             model_name=self.settings.engine_model, request_id=request_id, requested_output_names=[],
@@ -182,14 +202,19 @@ class BlsOrchestrator:
         detokenizer = IncrementalDetokenizer(self.token_bytes)
         stop_filter = StopPhraseFilter(stop_phrases)
         return_log_probs = _flag(inputs, "return_log_probs")
+        count_tokens = _flag(inputs, "return_num_output_tokens")
         pieces: list[str] = []
         log_probs: list[float] = []
+        statistics: dict[str, np.ndarray] = {}  # the engine's last statistics outputs
+        tokens_unsent = 0  # generated tokens not yet reported in a response (num_output_tokens)
         stopped_engine = False
         try:
             engine_request = pb_utils.InferenceRequest(
                 model_name=self.settings.engine_model, request_id=request_id,
-                inputs=self._engine_inputs(inputs, tokens, row), requested_output_names=ENGINE_OUTPUTS)
-            responses = engine_request.exec(decoupled=True)
+                inputs=self._engine_inputs(inputs, tokens, row),
+                requested_output_names=[*ENGINE_OUTPUTS, *self._wanted_statistics(completion)])
+            # A non-decoupled engine answers once, with every token; a decoupled one streams.
+            responses = engine_request.exec(decoupled=True) if self.settings.decoupled else [engine_request.exec()]
             try:
                 for response in responses:
                     if response.has_error():
@@ -200,6 +225,11 @@ class BlsOrchestrator:
                     ids = ids_tensor.as_numpy().reshape(-1)
                     lengths = pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy()
                     length = int(lengths.reshape(-1)[0])
+                    tokens_unsent += length
+                    for name in self._wanted_statistics(completion):
+                        tensor = pb_utils.get_output_tensor_by_name(response, name)
+                        if tensor is not None:
+                            statistics[name] = tensor.as_numpy().copy()
                     if return_log_probs:
                         log_probs.extend(pb_utils.get_output_tensor_by_name(response, "output_log_probs")
                                          .as_numpy().reshape(-1)[:length].tolist())
@@ -208,7 +238,9 @@ class BlsOrchestrator:
                     text = stop_filter.push(detokenizer.push(ids[:length].tolist()))
                     if stream and text:
                         completion.send(self._response(completion, text, row, batch,
-                                                       log_probs if return_log_probs else None))
+                                                       log_probs if return_log_probs else None,
+                                                       statistics, tokens_unsent if count_tokens else None))
+                        tokens_unsent = 0
                     elif text:
                         pieces.append(text)
                     if stop_filter.stopped or completion.cancelled():
@@ -221,11 +253,14 @@ class BlsOrchestrator:
                 prompt_ids = tokens["INPUT_ID"][row, : int(tokens["REQUEST_INPUT_LEN"][row, 0])].tolist()
                 pieces.insert(0, self.token_bytes.decode_sequence(prompt_ids).decode("utf-8", errors="replace"))
             if not stream:
-                completion.send(self._response(completion, "".join(pieces) + tail, row, batch,
-                                               log_probs if return_log_probs else None))
-            elif tail:
-                completion.send(self._response(completion, tail, row, batch, None))
-            completion.row_done()
+                completion.row_done(self._response(completion, "".join(pieces) + tail, row, batch,
+                                               log_probs if return_log_probs else None, statistics,
+                                               tokens_unsent if count_tokens else None))
+            elif tail or (count_tokens and tokens_unsent):
+                completion.row_done(self._response(completion, tail, row, batch, None, statistics,
+                                                   tokens_unsent if count_tokens else None))
+            else:
+                completion.row_done()
         except Exception as error:  # noqa: BLE001 - the stream must always end, with the error
             if not stopped_engine:
                 try:
@@ -234,14 +269,22 @@ class BlsOrchestrator:
                     logger.exception("could not stop engine request %s", request_id)
             completion.row_done(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)))
 
-    def _response(self, completion: _Completion, text: str, row: int, batch: int, log_probs: list[float] | None):
-        outputs = {
-            "text_output": np.array([[text.encode("utf-8")]], dtype=object),
-            "batch_index": np.array([[row]], dtype=np.int32),
-            "sequence_index": np.array([[0]], dtype=np.int32),
-        }
+    @staticmethod
+    def _wanted_statistics(completion: _Completion) -> list[str]:
+        requested = completion.requested
+        return [name for name in ENGINE_STATISTICS if requested is None or name in requested]
+
+    def _response(self, completion: _Completion, text: str, row: int, batch: int, log_probs: list[float] | None,
+                  statistics: dict[str, np.ndarray], new_tokens: int | None):
+        """One response to the client, shaped as NVIDIA's BLS answers: `text_output` flat (one string),
+        `batch_index` only for a batched request, the engine's statistics as it sent them last."""
+        outputs = {"text_output": np.array([text.encode("utf-8")], dtype=object), **statistics}
+        if batch > 1:
+            outputs["batch_index"] = np.array([[row]], dtype=np.int32)
+        if new_tokens is not None:
+            outputs["num_output_tokens"] = np.array([[new_tokens]], dtype=np.int32)
         if log_probs is not None:
-            outputs["output_log_probs"] = np.array([[log_probs]], dtype=np.float32).reshape(1, 1, -1)
+            outputs["output_log_probs"] = np.array(log_probs, dtype=np.float32).reshape(1, 1, -1)
             outputs["cum_log_probs"] = np.array([[sum(log_probs)]], dtype=np.float32)
         return self.pb_utils.InferenceResponse(output_tensors(self.pb_utils, outputs, completion.requested))
 

@@ -105,18 +105,22 @@ def replay_engine_parameters(options: BuildOptions, vocab_size: int) -> dict[str
     }
 
 
-def tensorrtllm_engine_parameters(options: BuildOptions, kv_tokens: int) -> dict[str, str]:
-    """Every parameter the tensorrtllm backend reads, explicit; "" means the backend's default."""
+def tensorrtllm_engine_parameters(options: BuildOptions) -> dict[str, str]:
+    """Every key of NVIDIA's `tensorrt_llm/config.pbtxt` template (TensorRT-LLM 1.1.0), explicit.
+
+    "" is what the backend treats as unset: it then takes its own default. The KV cache is sized by
+    `kv_cache_free_gpu_mem_fraction` alone (`max_tokens_in_paged_kv_cache` unset), so the engine gets all
+    the memory the fraction gives; the build's memory plan only checks that one max-length sequence fits.
+    """
     def flag(value: bool) -> str:
         return "true" if value else "false"
 
-    return {
+    ours = {
         "gpt_model_type": "inflight_fused_batching",
         "gpt_model_path": f"{options.repository_mount}/{configs.ENGINE_MODEL}/1/{ENGINE_SUBDIR}",
         "max_beam_width": "1",
         "batch_scheduler_policy": options.batch_scheduler_policy,
         "kv_cache_free_gpu_mem_fraction": str(options.kv_cache_free_gpu_mem_fraction),
-        "max_tokens_in_paged_kv_cache": str(kv_tokens),  # the planned capacity, so the load matches the plan
         "max_attention_window_size": str(options.max_seq_len),
         "enable_kv_cache_reuse": flag(options.enable_kv_cache_reuse),
         "enable_chunked_context": flag(options.enable_chunked_context),
@@ -125,16 +129,18 @@ def tensorrtllm_engine_parameters(options: BuildOptions, kv_tokens: int) -> dict
         "stats_check_period_ms": "100",
         "normalize_log_probs": "true",
         "decoding_mode": "top_k_top_p",
-        "gpu_device_ids": "",  # leader mode: each MPI rank takes its own GPU
-        "participant_ids": "",  # only for orchestrator mode
         "cuda_graph_mode": flag(options.cuda_graphs),
         "cuda_graph_cache_size": "8" if options.cuda_graphs else "0",
         "multi_block_mode": "true",
         "enable_context_fmha_fp32_acc": "false",
         "kv_cache_host_memory_bytes": "0",
-        "executor_worker_path": "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker",
+        "executor_worker_path": trtllm.EXECUTOR_WORKER_PATH,
         "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
     }
+    unknown = set(ours) - set(trtllm.BACKEND_PARAMETER_KEYS)
+    if unknown:
+        raise ValueError(f"not parameters of the tensorrtllm backend {trtllm.TRTLLM_VERSION}: {sorted(unknown)}")
+    return {key: ours.get(key, "") for key in trtllm.BACKEND_PARAMETER_KEYS}
 
 
 def _gpu_memory_gb(options: BuildOptions) -> float:
@@ -190,7 +196,7 @@ def build_tensorrtllm(options: BuildOptions, checkpoint_config: dict, limits, pr
                    "tensorrt_llm": trtllm.TRTLLM_VERSION, "image": trtllm.TRITON_IMAGE}
     repository = RepositoryPlan(output=options.output, engine="tensorrtllm", frontends=options.frontends,
                                 serving=serving, limits=limits,
-                                engine_parameters=tensorrtllm_engine_parameters(options, plan.kv_tokens))
+                                engine_parameters=tensorrtllm_engine_parameters(options))
     prepare_output(options.output, force=options.force)
     if not options.dry_run:
         work_dir.mkdir(parents=True, exist_ok=True)

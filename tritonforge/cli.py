@@ -46,6 +46,9 @@ def _add_build_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queue-size", type=int, default=0, help="engine queue limit (0 = unbounded)")
     parser.add_argument("--include-input-in-output", action="store_true",
                         help="echo the prompt in non-streamed output by default")
+    parser.add_argument("--nvidia-wiring", action="store_true",
+                        help="wire the ensemble exactly as NVIDIA's (no `messages` input), so that NVIDIA's "
+                             "preprocessing, postprocessing, BLS and ensemble config can each replace ours")
     parser.add_argument("--force", action="store_true", help="replace a non-empty output folder")
     parser.add_argument("--replay-step-ms", type=float, default=8.5,
                         help="--engine replay (benchmarking only): ms per step, one token per running request")
@@ -80,6 +83,7 @@ def build_command(args: argparse.Namespace) -> int:
         max_queue_delay_microseconds=args.max_queue_delay_us,
         max_queue_size=args.max_queue_size,
         exclude_input_in_output=not args.include_input_in_output,
+        messages_input=not args.nvidia_wiring,
     )
     options = BuildOptions(
         model=args.model, output=args.output, engine=args.engine,

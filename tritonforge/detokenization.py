@@ -120,6 +120,11 @@ class TokenBytes:
             return data[1:]
         return data
 
+    def decode_text(self, token_ids: list[int]) -> str:
+        """`decode_sequence` as text: bytes that do not form a character become U+FFFD, as in the
+        tokenizer's own decode (one per maximal invalid run, Python's and Rust's common rule)."""
+        return self.decode_sequence(token_ids).decode("utf-8", errors="replace")
+
 
 class IncrementalDetokenizer:
     """Per-request streaming state: feed token ids, get text that is always complete UTF-8 characters."""

@@ -11,14 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import RequestError
+from .contract import CLIENT_NAME
+from .errors import RequestError, UnsupportedError
 from .generation import check_supported
-from .model_configs import ENGINE_FROM_CLIENT
 from .sampling import SamplingParams
 from .tokenization import from_word_list
-
-# Engine input → the name a client uses through the ensemble (its wiring), for error messages.
-CLIENT_NAMES = {**ENGINE_FROM_CLIENT, "request_output_len": "max_tokens"}
 
 # Engine input → (SamplingParams field, type).
 SAMPLING_INPUTS = {
@@ -26,6 +23,56 @@ SAMPLING_INPUTS = {
     "repetition_penalty": ("repetition_penalty", float), "presence_penalty": ("presence_penalty", float),
     "frequency_penalty": ("frequency_penalty", float), "min_tokens": ("min_tokens", int), "seed": ("seed", int),
 }
+FLAG_INPUTS = ("streaming", "exclude_input_in_output", "return_log_probs", "return_perf_metrics",
+               "return_num_input_tokens", "return_num_output_tokens", "return_context_logits",
+               "return_generation_logits")
+
+# Inputs this engine accepts and ignores, as the tensorrtllm backend does for a decoder-only engine or because
+# they change only speed or cache retention, never the tokens: decoder inputs (encoder-decoder engines only),
+# beam-search-only settings, KV-cache retention hints, lookahead decoding, the draft acceptance threshold
+# (drafts themselves are unsupported), and prompt-table ids (they only key cache reuse of prompt-table tokens).
+IGNORED_INPUTS = frozenset({
+    "decoder_input_ids", "decoder_input_lengths", "encoder_output_lengths", "early_stopping",
+    "beam_search_diversity_rate", "len_penalty", "draft_acceptance_threshold", "prompt_table_extra_ids",
+    "prompt_vocab_size", "retention_token_range_starts", "retention_token_range_ends",
+    "retention_token_range_priorities", "retention_token_range_durations_ms", "retention_decode_priority",
+    "retention_decode_duration_ms", "lookahead_window_size", "lookahead_ngram_size",
+    "lookahead_verification_set_size", "pad_id",
+})
+# Inputs that ask for a feature this engine lacks when they hold anything but zeros, empties or false.
+FEATURE_INPUTS = {
+    "encoder_input_features": "encoder-decoder and multimodal engines",
+    "draft_input_ids": "speculative decoding", "draft_logits": "speculative decoding",
+    "prompt_embedding_table": "prompt tuning", "cross_attention_mask": "multimodal engines",
+    "skip_cross_attn_blocks": "multimodal engines", "mrope_rotary_cos_sin": "multimodal engines",
+    "mrope_position_deltas": "multimodal engines", "lora_task_id": "LoRA", "lora_weights": "LoRA",
+    "lora_config": "LoRA", "context_phase_params": "disaggregated serving",
+    "guided_decoding_guide_type": "guided decoding", "guided_decoding_guide": "guided decoding",
+    "runtime_top_p_min": "top-p decay", "runtime_top_p_decay": "top-p decay", "runtime_top_p_reset_ids": "top-p decay",
+    "return_context_logits": "returning logits", "return_generation_logits": "returning logits",
+}
+
+
+def _client_name(name: str) -> str:
+    return CLIENT_NAME.get(name, name)
+
+
+def _asks_for(value: np.ndarray) -> bool:
+    """Whether an input asks for its feature: anything but zeros, empty strings, false or an empty tensor."""
+    if value.size == 0:
+        return False
+    if value.dtype == object or value.dtype.kind in "SU":
+        return any(bytes(item) if not isinstance(item, str) else item for item in value.reshape(-1))
+    return bool(np.any(value))
+
+
+def check_features(inputs: dict[str, np.ndarray]) -> None:
+    """UNSUPPORTED, naming the input, when a request really asks for a feature this engine lacks."""
+    for name, feature in FEATURE_INPUTS.items():
+        value = inputs.get(name)
+        if value is not None and _asks_for(value):
+            raise UnsupportedError(_client_name(name), f"{feature} is not supported by this engine; use the "
+                                                       f"TensorRT-LLM engine")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +88,10 @@ class EngineRow:
     stream: bool
     exclude_input: bool
     return_log_probs: bool
+    return_perf_metrics: bool
+    return_num_input_tokens: bool
+    return_num_output_tokens: bool
+    embedding_bias: np.ndarray | None  # [vocab] added to the logits, or None
 
 
 def _column(inputs: dict[str, np.ndarray], name: str, batch: int) -> list | None:
@@ -48,7 +99,7 @@ def _column(inputs: dict[str, np.ndarray], name: str, batch: int) -> list | None
     if value is None:
         return None
     flat = value.reshape(value.shape[0], -1) if value.ndim else value.reshape(1, 1)
-    field = CLIENT_NAMES.get(name, name)
+    field = _client_name(name)
     if flat.shape[0] != batch or flat.shape[1] != 1:
         raise RequestError(field, f"must hold one value per row ({batch} rows), got shape {list(value.shape)}")
     return [item.item() for item in flat[:, 0]]
@@ -72,9 +123,9 @@ def parse_engine_request(inputs: dict[str, np.ndarray], *, default_exclude_input
     output_lens = _column(inputs, "request_output_len", batch)
     if output_lens is None:
         raise RequestError("max_tokens", "is required")
+    check_features(inputs)
     columns = {name: _column(inputs, name, batch) for name in (
-        "end_id", "streaming", "exclude_input_in_output", "return_log_probs", "beam_width",
-        "num_return_sequences", *SAMPLING_INPUTS)}
+        "end_id", "beam_width", "num_return_sequences", *FLAG_INPUTS, *SAMPLING_INPUTS)}
 
     def value(name, row, default):
         column = columns[name]
@@ -87,8 +138,8 @@ def parse_engine_request(inputs: dict[str, np.ndarray], *, default_exclude_input
             raise RequestError("input_lengths", f"row {row}: {length} is not in [1, {input_ids.shape[1]}]")
         check_supported(beam_width=int(value("beam_width", row, 1)),
                         num_return_sequences=int(value("num_return_sequences", row, 1)))
-        sampling = SamplingParams(**{field: cast(columns[name][row])
-                                     for name, (field, cast) in SAMPLING_INPUTS.items() if columns[name] is not None})
+        sampling = SamplingParams(**{field: cast(columns[name][row]) for name, (field, cast) in SAMPLING_INPUTS.items()
+                                     if columns[name] is not None and not _unset(name, columns[name][row])})
         end_id = value("end_id", row, None)
         rows.append(EngineRow(
             prompt_ids=input_ids[row, :length].astype(np.int64).tolist(),
@@ -100,8 +151,32 @@ def parse_engine_request(inputs: dict[str, np.ndarray], *, default_exclude_input
             stream=bool(value("streaming", row, False)),
             exclude_input=bool(value("exclude_input_in_output", row, default_exclude_input)),
             return_log_probs=bool(value("return_log_probs", row, False)),
+            return_perf_metrics=bool(value("return_perf_metrics", row, False)),
+            return_num_input_tokens=bool(value("return_num_input_tokens", row, False)),
+            return_num_output_tokens=bool(value("return_num_output_tokens", row, False)),
+            embedding_bias=_embedding_bias(inputs, row, batch),
         ))
     return rows
+
+
+def _unset(name: str, value) -> bool:
+    """The tensorrtllm backend's "not given" values: `runtime_top_p <= 0` (utils.cc,
+    getSamplingConfigFromTensors), which NVIDIA's inflight_batcher_llm_client.py sends by default."""
+    return name == "runtime_top_p" and value <= 0
+
+
+def _embedding_bias(inputs: dict[str, np.ndarray], row: int, batch: int) -> np.ndarray | None:
+    """One row's dense bias over the vocabulary; an empty tensor means none, as in the backend."""
+    value = inputs.get("embedding_bias")
+    if value is None or value.size == 0:
+        return None
+    rows = value.reshape(value.shape[0], -1) if value.ndim > 1 else value.reshape(1, -1)
+    if rows.shape[0] != batch:
+        raise RequestError("embedding_bias", f"has {rows.shape[0]} rows, the request has {batch}")
+    bias = rows[row].astype(np.float32)
+    if not np.all(np.isfinite(bias)):
+        raise RequestError("embedding_bias_weights", "must be finite numbers")
+    return bias if np.any(bias) else None
 
 
 def _word_list(inputs: dict[str, np.ndarray], name: str, row: int, batch: int) -> list[list[int]]:

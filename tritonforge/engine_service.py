@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,8 @@ from .triton_adapter import (
 )
 
 logger = logging.getLogger(__name__)
+
+REQUIRED_OUTPUTS = frozenset({"output_ids", "sequence_length"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,56 +98,99 @@ class _RequestState:
         self.pb_utils = pb_utils
         self.sender = sender
         self.requested = requested  # the caller's requested outputs: responses carry only these
+        self.rows = rows
         self.open_rows = rows
         self.lock = threading.Lock()
         self.cancelled = CancellationCheck(sender, check_period_s)
 
     def send(self, response, row_done: bool) -> None:
+        """Send a row's response; the last response of the last open row carries the final flag."""
         with self.lock:
             if row_done:
                 self.open_rows -= 1
             final = self.open_rows == 0
-        flags = self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
-        if response is None:
-            if final:
-                self.sender.send(flags=flags)
-            return
-        self.sender.send(response, flags=flags)
+        self.sender.send(response, flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+
+
+def _now_ns() -> int:
+    return time.time_ns()
 
 
 class _RowSink:
-    """Turns one row's engine events into Triton responses."""
+    """Turns one row's engine events into Triton responses shaped as the tensorrtllm backend's.
+
+    Every response carries `output_ids` and `sequence_length`; the optional outputs appear only when the
+    request asked for them (`return_*` inputs), `batch_index` only for a batched request, `sequence_index`
+    never (one sequence per request) — as `ModelInstanceState::fillTritonResponse` does.
+    """
 
     def __init__(self, state: _RequestState, row: EngineRow, batch_index: int):
         self.state = state
         self.row = row
         self.batch_index = batch_index
+        self.streamed = 0  # tokens already sent by a streaming row
+        self.arrival_ns = _now_ns()
+        self.scheduled_ns = self.first_token_ns = self.last_token_ns = 0
 
     def _response(self, token_ids: list[int], log_probs: list[float]):
         pb_utils = self.state.pb_utils
-        return pb_utils.InferenceResponse(output_tensors(pb_utils, requested=self.state.requested, outputs={
-            "output_ids": np.array([[token_ids]], dtype=np.int32),
+        outputs = {
+            "output_ids": np.array([[token_ids]], dtype=np.int32).reshape(1, 1, len(token_ids)),
             "sequence_length": np.array([[len(token_ids)]], dtype=np.int32),
-            "cum_log_probs": np.array([[sum(log_probs)]], dtype=np.float32),
-            "output_log_probs": np.array([[log_probs]], dtype=np.float32).reshape(1, 1, len(log_probs)),
-            "batch_index": np.array([[self.batch_index]], dtype=np.int32),
-            "sequence_index": np.array([[0]], dtype=np.int32),
-        }))
+        }
+        if self.row.return_log_probs:
+            outputs["cum_log_probs"] = np.array([[sum(log_probs)]], dtype=np.float32)
+            outputs["output_log_probs"] = np.array(log_probs, dtype=np.float32).reshape(1, 1, len(log_probs))
+        if self.state.rows > 1:
+            outputs["batch_index"] = np.array([[self.batch_index]], dtype=np.int32)
+        if self.row.return_num_input_tokens:
+            outputs["num_input_tokens"] = np.array([[len(self.row.prompt_ids)]], dtype=np.int32)
+        if self.row.return_num_output_tokens:
+            outputs["num_output_tokens"] = np.array([[len(token_ids)]], dtype=np.int32)
+        if self.row.return_perf_metrics:
+            outputs.update(self._perf_metrics())
+        return pb_utils.InferenceResponse(output_tensors(pb_utils, outputs, self.state.requested))
+
+    def _perf_metrics(self) -> dict[str, np.ndarray]:
+        """The backend's per-request statistics. This engine keeps no paged KV cache and drafts nothing: its
+        block and draft counts are 0."""
+        def one(value, dtype):
+            return np.array([[value]], dtype=dtype)
+
+        return {"kv_cache_alloc_new_blocks": one(0, np.int32), "kv_cache_reused_blocks": one(0, np.int32),
+                "kv_cache_alloc_total_blocks": one(0, np.int32), "arrival_time_ns": one(self.arrival_ns, np.int64),
+                "first_scheduled_time_ns": one(self.scheduled_ns, np.int64),
+                "first_token_time_ns": one(self.first_token_ns, np.int64),
+                "last_token_time_ns": one(self.last_token_ns, np.int64), "acceptance_rate": one(0.0, np.float32),
+                "total_accepted_draft_tokens": one(0, np.int32), "total_draft_tokens": one(0, np.int32)}
+
+    def _token_times(self) -> None:
+        self.last_token_ns = _now_ns()
+        self.first_token_ns = self.first_token_ns or self.last_token_ns
+
+    def scheduled(self) -> None:
+        self.scheduled_ns = _now_ns()
 
     def tokens(self, token_ids: list[int], log_probs: list[float]) -> None:
+        self._token_times()
+        self.streamed += len(token_ids)
         self.state.send(self._response(token_ids, log_probs), row_done=False)
 
     def finish(self, result: GenerationResult | None, error: Exception | None) -> None:
         pb_utils = self.state.pb_utils
         if error is not None:
             self.state.send(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)), row_done=True)
-        elif self.row.stream or result.finish_reason == "cancelled":
-            self.state.send(None, row_done=True)
+            return
+        if result.token_ids[self.streamed:]:
+            self._token_times()
+        if self.row.stream:  # the tokens not yet streamed (none after an end id), flagged final
+            tokens, log_probs = result.token_ids[self.streamed:], result.log_probs[self.streamed:]
+        elif self.row.exclude_input:
+            tokens, log_probs = result.token_ids, result.log_probs
         else:
-            tokens = result.token_ids if self.row.exclude_input else self.row.prompt_ids + result.token_ids
-            log_probs = result.log_probs if self.row.exclude_input else [0.0] * len(self.row.prompt_ids) + \
-                result.log_probs
-            self.state.send(self._response(tokens, log_probs), row_done=True)
+            tokens = self.row.prompt_ids + result.token_ids
+            log_probs = [0.0] * len(self.row.prompt_ids) + result.log_probs
+        self.state.send(self._response(tokens, log_probs), row_done=True)
 
     def cancelled(self) -> bool:
         return self.state.cancelled()
@@ -167,9 +213,15 @@ class EngineService:
         try:
             inputs = request_inputs(request)
             if is_stop_request(inputs):
+                if not request.request_id():  # as the backend: an anonymous stop could only hit others' requests
+                    raise RequestError("stop", "needs the request id of the request to stop; this request has none")
                 self.engine.cancel(request.request_id())
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 return
+            requested = requested_outputs(request)
+            if requested is not None and not REQUIRED_OUTPUTS <= requested:
+                raise RequestError("outputs", f"must include {sorted(REQUIRED_OUTPUTS)}, as the tensorrtllm "
+                                              f"backend requires")
             rows = parse_engine_request(inputs, default_exclude_input=self.settings.exclude_input_in_output)
             if not self.settings.decoupled:
                 if any(row.stream for row in rows):
@@ -178,14 +230,15 @@ class EngineService:
                 if len(rows) > 1:
                     raise RequestError("input_ids", "a batched request needs the engine model deployed decoupled")
             state = _RequestState(pb_utils, sender, len(rows), self.settings.cancellation_check_period_ms / 1000,
-                                  requested_outputs(request))
+                                  requested)
             requests = []
             for index, row in enumerate(rows):
                 generation = GenerationRequest(
                     request_id=request.request_id(), prompt_ids=row.prompt_ids,
                     max_new_tokens=row.max_new_tokens, end_id=row.end_id, sampling=row.sampling,
                     stop_sequences=row.stop_sequences, bad_sequences=row.bad_sequences, stream=row.stream,
-                    return_log_probs=row.return_log_probs, sink=_RowSink(state, row, index))
+                    return_log_probs=row.return_log_probs, embedding_bias=row.embedding_bias,
+                    sink=_RowSink(state, row, index))
                 self.engine.validate(generation)
                 requests.append(generation)
         except Exception as error:  # noqa: BLE001 - every failure becomes this request's error response

@@ -8,15 +8,25 @@ import threading
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
 from .errors import RequestError, UnsupportedError
 from .sampling import SamplingParams
 
 
 class TokenSink(Protocol):
-    """Where one request's results go. Called from the engine thread."""
+    """Where one request's results go. Called from the engine thread.
+
+    A streaming request's tokens arrive through `tokens` while it runs; the tokens of the step that ends it
+    arrive only with `finish` (`result.token_ids` past those already streamed), so that the last response
+    with data can carry the final flag, as the tensorrtllm backend's does.
+    """
+
+    def scheduled(self) -> None:
+        """The engine took the request from its queue and starts its prefill."""
 
     def tokens(self, token_ids: list[int], log_probs: list[float]) -> None:
-        """New tokens of a streaming request."""
+        """New tokens of a streaming request that goes on."""
 
     def finish(self, result: GenerationResult | None, error: Exception | None) -> None:
         """Called exactly once: the whole result, or the error that ended the request."""
@@ -37,6 +47,7 @@ class GenerationRequest:
     bad_sequences: list[list[int]] = field(default_factory=list)
     stream: bool = False
     return_log_probs: bool = False
+    embedding_bias: np.ndarray | None = None  # [vocab] added to the logits of every step
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,7 @@ class InflightBatchingEngine(EngineThread):
     def _prefill(self, request: GenerationRequest) -> None:
         from transformers import DynamicCache
 
+        request.sink.scheduled()
         sequence = _Sequence(request, self.device)
         input_ids = torch.tensor([request.prompt_ids], device=self.device)
         cache = DynamicCache(config=self.model.config)
@@ -147,8 +148,12 @@ class InflightBatchingEngine(EngineThread):
         if request.sink.cancelled():
             sequence.finish_reason = "cancelled"
             return
-        logits = apply_penalties(logits.float(), request.sampling, sequence.tokens, sequence.generated,
-                                 request.end_id)
+        logits = logits.float()
+        if request.embedding_bias is not None:
+            bias = torch.as_tensor(request.embedding_bias[: logits.shape[-1]], device=logits.device)
+            logits = logits.clone()
+            logits[: bias.shape[0]] += bias
+        logits = apply_penalties(logits, request.sampling, sequence.tokens, sequence.generated, request.end_id)
         for banned in _banned_tokens(sequence.tokens, request.bad_sequences):
             logits[banned] = float("-inf")
         token = choose_token(logits, request.sampling, sequence.generator)
@@ -159,12 +164,12 @@ class InflightBatchingEngine(EngineThread):
         sequence.tokens.append(token)
         sequence.generated.append(token)
         sequence.log_probs.append(log_prob)
-        if request.stream:
-            request.sink.tokens([token], [log_prob])
         if _ends_with_any(sequence.tokens, request.stop_sequences):
             sequence.finish_reason = "stop_words"
         elif len(sequence.generated) >= request.max_new_tokens:
             sequence.finish_reason = "length"
+        elif request.stream:  # a token that ends the request goes out with `finish`, flagged final
+            request.sink.tokens([token], [log_prob])
 
     def _retire_finished(self) -> None:
         keep = [row for row, s in enumerate(self._running) if s.finish_reason is None]

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import RequestError
-from .model_configs import PREPROCESSING_MAP
+from .contract import CLIENT_NAME
+from .errors import RequestError, UnsupportedError
 from .tokenization import (
     PromptEncoder,
     decode_utf8,
@@ -22,10 +22,6 @@ from .tokenization import (
     load_tokenizer,
     pad_word_lists,
 )
-
-# Client-facing names, so that errors name what the client sent (through the ensemble or the BLS):
-# the ensemble's own wiring, model input → client input.
-CLIENT_NAMES = PREPROCESSING_MAP
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +45,7 @@ def scalar_rows(inputs: dict[str, np.ndarray], name: str, batch: int) -> list | 
     if value is None:
         return None
     flat = value.reshape(value.shape[0], -1) if value.ndim > 1 else value.reshape(-1, 1)
-    field = CLIENT_NAMES.get(name, name)
+    field = CLIENT_NAME.get(name, name)
     if flat.shape[0] != batch:
         raise RequestError(field, f"has {flat.shape[0]} rows, the request has {batch}")
     if flat.shape[1] != 1:
@@ -76,6 +72,9 @@ class Preprocessor:
         output_lens = scalar_rows(inputs, "REQUEST_OUTPUT_LEN", batch)
         if output_lens is None:
             raise RequestError("max_tokens", "is required")
+        if inputs.get("DECODER_QUERY") is not None and any(scalar_rows(inputs, "DECODER_QUERY", batch)):
+            raise UnsupportedError("decoder_text_input", "encoder-decoder models are not supported by this "
+                                                         "repository's models")
         end_ids = scalar_rows(inputs, "END_ID", batch) or [self.end_id] * batch
         pad_ids = scalar_rows(inputs, "PAD_ID", batch) or [self.pad_id] * batch
 
@@ -98,19 +97,52 @@ class Preprocessor:
         for row, ids in enumerate(prompt_ids):
             input_id[row, : len(ids)] = ids
             input_id[row, len(ids):] = pad_ids[row]
-        return {
+        outputs = {
             "INPUT_ID": input_id,
             "REQUEST_INPUT_LEN": np.array([[len(ids)] for ids in prompt_ids], dtype=np.int32),
+            # A decoder-only model has no decoder prompt: one pad id, as NVIDIA's preprocessing sends.
+            "DECODER_INPUT_ID": np.array([[int(v)] for v in pad_ids], dtype=np.int32),
+            "REQUEST_DECODER_INPUT_LEN": np.ones((batch, 1), dtype=np.int32),
             "REQUEST_OUTPUT_LEN": np.array([[int(n)] for n in output_lens], dtype=np.int32),
             "BAD_WORDS_IDS": self._word_lists(inputs, "BAD_WORDS_DICT", batch),
             "STOP_WORDS_IDS": self._word_lists(inputs, "STOP_WORDS_DICT", batch),
+            "EMBEDDING_BIAS": self._embedding_bias(inputs, batch),
             "OUT_END_ID": np.array([[int(v)] for v in end_ids], dtype=np.int32),
             "OUT_PAD_ID": np.array([[int(v)] for v in pad_ids], dtype=np.int32),
         }
+        extra_ids = scalar_rows(inputs, "PROMPT_TABLE_EXTRA_ID", batch)
+        if extra_ids is not None:  # sent only when given, as NVIDIA's: ids past the vocabulary get the row's id
+            vocab = len(self.tokenizer)
+            outputs["OUT_PROMPT_TABLE_EXTRA_IDS"] = np.where(
+                input_id >= vocab, np.array(extra_ids, dtype=np.uint64)[:, None], 0).astype(np.uint64)
+        return outputs
+
+    def _embedding_bias(self, inputs: dict[str, np.ndarray], batch: int) -> np.ndarray:
+        """Dense [batch, vocab] bias from words and weights, [batch, 0] (none) when not given. Each word is
+        tokenized without special tokens (NVIDIA's adds BOS, which biases BOS on every word)."""
+        words, weights = inputs.get("EMBEDDING_BIAS_WORDS"), inputs.get("EMBEDDING_BIAS_WEIGHTS")
+        if words is None and weights is None:
+            return np.zeros((batch, 0), dtype=np.float32)
+        if words is None or weights is None:
+            raise RequestError("embedding_bias_weights" if weights is None else "embedding_bias_words",
+                               "must be sent together with embedding_bias_words and embedding_bias_weights")
+        words, weights = words.reshape(words.shape[0], -1), weights.reshape(weights.shape[0], -1)
+        if words.shape != weights.shape or words.shape[0] != batch:
+            raise RequestError("embedding_bias_weights", f"must have one weight per word, got shape "
+                                                         f"{list(weights.shape)} for words {list(words.shape)}")
+        bias = np.zeros((batch, len(self.tokenizer)), dtype=np.float32)
+        for row in range(batch):
+            for word, weight in zip(words[row], weights[row]):
+                text = decode_utf8("embedding_bias_words", word)
+                if not np.isfinite(weight):
+                    raise RequestError("embedding_bias_weights", f"must be finite, got {weight}")
+                for token in self.tokenizer(text, add_special_tokens=False).input_ids if text else []:
+                    bias[row, token] += weight
+        return bias
 
     def _word_lists(self, inputs: dict[str, np.ndarray], name: str, batch: int) -> np.ndarray:
         value = inputs.get(name)
-        field = CLIENT_NAMES[name]
+        field = CLIENT_NAME[name]
         if value is None:
             return np.zeros((batch, 2, 0), dtype=np.int32)
         rows = value.reshape(value.shape[0], -1)

@@ -69,6 +69,7 @@ class ReplayEngine(EngineThread):
             request.sink.finish(GenerationResult([], [], "cancelled"), None)
         while self._waiting and len(self._running) < self.limits.max_batch_size:
             request = self._waiting.pop(0)
+            request.sink.scheduled()
             self._running.append(_Replay(request, sum(request.prompt_ids) % len(self.token_ids)))
         still_running = []
         for replay in self._running:
@@ -79,11 +80,11 @@ class ReplayEngine(EngineThread):
                 continue
             token = self.token_ids[(replay.offset + len(replay.generated)) % len(self.token_ids)]
             replay.generated.append(token)
-            if request.stream:
-                request.sink.tokens([token], [0.0])
-            if len(replay.generated) >= request.max_new_tokens:
+            if len(replay.generated) >= request.max_new_tokens:  # the last token goes out with `finish`
                 request.sink.finish(GenerationResult(replay.generated, [0.0] * len(replay.generated), "length"),
                                     None)
-            else:
-                still_running.append(replay)
+                continue
+            if request.stream:
+                request.sink.tokens([token], [0.0])
+            still_running.append(replay)
         self._running = still_running

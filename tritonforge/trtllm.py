@@ -26,6 +26,26 @@ from pathlib import Path
 TRTLLM_VERSION = "1.1.0"
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
 TRITON_VERSION = (2, 64)  # Triton in that image (25.11 = 2.63, 26.01 = 2.65)
+EXECUTOR_WORKER_PATH = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
+# Every `parameters` key of NVIDIA's tensorrt_llm/config.pbtxt template at TensorRT-LLM 1.1.0, in its order.
+# The backend reads most inside try/default; `gpt_model_type`, `gpt_model_path`, `tokenizer_dir`,
+# `xgrammar_tokenizer_info_path` and `guided_decoding_backend` it reads with no default
+# (ModelInstanceState::getGuidedDecodingConfigFromParams and the executor config in
+# inflight_batcher_llm/src/model_instance_state.cc): a config without them fails to load.
+BACKEND_PARAMETER_KEYS = (
+    "max_beam_width", "FORCE_CPU_ONLY_INPUT_TENSORS", "gpt_model_type", "gpt_model_path", "encoder_model_path",
+    "max_tokens_in_paged_kv_cache", "max_attention_window_size", "sink_token_length", "batch_scheduler_policy",
+    "kv_cache_free_gpu_mem_fraction", "cross_kv_cache_fraction", "kv_cache_host_memory_bytes",
+    "kv_cache_onboard_blocks", "enable_trt_overlap", "exclude_input_in_output", "cancellation_check_period_ms",
+    "stats_check_period_ms", "iter_stats_max_iterations", "request_stats_max_iterations", "enable_kv_cache_reuse",
+    "normalize_log_probs", "enable_chunked_context", "gpu_device_ids", "participant_ids", "num_nodes",
+    "lora_cache_optimal_adapter_size", "lora_cache_max_adapter_size", "lora_cache_gpu_memory_fraction",
+    "lora_cache_host_memory_bytes", "lora_prefetch_dir", "decoding_mode", "executor_worker_path",
+    "lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size", "medusa_choices",
+    "eagle_choices", "gpu_weights_percent", "enable_context_fmha_fp32_acc", "multi_block_mode", "cuda_graph_mode",
+    "cuda_graph_cache_size", "speculative_decoding_fast_logits", "tokenizer_dir", "guided_decoding_backend",
+    "xgrammar_tokenizer_info_path",
+)
 EXAMPLES_DIR = "/app/tensorrt_llm/examples"  # TensorRT-LLM's examples inside that image
 TOKENS_PER_BLOCK = 32  # trtllm-build's default KV-cache block
 

@@ -16,8 +16,6 @@ from tritonforge.triton_adapter import is_decoupled, model_parameters, parameter
 
 class TritonPythonModel:
     def initialize(self, args):
-        if not is_decoupled(args):
-            raise pb_utils.TritonModelException("tensorrt_llm_bls must be deployed decoupled")
         parameters = model_parameters(args)
         self.orchestrator = BlsOrchestrator(pb_utils, BlsSettings(
             tokenizer_dir=resolve_path(args, parameters["tokenizer_dir"]),
@@ -25,7 +23,8 @@ class TritonPythonModel:
                                     max_output_len=int(parameters["max_output_len"])),
             engine_model=parameters.get("engine_model", "tensorrt_llm"),
             max_concurrency=int(parameters.get("max_concurrency", "256")),
-            add_special_tokens=parameter_flag(parameters, "add_special_tokens", True)))
+            add_special_tokens=parameter_flag(parameters, "add_special_tokens", True),
+            decoupled=is_decoupled(args)))
 
     def execute(self, requests):
         for request in requests:

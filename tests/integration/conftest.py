@@ -80,3 +80,9 @@ def stream_concurrently(url: str, model: str, prompts: list[str], max_tokens: in
             await client.close()
 
     return asyncio.run(run())
+
+
+def ascii_only(text: str) -> str:
+    """The single-byte characters of a text: an ensemble stream keeps every one of them in place, since only
+    a character whose bytes straddle two chunks (never an ASCII one) turns into U+FFFD there."""
+    return "".join(c for c in text if c.isascii())

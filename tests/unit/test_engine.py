@@ -22,11 +22,16 @@ class Sink:
         self.done, self.streamed, self.result, self.error = threading.Event(), [], None, None
         self.cancel_after = cancel_after
 
+    def scheduled(self):
+        pass
+
     def tokens(self, ids, log_probs):
         self.streamed += ids
 
     def finish(self, result, error):
         self.result, self.error = result, error
+        # The step that ends a stream comes only with finish, so that its response can be flagged final.
+        self.final_tokens = result.token_ids[len(self.streamed):] if result else []
         self.done.set()
 
     def cancelled(self):
@@ -66,7 +71,9 @@ def test_greedy_equals_generate_with_requests_joining_midway(setup):
         time.sleep(0.005)
     for prompt, sink in zip(PROMPTS * 2, sinks):
         assert sink.done.wait(WAIT_S) and sink.error is None
-        assert sink.result.token_ids == sink.streamed == reference(model, tokenizer, prompt, 24)
+        assert sink.result.token_ids == sink.streamed + sink.final_tokens == reference(model, tokenizer, prompt, 24)
+        # The last token is not streamed ahead of the end: it rides the final response (none after an end id).
+        assert len(sink.final_tokens) == (1 if sink.result.finish_reason == "length" else 0)
 
 
 def test_same_seed_samples_the_same_tokens(setup):

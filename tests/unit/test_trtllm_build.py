@@ -18,14 +18,28 @@ from tritonforge.trtllm import (
     convert_command,
 )
 
-# Every `parameters` key of the tensorrtllm backend listed in INTERFACE.md.
-BACKEND_KEYS = {
-    "gpt_model_type", "gpt_model_path", "max_beam_width", "batch_scheduler_policy", "kv_cache_free_gpu_mem_fraction",
-    "max_tokens_in_paged_kv_cache", "max_attention_window_size", "enable_kv_cache_reuse", "enable_chunked_context",
-    "exclude_input_in_output", "cancellation_check_period_ms", "stats_check_period_ms", "normalize_log_probs",
-    "decoding_mode", "gpu_device_ids", "participant_ids", "cuda_graph_mode", "cuda_graph_cache_size",
-    "multi_block_mode", "enable_context_fmha_fp32_acc", "kv_cache_host_memory_bytes", "executor_worker_path",
-    "FORCE_CPU_ONLY_INPUT_TENSORS",
+# The keys the tensorrtllm backend reads with no default: a config without them aborts the model instance.
+# Read in NVIDIA/TensorRT-LLM triton_backend/inflight_batcher_llm/src/model_instance_state.cc (release 1.1.0):
+# `ModelInstanceState::getGuidedDecodingConfigFromParams` (tokenizer_dir, xgrammar_tokenizer_info_path,
+# guided_decoding_backend, outside any try), the constructor (gpt_model_type: "Invalid gpt_model_type"), and
+# the executor config (gpt_model_path: the engine).
+KEYS_READ_WITHOUT_DEFAULT = {"tokenizer_dir", "xgrammar_tokenizer_info_path", "guided_decoding_backend",
+                             "gpt_model_type", "gpt_model_path"}
+# Every key of NVIDIA's tensorrt_llm/config.pbtxt template at TensorRT-LLM 1.1.0
+# (triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt).
+NVIDIA_TEMPLATE_KEYS = {
+    "max_beam_width", "FORCE_CPU_ONLY_INPUT_TENSORS", "gpt_model_type", "gpt_model_path", "encoder_model_path",
+    "max_tokens_in_paged_kv_cache", "max_attention_window_size", "sink_token_length", "batch_scheduler_policy",
+    "kv_cache_free_gpu_mem_fraction", "cross_kv_cache_fraction", "kv_cache_host_memory_bytes",
+    "kv_cache_onboard_blocks", "enable_trt_overlap", "exclude_input_in_output", "cancellation_check_period_ms",
+    "stats_check_period_ms", "iter_stats_max_iterations", "request_stats_max_iterations", "enable_kv_cache_reuse",
+    "normalize_log_probs", "enable_chunked_context", "gpu_device_ids", "participant_ids", "num_nodes",
+    "lora_cache_optimal_adapter_size", "lora_cache_max_adapter_size", "lora_cache_gpu_memory_fraction",
+    "lora_cache_host_memory_bytes", "lora_prefetch_dir", "decoding_mode", "executor_worker_path",
+    "lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size", "medusa_choices",
+    "eagle_choices", "gpu_weights_percent", "enable_context_fmha_fp32_acc", "multi_block_mode", "cuda_graph_mode",
+    "cuda_graph_cache_size", "speculative_decoding_fast_logits", "tokenizer_dir", "guided_decoding_backend",
+    "xgrammar_tokenizer_info_path",
 }
 
 
@@ -40,9 +54,13 @@ def test_dry_run_writes_configs_with_every_backend_parameter(tiny_models, tmp_pa
     assert "KV tokens available" in printed and "trtllm-build" in printed
     engine = configs.parse_text((out / "tensorrt_llm" / "config.pbtxt").read_text())
     assert engine.backend == "tensorrtllm"
-    assert set(engine.parameters) == BACKEND_KEYS
+    assert set(engine.parameters) == NVIDIA_TEMPLATE_KEYS
+    assert KEYS_READ_WITHOUT_DEFAULT <= set(engine.parameters)
     assert engine.parameters["gpt_model_type"].string_value == "inflight_fused_batching"
-    assert int(engine.parameters["max_tokens_in_paged_kv_cache"].string_value) > 0
+    assert engine.parameters["gpt_model_path"].string_value.endswith("/tensorrt_llm/1/engine")
+    # Unset: the cache takes all that kv_cache_free_gpu_mem_fraction gives, not the plan's smaller estimate.
+    assert engine.parameters["max_tokens_in_paged_kv_cache"].string_value == ""
+    assert "${" not in (out / "tensorrt_llm" / "config.pbtxt").read_text()
     ensemble = configs.parse_text((out / "ensemble" / "config.pbtxt").read_text())
     assert ensemble.ensemble_scheduling.max_inflight_requests > 0  # the pinned image's Triton has it
     manifest = json.loads((out / "tritonforge.json").read_text())
