@@ -34,6 +34,12 @@ CHECKPOINT_SUBDIR = "checkpoint"  # under tensorrt_llm/1/ for the transformers e
 ENGINE_SUBDIR = "engine"  # under tensorrt_llm/1/ for the TensorRT-LLM engine
 REPLAY_TOKENS = "replay_tokens.json"  # under tensorrt_llm/1/ for the replay (benchmarking) engine
 CHECKPOINT_PATTERNS = ("config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json")
+# The tokenizer's files, copied as the checkpoint has them: re-saving would write them in the format of the
+# transformers installed here, which an older one (NVIDIA's container) may not read. config.json tells
+# AutoTokenizer the model type where tokenizer_config.json names no class.
+TOKENIZER_PATTERNS = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                      "tokenizer.model", "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja",
+                      "chat_template.json", "config.json", "generation_config.json")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,7 +125,12 @@ def write_repository(plan: RepositoryPlan, *, tokenizer_source: Path, checkpoint
             shutil.copy2(model_source(source_key), version_dir / "model.py")
         (output / name / "config.pbtxt").write_text(configs.to_text(config))
 
-    load_tokenizer(tokenizer_source).save_pretrained(output / "preprocessing" / TOKENIZER_SUBDIR)
+    tokenizer_dir = output / "preprocessing" / TOKENIZER_SUBDIR
+    tokenizer_dir.mkdir(parents=True, exist_ok=True)
+    for pattern in TOKENIZER_PATTERNS:
+        for file in sorted(tokenizer_source.glob(pattern)):
+            shutil.copy2(file, tokenizer_dir / file.name)
+    load_tokenizer(tokenizer_dir)  # fails the build here, not at the server's load, if a file is missing
     if plan.engine == "transformers":
         target = output / configs.ENGINE_MODEL / "1" / CHECKPOINT_SUBDIR
         target.mkdir(parents=True, exist_ok=True)

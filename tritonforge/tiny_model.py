@@ -116,6 +116,20 @@ def _train_sentencepiece(vocab_size: int):
     return tokenizer, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "</s>"}
 
 
+def _write_portable_tokenizer_config(output: Path, tokenizer) -> None:
+    """A tokenizer_config.json in the form real checkpoints ship, which transformers 4.x (NVIDIA's
+    TensorRT-LLM containers) and 5.x both read; transformers 5 writes a `TokenizersBackend` class that 4.x
+    does not know."""
+    path = output / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config.pop("backend", None)
+    extra = config.pop("extra_special_tokens", None)
+    if isinstance(extra, list):
+        config["additional_special_tokens"] = extra
+    path.write_text(json.dumps(config, indent=2) + "\n")
+
+
 def make_tiny_model(output_dir: str | Path, *, tokenizer_family: str = "bpe",
                     shape: TinyModelShape | None = None) -> Path:
     """Write a tokenizer and a randomly initialised LlamaForCausalLM to ``output_dir``; return the path."""
@@ -135,6 +149,7 @@ def make_tiny_model(output_dir: str | Path, *, tokenizer_family: str = "bpe",
         additional_special_tokens=["<|start|>", "<|end|>"], **special_tokens,
     )
     tokenizer.save_pretrained(output)
+    _write_portable_tokenizer_config(output, tokenizer)
 
     config = LlamaConfig(
         vocab_size=len(tokenizer),

@@ -35,3 +35,88 @@ def test_ensemble_wires_every_step_input():
     for step in config.ensemble_scheduling.step:
         assert set(step.input_map.values()) <= produced, step.model_name
     assert {o.name for o in config.output} <= produced
+
+
+# NVIDIA's tensor names at TensorRT-LLM 1.1.0 (triton_backend/all_models/inflight_batcher_llm/*/config.pbtxt),
+# kept here independently of tritonforge/contract.py; multimodal-only tensors are left out on purpose.
+NVIDIA_ENGINE_INPUTS = {
+    "input_ids", "encoder_input_features", "encoder_output_lengths", "input_lengths", "request_output_len",
+    "num_return_sequences", "draft_input_ids", "decoder_input_ids", "decoder_input_lengths", "draft_logits",
+    "draft_acceptance_threshold", "end_id", "pad_id", "stop_words_list", "bad_words_list", "embedding_bias",
+    "beam_width", "temperature", "runtime_top_k", "runtime_top_p", "runtime_top_p_min", "runtime_top_p_decay",
+    "runtime_top_p_reset_ids", "len_penalty", "early_stopping", "repetition_penalty", "min_tokens",
+    "beam_search_diversity_rate", "presence_penalty", "frequency_penalty", "seed", "return_log_probs",
+    "return_context_logits", "return_generation_logits", "return_perf_metrics", "return_num_input_tokens",
+    "return_num_output_tokens", "exclude_input_in_output", "stop", "streaming", "prompt_embedding_table",
+    "prompt_table_extra_ids", "prompt_vocab_size", "cross_attention_mask", "mrope_rotary_cos_sin",
+    "mrope_position_deltas", "lora_task_id", "lora_weights", "lora_config", "context_phase_params",
+    "skip_cross_attn_blocks", "retention_token_range_starts", "retention_token_range_ends",
+    "retention_token_range_priorities", "retention_token_range_durations_ms", "retention_decode_priority",
+    "retention_decode_duration_ms", "guided_decoding_guide_type", "guided_decoding_guide", "lookahead_window_size",
+    "lookahead_ngram_size", "lookahead_verification_set_size",
+}
+NVIDIA_STATISTICS = {
+    "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks", "arrival_time_ns",
+    "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns", "acceptance_rate",
+    "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens", "num_output_tokens",
+}
+NVIDIA_ENGINE_OUTPUTS = {"output_ids", "sequence_length", "cum_log_probs", "output_log_probs", "context_logits",
+                         "generation_logits", "batch_index", "sequence_index", "context_phase_params",
+                         *NVIDIA_STATISTICS}
+NVIDIA_ENSEMBLE_INPUTS = {
+    "text_input", "decoder_text_input", "max_tokens", "num_return_sequences", "bad_words", "stop_words",
+    "exclude_input_in_output", "end_id", "pad_id", "top_k", "top_p", "temperature", "length_penalty",
+    "repetition_penalty", "min_tokens", "presence_penalty", "frequency_penalty", "seed", "return_log_probs",
+    "return_context_logits", "return_generation_logits", "return_perf_metrics", "return_num_input_tokens",
+    "return_num_output_tokens", "beam_width", "stream", "prompt_embedding_table", "prompt_table_extra_id",
+    "prompt_vocab_size", "embedding_bias_words", "embedding_bias_weights", "lora_task_id", "lora_weights",
+    "lora_config", "guided_decoding_guide_type", "guided_decoding_guide",
+}
+NVIDIA_CLIENT_OUTPUTS = {"text_output", "cum_log_probs", "output_log_probs", "context_logits", "generation_logits",
+                         "batch_index", "sequence_index", *NVIDIA_STATISTICS}
+NVIDIA_PREPROCESSING_INPUTS = {"QUERY", "DECODER_QUERY", "REQUEST_OUTPUT_LEN", "BAD_WORDS_DICT", "STOP_WORDS_DICT",
+                               "EMBEDDING_BIAS_WORDS", "EMBEDDING_BIAS_WEIGHTS", "END_ID", "PAD_ID",
+                               "PROMPT_TABLE_EXTRA_ID"}
+NVIDIA_PREPROCESSING_OUTPUTS = {"INPUT_ID", "REQUEST_INPUT_LEN", "DECODER_INPUT_ID", "REQUEST_DECODER_INPUT_LEN",
+                                "BAD_WORDS_IDS", "STOP_WORDS_IDS", "EMBEDDING_BIAS", "REQUEST_OUTPUT_LEN",
+                                "OUT_END_ID", "OUT_PAD_ID", "OUT_PROMPT_TABLE_EXTRA_IDS"}
+LIMITS = configs.EngineLimitsSpec(max_batch_size=4, max_input_len=64, max_seq_len=128)
+
+
+def names(tensors) -> set[str]:
+    return {tensor.name for tensor in tensors}
+
+
+def test_nvidia_wiring_declares_exactly_nvidias_tensors():
+    serving = configs.ServingConfig(messages_input=False)
+    engine = configs.engine_config(serving, backend="python", parameters={})
+    assert (names(engine.input), names(engine.output)) == (NVIDIA_ENGINE_INPUTS, NVIDIA_ENGINE_OUTPUTS)
+    ensemble = configs.ensemble_config(serving)
+    assert (names(ensemble.input), names(ensemble.output)) == (NVIDIA_ENSEMBLE_INPUTS, NVIDIA_CLIENT_OUTPUTS)
+    assert {i.name: i.optional for i in ensemble.input}["text_input"] is False
+    bls = configs.bls_config(serving, LIMITS, "tok")
+    assert names(bls.input) == NVIDIA_ENSEMBLE_INPUTS | {"num_draft_tokens", "use_draft_logits"}
+    assert names(bls.output) == NVIDIA_CLIENT_OUTPUTS
+    pre = configs.preprocessing_config(serving, LIMITS, "tok")
+    assert (names(pre.input), names(pre.output)) == (NVIDIA_PREPROCESSING_INPUTS, NVIDIA_PREPROCESSING_OUTPUTS)
+    wired = {key for step in ensemble.ensemble_scheduling.step for key in step.input_map}
+    assert "MESSAGES" not in wired
+
+
+def test_default_wiring_adds_only_the_messages_input():
+    serving = configs.ServingConfig()
+    ensemble = configs.ensemble_config(serving)
+    assert names(ensemble.input) == NVIDIA_ENSEMBLE_INPUTS | {"messages"}
+    assert {i.name: i.optional for i in ensemble.input}["text_input"] is True
+    assert names(configs.preprocessing_config(serving, LIMITS, "tok").input) == NVIDIA_PREPROCESSING_INPUTS | {
+        "MESSAGES"}
+
+
+def test_the_build_copies_the_checkpoints_tokenizer_files_as_they_are(tiny_models, tmp_path):
+    out = build(BuildOptions(model=tiny_models["sentencepiece"], output=tmp_path / "repo", max_input_len=64,
+                             max_seq_len=128))
+    copied = out / "preprocessing" / "tokenizer"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (copied / name).read_bytes() == (tiny_models["sentencepiece"] / name).read_bytes()
+    # transformers 4.x (NVIDIA's containers) does not know transformers 5's TokenizersBackend class.
+    assert "TokenizersBackend" not in (copied / "tokenizer_config.json").read_text()
