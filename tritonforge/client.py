@@ -1,7 +1,7 @@
 """Clients for a served repository: gRPC streaming (sync and asyncio) and HTTP `generate` / `generate_stream`.
 
-The ensemble streams the exact bytes of each new token, so a chunk may end inside a multi-byte character;
-these clients feed the bytes through an incremental UTF-8 decoder and yield only complete characters.
+Every chunk the repository's models send is valid UTF-8; these clients still feed the bytes through an
+incremental UTF-8 decoder, so that a server of another build that splits a character never yields half of one.
 A decoupled model only answers on a gRPC stream, so non-streaming gRPC calls use the stream too.
 """
 
@@ -238,8 +238,8 @@ class HttpClient:
 
 
 def _json_event(data: bytes) -> dict:
-    # A streamed chunk can carry part of a UTF-8 character, which the server writes into its JSON as raw
-    # bytes; surrogateescape keeps them so that `_event_bytes` gets the exact bytes back.
+    # A server that streams part of a UTF-8 character writes it into its JSON as raw bytes; surrogateescape
+    # keeps them so that `_event_bytes` gets the exact bytes back.
     return json.loads(data.decode("utf-8", errors="surrogateescape"))
 
 
