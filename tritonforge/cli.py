@@ -265,7 +265,8 @@ def demo_command(args: argparse.Namespace) -> int:
         print(f"HTTP generate: {http_client.generate(args.prompt, max_tokens=args.max_tokens)}")
         print("HTTP stream:   " + "".join(http_client.stream(args.prompt, max_tokens=args.max_tokens)))
         grpc_client.close()
-    print("(random weights: the text is gibberish, but every path returns the same text)")
+    print("(random weights: the text is gibberish; the streams differ from the whole text only where a character "
+          "straddles two chunks, shown as U+FFFD)")
     return 0
 
 
