@@ -205,6 +205,7 @@ class BlsOrchestrator:
         count_tokens = _flag(inputs, "return_num_output_tokens")
         pieces: list[str] = []
         log_probs: list[float] = []
+        wanted_statistics = self._wanted_statistics(completion)
         statistics: dict[str, np.ndarray] = {}  # the engine's last statistics outputs
         tokens_unsent = 0  # generated tokens not yet reported in a response (num_output_tokens)
         stopped_engine = False
@@ -212,7 +213,7 @@ class BlsOrchestrator:
             engine_request = pb_utils.InferenceRequest(
                 model_name=self.settings.engine_model, request_id=request_id,
                 inputs=self._engine_inputs(inputs, tokens, row),
-                requested_output_names=[*ENGINE_OUTPUTS, *self._wanted_statistics(completion)])
+                requested_output_names=[*ENGINE_OUTPUTS, *wanted_statistics])
             # A non-decoupled engine answers once, with every token; a decoupled one streams.
             responses = engine_request.exec(decoupled=True) if self.settings.decoupled else [engine_request.exec()]
             try:
@@ -226,7 +227,7 @@ class BlsOrchestrator:
                     lengths = pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy()
                     length = int(lengths.reshape(-1)[0])
                     tokens_unsent += length
-                    for name in self._wanted_statistics(completion):
+                    for name in wanted_statistics:
                         tensor = pb_utils.get_output_tensor_by_name(response, name)
                         if tensor is not None:
                             statistics[name] = tensor.as_numpy().copy()

@@ -10,7 +10,8 @@ matter: 1.1.0 names `min_tokens`/`seed` (v0.19 and older: `min_length`/`random_s
 
 Left out on purpose, each a multimodal-only tensor of preprocessing (`IMAGE_*`, `VIDEO_BYTES`,
 `PIXEL_VALUES`, ...) or of the BLS (`image_*_input`, `video_bytes_input`): this repository serves text
-models. Ours adds one optional input, `messages` (chat), except in NVIDIA-exact wiring (`nvidia_wiring`).
+models. Ours adds one optional input, `messages` (chat), except in NVIDIA-exact wiring (`messages=False`,
+the build's `--nvidia-wiring`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ BOOL = mc.TYPE_BOOL
 LOGITS = F32  # NVIDIA's `logits_datatype` as its docs fill it
 
 ENGINE_MODEL = "tensorrt_llm"
-TRTLLM_RELEASE = "1.1.0"  # the release these lists were taken from
 
 
 @dataclass(frozen=True)
@@ -49,10 +49,9 @@ def _opt(name, dtype, dims, *, scalar=False, ragged=False) -> Tensor:
 
 # --- the client contract (ensemble) --------------------------------------------------------------------------
 # `text_input` is required in NVIDIA's wiring; ours makes it optional so that `messages` can replace it.
-TEXT_INPUT = Tensor("text_input", S, (1,))
 MESSAGES_INPUT = _opt("messages", S, (1,))  # ours: chat messages, rendered with the tokenizer's template
 ENSEMBLE_INPUTS = [
-    TEXT_INPUT,
+    Tensor("text_input", S, (1,)),
     _opt("decoder_text_input", S, (1,)),
     Tensor("max_tokens", I32, (1,)),
     _opt("num_return_sequences", I32, (1,)),
@@ -223,9 +222,6 @@ ENGINE_OUTPUTS = [
     Tensor("context_phase_params", U8, (-1,)),
     *ENGINE_PASSTHROUGH_OUTPUTS[6:],  # KV-cache and timing statistics, draft counts, token counts
 ]
-PERF_METRIC_OUTPUTS = ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks",
-                       "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
-                       "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
 
 # --- postprocessing --------------------------------------------------------------------------------------------
 POSTPROCESSING_INPUTS = [Tensor("TOKENS_BATCH", I32, (-1, -1)), Tensor("SEQUENCE_LENGTH", I32, (-1,))]
@@ -274,11 +270,15 @@ POSTPROCESSING_FROM_ENSEMBLE = {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGT
 POSTPROCESSING_TO_CLIENT = {"OUTPUT": "text_output"}
 
 
+def _with_chat(inputs: list[Tensor], chat: Tensor) -> list[Tensor]:
+    """NVIDIA's inputs with our chat input after the prompt, which it makes optional (it may replace it)."""
+    prompt = inputs[0]
+    return [_opt(prompt.name, prompt.dtype, prompt.dims), chat, *inputs[1:]]
+
+
 def client_inputs(*, messages: bool) -> list[Tensor]:
-    """The ensemble's inputs: NVIDIA's, and with `messages` ours (text_input then optional)."""
-    if not messages:
-        return list(ENSEMBLE_INPUTS)
-    return [_opt("text_input", S, (1,)), MESSAGES_INPUT, *ENSEMBLE_INPUTS[1:]]
+    """The ensemble's inputs: NVIDIA's, and with `messages` ours."""
+    return _with_chat(ENSEMBLE_INPUTS, MESSAGES_INPUT) if messages else list(ENSEMBLE_INPUTS)
 
 
 def bls_inputs(*, messages: bool) -> list[Tensor]:
@@ -289,11 +289,9 @@ def bls_inputs(*, messages: bool) -> list[Tensor]:
 
 
 def preprocessing_inputs(*, messages: bool) -> list[Tensor]:
-    if not messages:
-        return list(PREPROCESSING_INPUTS)
-    return [_opt("QUERY", S, (1,)), MESSAGES_PREPROCESSING_INPUT, *PREPROCESSING_INPUTS[1:]]
+    return _with_chat(PREPROCESSING_INPUTS, MESSAGES_PREPROCESSING_INPUT) if messages else list(PREPROCESSING_INPUTS)
 
 
 # A client's name for each preprocessing and engine input, for error messages ("top_p", not "runtime_top_p").
 CLIENT_NAME = {**PREPROCESSING_FROM_CLIENT, **MESSAGES_WIRING, **ENGINE_FROM_CLIENT,
-               "request_output_len": "max_tokens", "input_ids": "input_ids"}
+               "request_output_len": "max_tokens"}
