@@ -16,9 +16,13 @@ COPY tensorrt_llm_transformers ./tensorrt_llm_transformers
 COPY tensorrt_llm_bls ./tensorrt_llm_bls
 # Editable, so that the model sources beside the package are found by the build. The image's own torch,
 # transformers and TensorRT-LLM stay as they are: no dependency is upgraded.
+COPY scripts/ensure_trtllm_examples.py ./scripts/
 RUN python3 -m pip install --no-cache-dir --no-deps -e . \
     && python3 -m pip install --no-cache-dir "tritonclient[grpc,http]" \
     && python3 -c "import tritonforge.cli"
+# The build runs TensorRT-LLM's convert_checkpoint.py / quantize.py from trtllm.EXAMPLES_DIR: make sure they are
+# there, at the pinned release, whatever the base image ships.
+RUN python3 scripts/ensure_trtllm_examples.py
 
 ENTRYPOINT ["tritonforge"]
 CMD ["--help"]

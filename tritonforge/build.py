@@ -51,7 +51,9 @@ class BuildOptions:
     enable_kv_cache_reuse: bool = True
     enable_chunked_context: bool = False
     cuda_graphs: bool = False
-    gpu_memory_gb: float | None = None  # plan without a GPU
+    gpu_memory_gib: float | None = None  # plan without a GPU
+    examples_dir: str = trtllm.EXAMPLES_DIR
+    calib_dataset: str | None = None  # fp8 / int8_sq / int4_awq: a local calibration dataset folder
     repository_mount: str = "/models"  # where the repository is mounted in the server's container
     dry_run: bool = False
     target_triton: tuple[int, int] | None = None  # Triton the configs are for; TensorRT-LLM: the pinned image's
@@ -143,17 +145,14 @@ def tensorrtllm_engine_parameters(options: BuildOptions) -> dict[str, str]:
     return {key: ours.get(key, "") for key in trtllm.BACKEND_PARAMETER_KEYS}
 
 
-def _gpu_memory_gb(options: BuildOptions) -> float:
-    if options.gpu_memory_gb:
-        return options.gpu_memory_gb
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_properties(0).total_memory / 1e9
-    except ImportError:
-        pass
-    raise ValueError("no GPU visible to plan the KV cache: pass --gpu-memory-gb (e.g. 80 for an H100, 141 for an H200)")
+def _gpu_memory_gib(options: BuildOptions) -> float:
+    if options.gpu_memory_gib:
+        return options.gpu_memory_gib
+    memory = trtllm.gpu_memory_gib()
+    if memory is None:
+        raise ValueError("no GPU visible to plan the KV cache: pass --gpu-memory-gib (e.g. 79.6 for an H100 80GB, "
+                         "140 for an H200)")
+    return memory
 
 
 def build_tensorrtllm(options: BuildOptions, checkpoint_config: dict, limits, progress=print) -> Path:
@@ -161,15 +160,15 @@ def build_tensorrtllm(options: BuildOptions, checkpoint_config: dict, limits, pr
     dtype = options.dtype if options.dtype != "auto" else (
         "bfloat16" if checkpoint_config.get("torch_dtype", checkpoint_config.get("dtype")) == "bfloat16"
         else "float16")
-    gpu_memory_gb = _gpu_memory_gb(options)
-    plan = plan_memory(ModelShape.from_hf_config(checkpoint_config), gpu_memory_gb=gpu_memory_gb, dtype=dtype,
+    gpu_memory_gib = _gpu_memory_gib(options)
+    plan = plan_memory(ModelShape.from_hf_config(checkpoint_config), gpu_memory_gib=gpu_memory_gib, dtype=dtype,
                        quantization=options.quantization, kv_cache_dtype=options.kv_cache_dtype,
                        tp_size=options.tp_size, pp_size=options.pp_size, max_seq_len=options.max_seq_len,
                        max_batch_size=options.max_batch_size,
                        kv_cache_free_gpu_mem_fraction=options.kv_cache_free_gpu_mem_fraction)
     progress(f"memory plan (tp={options.tp_size}, pp={options.pp_size}, {dtype}, quantization "
              f"{options.quantization}, KV {options.kv_cache_dtype}):")
-    progress(plan.table(gpu_memory_gb=gpu_memory_gb, fraction=options.kv_cache_free_gpu_mem_fraction,
+    progress(plan.table(gpu_memory_gib=gpu_memory_gib, fraction=options.kv_cache_free_gpu_mem_fraction,
                         max_seq_len=options.max_seq_len, max_batch_size=options.max_batch_size))
     work_dir = options.output.parent / f"{options.output.name}.build"
     spec = trtllm.TrtBuildSpec(
@@ -179,7 +178,8 @@ def build_tensorrtllm(options: BuildOptions, checkpoint_config: dict, limits, pr
         tp_size=options.tp_size, pp_size=options.pp_size, quantization=options.quantization,
         kv_cache_dtype=options.kv_cache_dtype, max_batch_size=options.max_batch_size,
         max_input_len=options.max_input_len, max_seq_len=options.max_seq_len, max_num_tokens=options.max_num_tokens,
-        workers=options.tp_size * options.pp_size)
+        workers=options.tp_size * options.pp_size, examples_dir=options.examples_dir,
+        calib_dataset=options.calib_dataset)
     commands = [trtllm.convert_command(spec), trtllm.build_command(spec)]
     progress("commands:")
     for command in commands:

@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 from . import model_configs as configs
-from .trtllm import KV_CACHE_DTYPES, QUANTIZATIONS, EngineMismatch, TensorRTLLMMissing
+from .trtllm import EXAMPLES_DIR, KV_CACHE_DTYPES, QUANTIZATIONS, EngineMismatch, TensorRTLLMMissing
 
 
 def positive_ints(text: str) -> list[int]:
@@ -64,7 +64,12 @@ def _add_build_arguments(parser: argparse.ArgumentParser) -> None:
     trt.add_argument("--no-kv-cache-reuse", action="store_true", help="disable KV-cache (prefix) reuse")
     trt.add_argument("--chunked-context", action="store_true", help="enable chunked prefill")
     trt.add_argument("--cuda-graphs", action="store_true")
-    trt.add_argument("--gpu-memory-gb", type=float, default=None, help="plan for this GPU size without a GPU")
+    trt.add_argument("--gpu-memory-gib", type=float, default=None, help="plan for this GPU size without a GPU")
+    trt.add_argument("--calib-dataset", default=None,
+                     help="fp8 / int8_sq / int4_awq: local calibration dataset folder (a 'train' split with a 'text' "
+                          "column, e.g. train.jsonl); nothing is downloaded")
+    trt.add_argument("--examples-dir", default=EXAMPLES_DIR,
+                     help="TensorRT-LLM's examples/ folder (convert_checkpoint.py, quantize.py) at the pinned release")
     trt.add_argument("--repository-mount", default="/models", help="repository path inside the server container")
     trt.add_argument("--target-triton", default=None,
                      help="Triton version the configs are for (default: the pinned image's), e.g. 2.51")
@@ -95,7 +100,8 @@ def build_command(args: argparse.Namespace) -> int:
         kv_cache_free_gpu_mem_fraction=args.kv_cache_free_gpu_mem_fraction,
         batch_scheduler_policy=args.batch_scheduler_policy, enable_kv_cache_reuse=not args.no_kv_cache_reuse,
         enable_chunked_context=args.chunked_context, cuda_graphs=args.cuda_graphs,
-        gpu_memory_gb=args.gpu_memory_gb, repository_mount=args.repository_mount, dry_run=args.dry_run,
+        gpu_memory_gib=args.gpu_memory_gib, examples_dir=args.examples_dir, calib_dataset=args.calib_dataset,
+        repository_mount=args.repository_mount, dry_run=args.dry_run,
         target_triton=tuple(int(part) for part in args.target_triton.split(".")[:2]) if args.target_triton else None,
         planned_instances=args.preprocessing_instances is None and args.postprocessing_instances is None,
         replay_step_ms=args.replay_step_ms)

@@ -167,7 +167,7 @@ def bls_config(serving: ServingConfig, limits: EngineLimitsSpec, tokenizer_dir: 
     _add_tensors(config.input, contract.bls_inputs(messages=serving.messages_input), is_input=True)
     _add_tensors(config.output, contract.CLIENT_OUTPUTS, is_input=False)
     _cpu_instances(config, serving.bls_instances)
-    _set_parameters(config, {"tokenizer_dir": tokenizer_dir, "engine_model": ENGINE_MODEL,
+    _set_parameters(config, {"tokenizer_dir": tokenizer_dir, "tensorrt_llm_model_name": ENGINE_MODEL,
                              "max_concurrency": str(serving.bls_max_concurrency),
                              "max_input_len": str(limits.max_input_len),
                              "max_output_len": str(limits.max_output_len),

@@ -5,8 +5,9 @@ fails or silently shortens `max_seq_len` when not one sequence fits. This planne
 up front and refuses such a plan with what to change:
 
     weights/GPU      = (linear params × weight bytes + embedding, lm_head and norm params × dtype bytes) / (tp·pp)
+    linear params    = layers × (attention + experts × MLP + router)   (experts = 1, router = 0 for dense models)
     KV bytes/token   = 2 (K and V) × layers/pp × max(kv_heads/tp, 1) × head_dim × KV dtype bytes
-    KV memory        = (GPU memory − weights/GPU − runtime reserve) × kv_cache_free_gpu_mem_fraction
+    KV memory        = (GPU memory (GiB) − weights/GPU − runtime reserve) × kv_cache_free_gpu_mem_fraction
     KV tokens        = floor(KV memory / KV bytes per token / tokens_per_block) × tokens_per_block
     sequences        = floor(KV tokens / tokens_per_block / ceil(max_seq_len / tokens_per_block))
 
@@ -34,22 +35,35 @@ class ModelShape:
     num_kv_heads: int
     head_dim: int
     tied_embeddings: bool
+    # Mixture of experts: every expert's MLP is stored (all are resident, only the routed ones run).
+    num_experts: int = 1  # 1 = a dense model
+    expert_intermediate_size: int = 0  # 0 = intermediate_size
+    shared_expert_intermediate_size: int = 0  # Qwen-MoE's always-on expert
 
     @classmethod
     def from_hf_config(cls, config: dict) -> ModelShape:
         heads = config["num_attention_heads"]
+        # Mixtral names the expert count num_local_experts; Qwen-MoE num_experts, with its own expert width.
+        experts = config.get("num_local_experts") or config.get("num_experts") or 1
         return cls(vocab_size=config["vocab_size"], hidden_size=config["hidden_size"],
                    intermediate_size=config["intermediate_size"], num_layers=config["num_hidden_layers"],
                    num_heads=heads, num_kv_heads=config.get("num_key_value_heads", heads),
                    head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-                   tied_embeddings=bool(config.get("tie_word_embeddings", False)))
+                   tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+                   num_experts=experts,
+                   expert_intermediate_size=config.get("moe_intermediate_size") or 0,
+                   shared_expert_intermediate_size=config.get("shared_expert_intermediate_size") or 0)
 
     @property
     def linear_params(self) -> int:
         h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         attention = h * q + 2 * h * kv + q * h
-        mlp = 3 * h * self.intermediate_size  # gate, up, down
-        return self.num_layers * (attention + mlp)
+        if self.num_experts == 1:
+            return self.num_layers * (attention + 3 * h * self.intermediate_size)  # gate, up, down
+        width = self.expert_intermediate_size or self.intermediate_size
+        experts = self.num_experts * 3 * h * width + h * self.num_experts  # the experts and the router
+        shared = 3 * h * self.shared_expert_intermediate_size + (h if self.shared_expert_intermediate_size else 0)
+        return self.num_layers * (attention + experts + shared)
 
     @property
     def other_params(self) -> int:
@@ -72,9 +86,9 @@ class MemoryPlan:
     max_queue_size: int
     max_queue_delay_microseconds: int
 
-    def table(self, *, gpu_memory_gb: float, fraction: float, max_seq_len: int, max_batch_size: int) -> str:
+    def table(self, *, gpu_memory_gib: float, fraction: float, max_seq_len: int, max_batch_size: int) -> str:
         rows = [
-            ("GPU memory", f"{gpu_memory_gb:.1f} GB"),
+            ("GPU memory", f"{gpu_memory_gib:.1f} GiB"),
             ("weights per GPU", f"{self.weight_bytes_per_gpu / GIB:.2f} GiB"),
             ("KV cache per token (per GPU)", f"{self.kv_bytes_per_token / 1024:.1f} KiB"),
             (f"KV cache at fraction {fraction}", f"{self.kv_memory_bytes / GIB:.2f} GiB"),
@@ -94,7 +108,7 @@ class PlanRefused(ValueError):
     pass
 
 
-def plan_memory(shape: ModelShape, *, gpu_memory_gb: float, dtype: str = "float16", quantization: str = "none",
+def plan_memory(shape: ModelShape, *, gpu_memory_gib: float, dtype: str = "float16", quantization: str = "none",
                 kv_cache_dtype: str = "auto", tp_size: int = 1, pp_size: int = 1, max_seq_len: int,
                 max_batch_size: int, kv_cache_free_gpu_mem_fraction: float = 0.9,
                 runtime_reserve_gib: float = DEFAULT_RUNTIME_RESERVE_GIB) -> MemoryPlan:
@@ -111,11 +125,11 @@ def plan_memory(shape: ModelShape, *, gpu_memory_gb: float, dtype: str = "float1
     kv_element = 1 if kv_cache_dtype in ("fp8", "int8") else dtype_bytes
     kv_per_token = (2 * (shape.num_layers // pp_size) * max(shape.num_kv_heads // tp_size, 1) * shape.head_dim
                     * kv_element)
-    free = gpu_memory_gb * 1e9 - weights_per_gpu - runtime_reserve_gib * GIB
+    free = gpu_memory_gib * GIB - weights_per_gpu - runtime_reserve_gib * GIB
     if free <= 0:
         raise PlanRefused(
             f"the weights ({weights_per_gpu / GIB:.1f} GiB per GPU) and the runtime reserve "
-            f"({runtime_reserve_gib} GiB) do not fit in {gpu_memory_gb} GB: use more tensor parallelism "
+            f"({runtime_reserve_gib} GiB) do not fit in {gpu_memory_gib} GiB: use more tensor parallelism "
             f"(--tp-size), pipeline parallelism (--pp-size), or quantize (--quantization fp8 / int4_awq)")
     kv_memory = int(free * kv_cache_free_gpu_mem_fraction)
     blocks = kv_memory // kv_per_token // TOKENS_PER_BLOCK

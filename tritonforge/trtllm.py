@@ -1,8 +1,10 @@
 """The TensorRT-LLM build: the pinned release, its exact commands, and the engine pinning guard.
 
 Flow (TensorRT-LLM's documented two-step engine flow, run as subprocesses with argument lists):
-1. checkpoint → TensorRT-LLM checkpoint: `convert_checkpoint.py` for full precision, weight-only INT8/INT4 and
-   INT8 SmoothQuant; ModelOpt's `quantize.py` for FP8 and INT4 AWQ (calibrated formats);
+1. checkpoint → TensorRT-LLM checkpoint: `convert_checkpoint.py` for full precision and weight-only INT8/INT4;
+   ModelOpt's `quantize.py` for the calibrated formats (FP8, INT8 SmoothQuant, INT4 AWQ), calibrated on a local
+   dataset folder (`--calib-dataset`): the scripts' default downloads one from the hub, which an offline
+   build cannot;
 2. `trtllm-build` → `rank{r}.engine` + `config.json`.
 The LLM API would build the same engine, but the Triton `tensorrtllm` backend serves an engine directory,
 and the two explicit steps are where users need control (parallelism, quantization, max shapes); each is
@@ -15,10 +17,11 @@ says what differs, instead of TensorRT's deserialization error at load.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
+import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,10 +49,15 @@ BACKEND_PARAMETER_KEYS = (
     "cuda_graph_cache_size", "speculative_decoding_fast_logits", "tokenizer_dir", "guided_decoding_backend",
     "xgrammar_tokenizer_info_path",
 )
-EXAMPLES_DIR = "/app/tensorrt_llm/examples"  # TensorRT-LLM's examples inside that image
+# TensorRT-LLM's example scripts (convert_checkpoint.py, quantize.py) at the pinned release; the Dockerfile puts
+# them here when the image lacks them (scripts/ensure_trtllm_examples.py). --examples-dir points elsewhere.
+EXAMPLES_DIR = "/app/tensorrt_llm/examples"
+# The printed commands run in the image, so they name its Python, not the one planning the build.
+PYTHON = "python3"
 TOKENS_PER_BLOCK = 32  # trtllm-build's default KV-cache block
 
 QUANTIZATIONS = ("none", "fp8", "int8_sq", "int4_awq", "int8_wo", "int4_wo")
+CALIBRATED = ("fp8", "int8_sq", "int4_awq")  # quantize.py runs the model over a calibration set
 KV_CACHE_DTYPES = ("auto", "fp8", "int8")
 # Bytes per weight of the quantized linear layers; embeddings and lm_head stay in the model dtype.
 WEIGHT_BYTES = {"none": None, "fp8": 1.0, "int8_sq": 1.0, "int8_wo": 1.0, "int4_awq": 0.5, "int4_wo": 0.5}
@@ -86,8 +94,14 @@ class TrtBuildSpec:
     use_paged_context_fmha: bool = True  # needed by KV-cache reuse and chunked context
     workers: int = 1
     examples_dir: str = EXAMPLES_DIR
+    calib_dataset: str | None = None  # local dataset folder with a train split and a text column
 
     def __post_init__(self):
+        if self.quantization in CALIBRATED and not self.calib_dataset:
+            raise ValueError(f"--quantization {self.quantization} calibrates on a dataset: pass --calib-dataset DIR, "
+                             f"a local folder that datasets.load_dataset reads with a 'train' split and a 'text' "
+                             f"column (e.g. one train.jsonl of {{\"text\": ...}} lines); the scripts' default "
+                             f"downloads cnn_dailymail from the hub")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"--quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -118,22 +132,39 @@ def _family_dir(architecture: str) -> str:
                      f"Qwen")
 
 
+def quantize_script(spec: TrtBuildSpec) -> str:
+    return f"{spec.examples_dir}/quantization/quantize.py"
+
+
+def converter_script(spec: TrtBuildSpec) -> str:
+    return f"{spec.examples_dir}/models/core/{_family_dir(spec.architecture)}/convert_checkpoint.py"
+
+
+def check_inputs(spec: TrtBuildSpec) -> None:
+    """Before a build starts: the example script and the calibration set exist, with what to do if not."""
+    script = quantize_script(spec) if spec.quantization in CALIBRATED else converter_script(spec)
+    if not Path(script).is_file():
+        raise FileNotFoundError(
+            f"{script} does not exist: TensorRT-LLM {TRTLLM_VERSION}'s examples are not at --examples-dir "
+            f"{spec.examples_dir}. Build in the project's image (its Dockerfile installs them there) or pass "
+            f"--examples-dir to a checkout of TensorRT-LLM v{TRTLLM_VERSION}'s examples/ folder")
+    if spec.quantization in CALIBRATED and not Path(spec.calib_dataset).is_dir():
+        raise FileNotFoundError(f"--calib-dataset {spec.calib_dataset} is not a folder")
+
+
 def convert_command(spec: TrtBuildSpec) -> list[str]:
     """Step 1: HF checkpoint → TensorRT-LLM checkpoint (parallelism and quantization are fixed here)."""
     parallel = ["--tp_size", str(spec.tp_size), "--pp_size", str(spec.pp_size)]
-    if spec.quantization in ("fp8", "int4_awq"):
-        command = [sys.executable, f"{spec.examples_dir}/quantization/quantize.py",
-                   "--model_dir", str(spec.checkpoint), "--output_dir", str(spec.converted),
-                   "--dtype", spec.dtype, "--qformat", spec.quantization, *parallel]
+    if spec.quantization in CALIBRATED:
+        command = [PYTHON, quantize_script(spec), "--model_dir", str(spec.checkpoint),
+                   "--output_dir", str(spec.converted), "--dtype", spec.dtype, "--qformat", spec.quantization,
+                   "--calib_dataset", str(spec.calib_dataset), *parallel]
         if spec.kv_cache_dtype != "auto":
             command += ["--kv_cache_dtype", spec.kv_cache_dtype]
         return command
-    converter = f"{spec.examples_dir}/models/core/{_family_dir(spec.architecture)}/convert_checkpoint.py"
-    command = [sys.executable, converter, "--model_dir", str(spec.checkpoint), "--output_dir", str(spec.converted),
-               "--dtype", spec.dtype, *parallel, "--workers", str(spec.workers)]
-    if spec.quantization == "int8_sq":
-        command += ["--smoothquant", "0.5", "--per_channel", "--per_token"]
-    elif spec.quantization in ("int8_wo", "int4_wo"):
+    command = [PYTHON, converter_script(spec), "--model_dir", str(spec.checkpoint),
+               "--output_dir", str(spec.converted), "--dtype", spec.dtype, *parallel, "--workers", str(spec.workers)]
+    if spec.quantization in ("int8_wo", "int4_wo"):
         command += ["--use_weight_only", "--weight_only_precision", spec.quantization.split("_")[0]]
     if spec.kv_cache_dtype == "fp8":
         command.append("--fp8_kv_cache")
@@ -157,6 +188,7 @@ def build_command(spec: TrtBuildSpec) -> list[str]:
 def run_build(spec: TrtBuildSpec, log_path: Path, progress=print) -> list[list[str]]:
     """Run both steps, each logged to log_path; raise with the log's tail when one fails."""
     require_trtllm()
+    check_inputs(spec)
     commands = [convert_command(spec), build_command(spec)]
     spec.work_dir.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a") as log:
@@ -177,21 +209,42 @@ ENGINE_INFO = "engine_info.json"
 PINNED_KEYS = ("tensorrt_llm_version", "tensorrt_version", "gpu_name", "compute_capability")
 
 
-def runtime_facts() -> dict[str, str]:
-    """The versions and GPU of this machine, as far as they can be read."""
-    facts: dict[str, str] = {}
-    for module, key in (("tensorrt_llm", "tensorrt_llm_version"), ("tensorrt", "tensorrt_version")):
-        if importlib.util.find_spec(module) is not None:
-            facts[key] = __import__(module).__version__
+def _installed_version(distribution: str) -> str | None:
     try:
-        import torch
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
-        if torch.cuda.is_available():
-            facts["gpu_name"] = torch.cuda.get_device_name(0)
-            major, minor = torch.cuda.get_device_capability(0)
-            facts["compute_capability"] = f"{major}.{minor}"
-    except ImportError:
-        pass
+
+def _gpu_query(fields: str) -> list[str] | None:
+    """The first GPU's fields from nvidia-smi: no CUDA context is created in this process (the server owns
+    the GPUs; importing torch or TensorRT-LLM here would hold a context on GPU 0 for the server's life)."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    result = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-i", "0"],
+                            capture_output=True, text=True, check=False)
+    if result.returncode != 0 or not result.stdout.strip():
+        return None
+    return [field.strip() for field in result.stdout.splitlines()[0].split(",")]
+
+
+def gpu_memory_gib() -> float | None:
+    fields = _gpu_query("memory.total")  # MiB
+    return float(fields[0]) / 1024 if fields else None
+
+
+def runtime_facts() -> dict[str, str]:
+    """The versions and GPU of this machine, read from package metadata and nvidia-smi (nothing imported)."""
+    facts: dict[str, str] = {}
+    # TensorRT's wheel is named for its CUDA major in some images; the first found names the version.
+    for key, distributions in (("tensorrt_llm_version", ("tensorrt_llm",)),
+                               ("tensorrt_version", ("tensorrt", "tensorrt_cu13", "tensorrt_cu12"))):
+        version = next(filter(None, map(_installed_version, distributions)), None)
+        if version:
+            facts[key] = version
+    gpu = _gpu_query("name,compute_cap")
+    if gpu:
+        facts["gpu_name"], facts["compute_capability"] = gpu
     return facts
 
 

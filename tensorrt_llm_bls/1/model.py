@@ -21,7 +21,7 @@ class TritonPythonModel:
             tokenizer_dir=resolve_path(args, parameters["tokenizer_dir"]),
             limits=PreprocessLimits(max_input_len=int(parameters["max_input_len"]),
                                     max_output_len=int(parameters["max_output_len"])),
-            engine_model=parameters.get("engine_model", "tensorrt_llm"),
+            engine_model=parameters["tensorrt_llm_model_name"],
             max_concurrency=int(parameters.get("max_concurrency", "256")),
             add_special_tokens=parameter_flag(parameters, "add_special_tokens", True),
             decoupled=is_decoupled(args)))

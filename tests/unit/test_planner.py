@@ -18,8 +18,8 @@ LINEAR_8B, OTHER_8B = 6_979_321_856, 1_050_939_392
 LINEAR_70B, OTHER_70B = 68_451_041_280, 2_102_665_216
 
 
-def expected_sequences(weights, kv_per_token, gpu_gb, max_seq_len, fraction=0.9):
-    kv_memory = int((gpu_gb * 1e9 - weights - RESERVE) * fraction)
+def expected_sequences(weights, kv_per_token, gpu_gib, max_seq_len, fraction=0.9):
+    kv_memory = int((gpu_gib * 2**30 - weights - RESERVE) * fraction)  # the GPU size is read in GiB
     blocks = kv_memory // kv_per_token // 32
     return blocks * 32, blocks // -(-max_seq_len // 32)
 
@@ -29,27 +29,27 @@ def test_parameter_counts_match_the_published_8b_size():
     assert LINEAR_8B + OTHER_8B == 8_030_261_248  # Llama-3.1-8B's 8.03 B parameters
 
 
-@pytest.mark.parametrize("gpu_gb", [80, 141])
-def test_llama_8b_fp16(gpu_gb):
-    plan = plan_memory(LLAMA_3_1_8B, gpu_memory_gb=gpu_gb, max_seq_len=8192, max_batch_size=64)
+@pytest.mark.parametrize("gpu_gib", [79.6, 140])
+def test_llama_8b_fp16(gpu_gib):
+    plan = plan_memory(LLAMA_3_1_8B, gpu_memory_gib=gpu_gib, max_seq_len=8192, max_batch_size=64)
     weights = (LINEAR_8B + OTHER_8B) * 2  # 16,060,522,496 bytes
     assert plan.weight_bytes_per_gpu == weights
     assert plan.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131_072
-    assert (plan.kv_tokens, plan.max_sequences) == expected_sequences(weights, 131_072, gpu_gb, 8192)
+    assert (plan.kv_tokens, plan.max_sequences) == expected_sequences(weights, 131_072, gpu_gib, 8192)
 
 
-@pytest.mark.parametrize("gpu_gb", [80, 141])
-def test_llama_8b_fp8_weights_and_fp8_kv(gpu_gb):
-    plan = plan_memory(LLAMA_3_1_8B, gpu_memory_gb=gpu_gb, quantization="fp8", kv_cache_dtype="fp8",
+@pytest.mark.parametrize("gpu_gib", [79.6, 140])
+def test_llama_8b_fp8_weights_and_fp8_kv(gpu_gib):
+    plan = plan_memory(LLAMA_3_1_8B, gpu_memory_gib=gpu_gib, quantization="fp8", kv_cache_dtype="fp8",
                        max_seq_len=8192, max_batch_size=64)
     weights = LINEAR_8B * 1 + OTHER_8B * 2  # 9,081,200,640: embeddings and lm_head stay 16-bit
     assert plan.weight_bytes_per_gpu == weights
     assert plan.kv_bytes_per_token == 65_536
-    assert (plan.kv_tokens, plan.max_sequences) == expected_sequences(weights, 65_536, gpu_gb, 8192)
+    assert (plan.kv_tokens, plan.max_sequences) == expected_sequences(weights, 65_536, gpu_gib, 8192)
 
 
 def test_llama_70b_fp8_on_four_gpus():
-    plan = plan_memory(LLAMA_3_1_70B, gpu_memory_gb=80, quantization="fp8", tp_size=4, max_seq_len=8192,
+    plan = plan_memory(LLAMA_3_1_70B, gpu_memory_gib=80, quantization="fp8", tp_size=4, max_seq_len=8192,
                        max_batch_size=64)
     weights = (LINEAR_70B + OTHER_70B * 2) // 4  # 18,164,092,928 bytes per GPU
     assert plan.weight_bytes_per_gpu == weights
@@ -59,16 +59,48 @@ def test_llama_70b_fp8_on_four_gpus():
 
 def test_70b_in_fp16_on_one_gpu_is_refused_with_advice():
     with pytest.raises(PlanRefused, match="tp-size"):
-        plan_memory(LLAMA_3_1_70B, gpu_memory_gb=80, max_seq_len=8192, max_batch_size=8)
+        plan_memory(LLAMA_3_1_70B, gpu_memory_gib=80, max_seq_len=8192, max_batch_size=8)
 
 
 def test_plan_where_not_one_sequence_fits_is_refused_with_advice():
     with pytest.raises(PlanRefused, match="not one sequence") as error:
-        plan_memory(LLAMA_3_1_8B, gpu_memory_gb=24, max_seq_len=131072, max_batch_size=8,
+        plan_memory(LLAMA_3_1_8B, gpu_memory_gib=24, max_seq_len=131072, max_batch_size=8,
                     kv_cache_free_gpu_mem_fraction=0.5)
     assert "--max-seq-len" in str(error.value) and "fp8" in str(error.value)
 
 
 def test_heads_that_do_not_split_over_tp_are_refused():
     with pytest.raises(PlanRefused, match="tp=3"):
-        plan_memory(LLAMA_3_1_8B, gpu_memory_gb=80, tp_size=3, max_seq_len=4096, max_batch_size=8)
+        plan_memory(LLAMA_3_1_8B, gpu_memory_gib=80, tp_size=3, max_seq_len=4096, max_batch_size=8)
+
+
+# Mixtral-8x7B (published config): per layer attention 4096·4096·2 + 2·4096·1024 = 41,943,040, 8 experts
+# × 3·4096·14336 = 1,409,286,144, router 4096·8 = 32,768; × 32 = 46,440,382,464 linear; embeddings
+# 2 · 32000·4096 = 262,144,000; norms 65·4096 = 266,240: 46.70 B parameters, 87.0 GiB in bf16.
+MIXTRAL_8X7B_CONFIG = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+                       "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                       "num_local_experts": 8, "num_experts_per_tok": 2, "tie_word_embeddings": False}
+
+
+def test_mixture_of_experts_counts_every_expert():
+    shape = ModelShape.from_hf_config(MIXTRAL_8X7B_CONFIG)
+    assert shape.linear_params == 46_440_382_464
+    assert shape.linear_params + shape.other_params == 46_702_792_704
+    plan = plan_memory(shape, gpu_memory_gib=140, dtype="bfloat16", max_seq_len=4096, max_batch_size=8)
+    assert plan.weight_bytes_per_gpu == 46_702_792_704 * 2
+
+
+def test_mixtral_bf16_on_one_80gb_gpu_is_refused():
+    with pytest.raises(PlanRefused, match="tp-size"):
+        plan_memory(ModelShape.from_hf_config(MIXTRAL_8X7B_CONFIG), gpu_memory_gib=79.6, dtype="bfloat16",
+                    max_seq_len=4096, max_batch_size=8)
+
+
+def test_qwen_moe_counts_expert_width_and_the_shared_expert():
+    config = {"vocab_size": 1000, "hidden_size": 64, "intermediate_size": 512, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 4, "num_experts": 4, "moe_intermediate_size": 32,
+              "shared_expert_intermediate_size": 128, "tie_word_embeddings": False}
+    attention = 4 * 64 * 64
+    experts = 4 * 3 * 64 * 32 + 64 * 4
+    shared = 3 * 64 * 128 + 64
+    assert ModelShape.from_hf_config(config).linear_params == 2 * (attention + experts + shared)

@@ -15,7 +15,9 @@ from tritonforge.trtllm import (
     TrtBuildSpec,
     build_command,
     check_engine,
+    check_inputs,
     convert_command,
+    runtime_facts,
 )
 
 # The keys the tensorrtllm backend reads with no default: a config without them aborts the model instance.
@@ -44,7 +46,7 @@ NVIDIA_TEMPLATE_KEYS = {
 
 
 def options(model, output, **kwargs):
-    return BuildOptions(model=model, output=output, engine="tensorrtllm", gpu_memory_gb=80, max_input_len=64,
+    return BuildOptions(model=model, output=output, engine="tensorrtllm", gpu_memory_gib=80, max_input_len=64,
                         max_seq_len=256, **kwargs)
 
 
@@ -69,7 +71,7 @@ def test_dry_run_writes_configs_with_every_backend_parameter(tiny_models, tmp_pa
 
 def test_without_tensorrt_llm_the_build_exits_non_zero_naming_the_container(tiny_models, tmp_path, capsys):
     code = main(["build", "--model", str(tiny_models["bpe"]), "--output", str(tmp_path / "repo"),
-                 "--engine", "tensorrtllm", "--gpu-memory-gb", "80", "--max-input-len", "64", "--max-seq-len", "256"])
+                 "--engine", "tensorrtllm", "--gpu-memory-gib", "80", "--max-input-len", "64", "--max-seq-len", "256"])
     assert code != 0
     assert TRITON_IMAGE in capsys.readouterr().err
     assert not (tmp_path / "repo" / "tensorrt_llm").exists()
@@ -90,15 +92,13 @@ def test_commands_use_the_pinned_release_flags(tmp_path):
     trt = build_command(spec)
     assert trt[trt.index("--kv_cache_type") + 1] == "paged"  # --paged_kv_cache is deprecated in 1.x
     assert "--max_output_len" not in trt and "--paged_kv_cache" not in trt
-    fp8 = convert_command(TrtBuildSpec(checkpoint=tmp_path, work_dir=tmp_path, engine_dir=tmp_path,
-                                       architecture="LlamaForCausalLM", quantization="fp8"))
-    assert fp8[1].endswith("quantization/quantize.py") and fp8[fp8.index("--qformat") + 1] == "fp8"
+    assert convert[0] == "python3"  # the image's Python, not the one that planned the build
 
 
 def test_impossible_plan_is_refused_before_anything_is_written(tiny_models, tmp_path):
     with pytest.raises(ValueError, match="not one sequence"):
         build(BuildOptions(model=tiny_models["bpe"], output=tmp_path / "repo", engine="tensorrtllm",
-                           gpu_memory_gb=2.2, max_input_len=64, max_seq_len=256, dry_run=True,
+                           gpu_memory_gib=2.2, max_input_len=64, max_seq_len=256, dry_run=True,
                            kv_cache_free_gpu_mem_fraction=0.0001))
     assert not (tmp_path / "repo").exists()
 
@@ -128,3 +128,44 @@ def test_pinning_guard_names_every_difference_and_says_rebuild(tmp_path):
 def test_pinning_guard_refuses_an_engine_without_info(tmp_path):
     with pytest.raises(EngineMismatch, match="missing"):
         check_engine(tmp_path, ENGINE_FACTS)
+
+
+@pytest.mark.parametrize("quantization", ["fp8", "int8_sq", "int4_awq"])
+def test_calibrated_formats_calibrate_on_a_local_folder(tmp_path, quantization):
+    spec = TrtBuildSpec(checkpoint=tmp_path, work_dir=tmp_path, engine_dir=tmp_path, architecture="LlamaForCausalLM",
+                        quantization=quantization, calib_dataset="/data/calib")
+    command = convert_command(spec)
+    assert command[1].endswith("quantization/quantize.py") and command[command.index("--qformat") + 1] == quantization
+    assert command[command.index("--calib_dataset") + 1] == "/data/calib"
+
+
+def test_calibrated_format_without_a_calibration_folder_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="--calib-dataset"):
+        TrtBuildSpec(checkpoint=tmp_path, work_dir=tmp_path, engine_dir=tmp_path, architecture="LlamaForCausalLM",
+                     quantization="fp8")
+
+
+def test_missing_examples_or_calibration_folder_is_named_before_building(tmp_path):
+    examples = tmp_path / "examples"
+    spec = TrtBuildSpec(checkpoint=tmp_path, work_dir=tmp_path, engine_dir=tmp_path, architecture="LlamaForCausalLM",
+                        quantization="fp8", calib_dataset=str(tmp_path / "calib"), examples_dir=str(examples))
+    with pytest.raises(FileNotFoundError, match="--examples-dir"):
+        check_inputs(spec)
+    (examples / "quantization").mkdir(parents=True)
+    (examples / "quantization" / "quantize.py").write_text("")
+    with pytest.raises(FileNotFoundError, match="--calib-dataset"):
+        check_inputs(spec)
+    (tmp_path / "calib").mkdir()
+    check_inputs(spec)
+
+
+def test_machine_facts_import_neither_torch_nor_tensorrt_llm():
+    # `serve` reads them in the parent process; an import of torch there could hold a CUDA context on GPU 0.
+    import subprocess
+    import sys
+
+    probe = ("import sys; from tritonforge.trtllm import runtime_facts; runtime_facts(); "
+             "print(sorted(m for m in ('torch', 'tensorrt_llm', 'tensorrt') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+    assert isinstance(runtime_facts(), dict)
