@@ -1,9 +1,21 @@
 #!/usr/bin/env bash
-# Lint, then every test (unit tests, then integration tests against a real tritonserver).
+# Lint, then every test (unit tests, then integration tests against a real tritonserver), then the
+# tokenizer-dependent tests again on the transformers of NVIDIA's container (scripts/container-transformers.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
-.venv/bin/ruff check tritonforge tests bench preprocessing postprocessing tensorrt_llm_transformers tensorrt_llm_bls \
-    tensorrt_llm_replay_benchmark build_engine.py
+.venv/bin/ruff check tritonforge tests bench scripts preprocessing postprocessing tensorrt_llm_transformers \
+    tensorrt_llm_bls tensorrt_llm_replay_benchmark build_engine.py
+CONTAINER_TRANSFORMERS=.venv-container-transformers
+if [ ! -f "$CONTAINER_TRANSFORMERS/.installed" ]; then
+  .venv/bin/python -m pip install -q --no-deps --target "$CONTAINER_TRANSFORMERS" -r scripts/container-transformers.txt
+  touch "$CONTAINER_TRANSFORMERS/.installed"
+fi
+export TRITONFORGE_CONTAINER_TRANSFORMERS="$PWD/$CONTAINER_TRANSFORMERS"
 # pytest exits 5 when it collected no test: that is a failure here, as any non-zero code is.
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+if [ $# -eq 0 ]; then
+  echo "--- again on the container's transformers ($(grep '^transformers' scripts/container-transformers.txt)) ---"
+  PYTHONPATH="$TRITONFORGE_CONTAINER_TRANSFORMERS" .venv/bin/python -m pytest -q -p no:cacheprovider \
+      tests/unit tests/integration/test_ensemble.py
+fi
