@@ -48,8 +48,11 @@ def build_repository(args, model_dir: Path, engine: str, output: Path) -> None:
     serving = configs.ServingConfig(
         max_batch_size=max(args.concurrency), preprocessing_instances=args.preprocessing_instances,
         postprocessing_instances=args.postprocessing_instances, bls_instances=args.bls_instances,
-        bls_max_concurrency=args.bls_max_concurrency)
-    build(BuildOptions(model=model_dir, output=output, engine=engine, max_batch_size=max(args.concurrency),
+        bls_max_concurrency=args.bls_max_concurrency,
+        engine_instances=args.engine_instances if engine == "replay" else 1,
+        postprocessing_delay_microseconds=args.postprocessing_delay_us)
+    engine_batch = args.engine_max_batch_size or max(args.concurrency)
+    build(BuildOptions(model=model_dir, output=output, engine=engine, max_batch_size=engine_batch,
                        max_input_len=args.max_prompt_tokens + 8,
                        max_seq_len=args.max_prompt_tokens + 8 + args.output_tokens, dtype=args.dtype,
                        serving=serving, replay_step_ms=args.replay_step_ms, force=True), progress=lambda _: None)
@@ -70,7 +73,8 @@ def measure_engine(args, model_dir: Path, engine: str, work: Path, rows: list[di
 
         measured = measure_server(server.grpc_url, prompts, concurrencies=args.concurrency,
                                   output_tokens=args.output_tokens, duration_s=args.duration_s, tool=args.tool,
-                                  work=work, label=engine, on_row=on_row)
+                                  work=work, label=engine, server_pid=server.pid, on_row=on_row,
+                                  stacks_dir=args.stacks_dir)
         if any(row["errors"] for row in measured):
             print(f"--- tritonserver log ---\n{server.failure_summary(max_lines=40)}", file=sys.stderr)
     except BaseException:
@@ -100,7 +104,17 @@ def main() -> int:
     parser.add_argument("--preprocessing-instances", type=int, default=2)
     parser.add_argument("--postprocessing-instances", type=int, default=2)
     parser.add_argument("--bls-instances", type=int, default=1)
+    parser.add_argument("--engine-instances", type=int, default=1,
+                        help="replay engine: Python stubs sharing the engine's batch (8 reach a real engine's rate "
+                             "on 16 cores)")
+    parser.add_argument("--engine-max-batch-size", type=int, default=None,
+                        help="requests the engine runs at once (default: the largest concurrency); 128 with the "
+                             "replay engine's 8.5 ms step is a ~15k tokens/s engine")
+    parser.add_argument("--postprocessing-delay-us", type=int, default=0,
+                        help="postprocessing's dynamic-batching queue delay")
     parser.add_argument("--bls-max-concurrency", type=int, default=256, help="requests one BLS instance runs")
+    parser.add_argument("--stacks-dir", type=Path, default=None,
+                        help="with py-spy installed: record one stub of each model at the largest concurrency")
     parser.add_argument("--name", default="pipeline", help="results file stem under bench/results/")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--note", action="append", default=[], help="a line for the report")

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from . import model_configs as configs
+from .profiling import cpu_cores, cpu_snapshot, model_statistics, record_stubs, statistics_delta
 from .tiny_model import corpus_lines
 from .tokenization import load_tokenizer
 
@@ -149,6 +150,39 @@ def asyncio_load(url, path, prompts, concurrency, output_tokens, duration_s):
 
 # ---- load generator: perf_analyzer --------------------------------------------------------------------------
 
+PERF_ANALYZER_TIMEOUT_S = 600
+PERF_ANALYZER_WINDOWS = 3  # measurement windows per point
+
+
+def perf_analyzer_command(url: str, model: str, input_file: Path, concurrency: int, duration_s: float,
+                          output_tokens: int, export: Path, *, expected_ms_per_token: float = 8.5) -> list[str]:
+    """perf_analyzer, set up to measure decoupled streams reliably.
+
+    - `count_windows`: a window lasts until N requests have completed, not a fixed time, so a window is never
+      cut while most streams are mid-generation (time windows with long streams give "Failed to obtain stable
+      measurement"); N is sized so that three windows take about `duration_s`.
+    - `--stability-percentage 999`: accept the first three windows as they are (genai-perf does the same for
+      LLMs): the load is steady by construction, and a tighter band only repeats windows.
+    - `--max-threads` = concurrency (up to 256): one thread per stream, so sending is never queued behind
+      other streams' responses, which would inflate the first-response latency perf_analyzer measures.
+    """
+    request_s = output_tokens * expected_ms_per_token / 1000
+    per_window = max(int(concurrency / request_s * duration_s / PERF_ANALYZER_WINDOWS), 2 * concurrency, 8)
+    return ["perf_analyzer", "-m", model, "-i", "grpc", "-u", url, "--streaming",
+            "--input-data", str(input_file), "--concurrency-range", str(concurrency),
+            "--measurement-mode", "count_windows", "--measurement-request-count", str(per_window),
+            "--stability-percentage", "999", "--max-threads", str(min(concurrency, 256)),
+            "--profile-export-file", str(export)]
+
+
+def perf_analyzer_error(completed: subprocess.CompletedProcess) -> str:
+    """What went wrong, without the usage text perf_analyzer prints after an argument error."""
+    lines = (completed.stderr + "\n" + completed.stdout).splitlines()
+    usage = next((i for i, line in enumerate(lines) if line.lstrip().startswith("Usage:")), len(lines))
+    meaningful = [line for line in lines[:usage] if line.strip()]
+    return "\n".join(meaningful[-25:]) or "\n".join(lines[-25:])
+
+
 def perf_analyzer_load(url: str, path: str, prompts, concurrency: int, output_tokens: int, duration_s: float,
                        work: Path) -> tuple[list[Timing], float]:
     data = []
@@ -163,15 +197,12 @@ def perf_analyzer_load(url: str, path: str, prompts, concurrency: int, output_to
     input_file = work / f"input-{path}.json"
     input_file.write_text(json.dumps({"data": data}))
     export = work / f"export-{path}-{concurrency}.json"
-    command = ["perf_analyzer", "-m", PATH_MODELS[path], "-i", "grpc", "-u", url, "--streaming",
-               "--input-data", str(input_file), "--concurrency-range", str(concurrency),
-               # Three windows make a measurement; a 100 % band accepts any steady load at the first three.
-               "--measurement-interval", str(int(duration_s * 1000 / 3)), "--stability-percentage", "100",
-               "--profile-export-file", str(export)]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=duration_s * 4 + 60)
+    command = perf_analyzer_command(url, PATH_MODELS[path], input_file, concurrency, duration_s, output_tokens,
+                                    export)
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=PERF_ANALYZER_TIMEOUT_S)
     if completed.returncode != 0 or not export.exists():
-        raise RuntimeError(f"perf_analyzer failed ({completed.returncode}): {completed.stdout[-1500:]}"
-                           f"{completed.stderr[-1500:]}")
+        raise RuntimeError(f"perf_analyzer exited {completed.returncode}: {perf_analyzer_error(completed)}\n"
+                           f"command: {' '.join(command)}")
     # The export records response outputs too: streamed byte chunks that may split a UTF-8 character.
     experiment = json.loads(export.read_bytes().decode("utf-8", errors="replace"))["experiments"][-1]
     timings = []
@@ -223,9 +254,33 @@ def markdown(result: dict) -> str:
                      f"{efficiency} | {row['ttft_ms_p50']} / {row['ttft_ms_p99']} | "
                      f"{row['itl_ms_p50']} / {row['itl_ms_p99']} | {row['requests']} | {row['errors']} |")
     lines += ["", *(f"- {definition}" for definition in DEFINITIONS)]
+    lines += profile_table(result["rows"])
     if meta.get("notes"):
         lines += ["", *(f"- {note}" for note in meta["notes"])]
     return "\n".join(lines) + "\n"
+
+
+PROFILE_GROUPS = {"tritonserver": "tritonserver", "engine stubs": f"stub:{configs.ENGINE_MODEL}",
+                  "pre": "stub:preprocessing", "post": "stub:postprocessing", "BLS": "stub:tensorrt_llm_bls",
+                  "load gen.": "load generator"}
+
+
+def profile_table(rows: list[dict]) -> list[str]:
+    """Where the time went, per point: CPU cores by process, postprocessing's batching and queueing."""
+    rows = [row for row in rows if row.get("cpu_cores")]
+    if not rows:
+        return []
+    lines = ["", "Where the time went (CPU cores busy during the point, by process; postprocessing requests per "
+                 "execution and mean queue time per request, from Triton's statistics):", "",
+             "| engine | streams | path | " + " | ".join(PROFILE_GROUPS) + " | post batch | post queue µs |",
+             "|---|---:|---|" + "---:|" * (len(PROFILE_GROUPS) + 2)]
+    for row in rows:
+        cores = [row["cpu_cores"].get(group, 0.0) for group in PROFILE_GROUPS.values()]
+        post = row.get("server_stats", {}).get("postprocessing", {})
+        lines.append(f"| {row['engine']} | {row['concurrency']} | {row['path']} | "
+                     + " | ".join(f"{value:.2f}" for value in cores)
+                     + f" | {post.get('batch', '')} | {post.get('queue_us', '')} |")
+    return lines
 
 
 def plot(result: dict, png: Path) -> None:
@@ -282,8 +337,13 @@ def machine_description() -> str:
 
 def measure_server(url: str, prompts, *, paths=PATHS, concurrencies=(1, 8, 32, 128), output_tokens: int = 64,
                    duration_s: float = 10.0, tool: str = "asyncio", work: Path, label: str = "",
+                   server_pid: int | None = None, stacks_dir: Path | None = None,
                    on_row=lambda row: None) -> list[dict]:
-    """Warm up, then measure every path at every concurrency (the paths of one concurrency back to back)."""
+    """Warm up, then measure every path at every concurrency (the paths of one concurrency back to back).
+
+    Each row also says where the time went (tritonforge.profiling): CPU cores by process, and Triton's
+    per-model statistics over the point; with `stacks_dir` (and py-spy installed), the Python stubs' stacks at
+    the largest concurrency."""
     def load(path: str, concurrency: int, seconds: float) -> tuple[list[Timing], float]:
         point = (url, path, prompts, concurrency, output_tokens, seconds)
         if tool == "asyncio":
@@ -299,9 +359,18 @@ def measure_server(url: str, prompts, *, paths=PATHS, concurrencies=(1, 8, 32, 1
     rows = []
     for concurrency in concurrencies:
         for path in paths:
+            recorders = []
+            if stacks_dir is not None and server_pid is not None and concurrency == max(concurrencies):
+                recorders = record_stubs(server_pid, duration_s, stacks_dir, f"{label}-{path}-{concurrency}")
+            cpu_before, stats_before, started = cpu_snapshot(server_pid), model_statistics(url), time.perf_counter()
             timings, wall = load(path, concurrency, duration_s)
+            elapsed = time.perf_counter() - started
+            for recorder in recorders:
+                recorder.wait(timeout=duration_s + 30)
             row = {"engine": label, "concurrency": concurrency, "path": path, "tool": tool,
-                   **summarize(timings, wall)}
+                   **summarize(timings, wall),
+                   "cpu_cores": cpu_cores(cpu_before, cpu_snapshot(server_pid), elapsed),
+                   "server_stats": statistics_delta(stats_before, model_statistics(url))}
             rows.append(row)
             on_row(row)
             print(f"{label:12} {concurrency:4} {path:9} {row['output_tokens_per_s']:10,.0f} tok/s  "

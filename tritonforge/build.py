@@ -69,6 +69,9 @@ class BuildOptions:
             raise ValueError(f"--max-batch-size must be >= 1, got {self.max_batch_size}")
         if self.replay_step_ms <= 0:
             raise ValueError(f"--replay-step-ms must be > 0, got {self.replay_step_ms}")
+        if self.serving.engine_instances > 1 and self.engine != "replay":
+            raise ValueError(f"--engine-instances > 1 is for the replay engine only; the {self.engine} engine runs "
+                             f"as one instance that batches in flight")
         if self.batch_scheduler_policy not in ("guaranteed_no_evict", "max_utilization"):
             raise ValueError(f"--batch-scheduler-policy must be guaranteed_no_evict or max_utilization, got "
                              f"{self.batch_scheduler_policy!r}")
@@ -95,11 +98,14 @@ def transformers_engine_parameters(options: BuildOptions) -> dict[str, str]:
 
 
 def replay_engine_parameters(options: BuildOptions, vocab_size: int) -> dict[str, str]:
+    # --max-batch-size is the whole engine's: the instances share it, so the engine's rate stays
+    # max_batch_size tokens per step however many stubs send them.
+    per_instance = -(-options.max_batch_size // options.serving.engine_instances)
     return {
         "replay_tokens": f"1/{REPLAY_TOKENS}",
         "replay_step_ms": str(options.replay_step_ms),
         "vocab_size": str(vocab_size),
-        "max_batch_size": str(options.max_batch_size),
+        "max_batch_size": str(per_instance),
         "max_input_len": str(options.max_input_len),
         "max_seq_len": str(options.max_seq_len),
         "exclude_input_in_output": str(options.serving.exclude_input_in_output).lower(),

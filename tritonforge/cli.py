@@ -25,6 +25,17 @@ def positive_ints(text: str) -> list[int]:
     return values
 
 
+def non_negative_ints(text: str) -> list[int]:
+    """An argparse `type` for lists like "0,200" (delays)."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected numbers >= 0, got {text!r}")
+    return values
+
+
 def _add_build_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, required=True, help="Hugging Face checkpoint directory")
     parser.add_argument("--output", type=Path, default=Path("model_repository"), help="repository to write")
@@ -42,7 +53,12 @@ def _add_build_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preprocessing-instances", type=int, default=None)
     parser.add_argument("--postprocessing-instances", type=int, default=None)
     parser.add_argument("--bls-instances", type=int, default=1)
-    parser.add_argument("--max-queue-delay-us", type=int, default=0)
+    parser.add_argument("--engine-instances", type=int, default=1,
+                        help="--engine replay only: Python stubs sharing --max-batch-size, to send a real engine's "
+                             "response rate")
+    parser.add_argument("--max-queue-delay-us", type=int, default=0, help="preprocessing and engine queue delay")
+    parser.add_argument("--postprocessing-delay-us", type=int, default=0,
+                        help="postprocessing queue delay: gathers streamed chunks into fewer executions")
     parser.add_argument("--max-queue-size", type=int, default=0, help="engine queue limit (0 = unbounded)")
     parser.add_argument("--include-input-in-output", action="store_true",
                         help="echo the prompt in non-streamed output by default")
@@ -85,7 +101,9 @@ def build_command(args: argparse.Namespace) -> int:
         preprocessing_instances=args.preprocessing_instances or 2,
         postprocessing_instances=args.postprocessing_instances or 2,
         bls_instances=args.bls_instances,
+        engine_instances=args.engine_instances,
         max_queue_delay_microseconds=args.max_queue_delay_us,
+        postprocessing_delay_microseconds=args.postprocessing_delay_us,
         max_queue_size=args.max_queue_size,
         exclude_input_in_output=not args.include_input_in_output,
         messages_input=not args.nvidia_wiring,
@@ -222,20 +240,37 @@ def bench_command(args: argparse.Namespace) -> int:
 
 
 def tune_command(args: argparse.Namespace) -> int:
-    """Measure candidate instance counts of the Python steps and write the best into the repository."""
-    from .tuning import instance_counts, tune
+    """Measure a grid of serving settings of the Python steps and write the best into the repository."""
+    import dataclasses
+    import datetime
+    import json
 
-    before = instance_counts(args.repository)
-    result = tune(args.repository, counts=args.counts, concurrency=args.concurrency,
-                  target=args.target, output_tokens=args.output_tokens, duration_s=args.duration_s, tool=args.tool)
-    print("| instances | path | output tokens/s | efficiency | TTFT p50 ms | ITL p50 ms | errors |")
-    print("|---:|---|---:|---:|---:|---:|---:|")
+    from .benchmark import machine_description
+    from .tuning import current, grid, plot, tune
+
+    before = current(args.repository)
+    candidates = grid(args.preprocessing, args.postprocessing, args.bls, args.postprocessing_delay_us)
+    result = tune(args.repository, candidates, concurrency=args.concurrency, target=args.target,
+                  output_tokens=args.output_tokens, duration_s=args.duration_s, tool=args.tool,
+                  progress=lambda message: print(message, file=sys.stderr, flush=True))
+    print("| candidate | path | output tokens/s | efficiency | TTFT p50 / p99 ms | errors |")
+    print("|---|---|---:|---:|---:|---:|")
     for row in result.rows:
-        print(f"| {row['instances']} | {row['path']} | {row['output_tokens_per_s']:,.0f} | {row['efficiency']} | "
-              f"{row['ttft_ms_p50']} | {row['itl_ms_p50']} | {row['errors']} |")
-    verdict = "reaches" if result.reached_target else "does NOT reach (best ensemble efficiency kept)"
-    print(f"\n{args.concurrency} streams: {result.chosen} instances {verdict} {args.target} of the engine's "
-          f"tokens/s; counts were {before}, now {instance_counts(args.repository)}")
+        print(f"| {row['engine']} | {row['path']} | {row['output_tokens_per_s']:,.0f} | {row['efficiency']} | "
+              f"{row['ttft_ms_p50']} / {row['ttft_ms_p99']} | {row['errors']} |")
+    verdict = "reaches" if result.reached_target else "does NOT reach (the best worst-path efficiency is kept)"
+    print(f"\n{args.concurrency} streams: {result.chosen.label} {verdict} {args.target} of the engine's tokens/s; "
+          f"was {before.label}; written into {args.repository}")
+    if args.results:
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        title = (f"tune at {args.concurrency} streams — {machine_description()}, {datetime.date.today()}, "
+                 f"load: {args.tool}")
+        args.results.with_suffix(".json").write_text(json.dumps(
+            {"meta": {"title": title, "target": args.target, "concurrency": args.concurrency},
+             "chosen": dataclasses.asdict(result.chosen), "reached_target": result.reached_target,
+             "rows": result.rows}, indent=1) + "\n")
+        plot(result, args.results.with_suffix(".png"), title)
+        print(f"results: {args.results.with_suffix('.json')} / .png")
     return 0 if result.reached_target else 1
 
 
@@ -326,7 +361,13 @@ def main(argv: list[str] | None = None) -> int:
 
     tune_parser = commands.add_parser("tune", help="pick pre/post/BLS instance counts from measurements")
     tune_parser.add_argument("repository", type=Path, help="a built repository; its counts are rewritten")
-    tune_parser.add_argument("--counts", type=positive_ints, default="1,2,4,8", help="candidate instance counts")
+    tune_parser.add_argument("--preprocessing", type=positive_ints, default="2,4", help="instance counts to try")
+    tune_parser.add_argument("--postprocessing", type=positive_ints, default="4,8", help="instance counts to try")
+    tune_parser.add_argument("--bls", type=positive_ints, default="4,8", help="BLS instance counts to try")
+    tune_parser.add_argument("--postprocessing-delay-us", type=non_negative_ints, default="0,200",
+                             help="postprocessing max_queue_delay_microseconds values to try")
+    tune_parser.add_argument("--results", type=Path, default=None,
+                             help="write STEM.json and STEM.png (throughput against TTFT p99, chosen marked)")
     tune_parser.add_argument("--concurrency", type=int, default=128, help="concurrent streams to tune for")
     tune_parser.add_argument("--target", type=float, default=0.95, help="efficiency to reach vs the engine alone")
     tune_parser.add_argument("--output-tokens", type=int, default=64)

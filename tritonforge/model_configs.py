@@ -32,8 +32,13 @@ class ServingConfig:
     preprocessing_instances: int = 2
     postprocessing_instances: int = 2
     bls_instances: int = 1
+    # Python engine-step instances (the replay engine only: it stands in for an engine that answers from C++,
+    # and one Python stub cannot send a real engine's ~15k responses/s). The real engines run as one.
+    engine_instances: int = 1
     bls_max_concurrency: int = 256  # requests one BLS instance runs at once
     max_queue_delay_microseconds: int = 0
+    # Postprocessing's own: a short delay gathers more streamed chunks into one execution (`tritonforge tune`).
+    postprocessing_delay_microseconds: int = 0
     max_queue_size: int = 0  # engine queue limit; 0 = unbounded
     exclude_input_in_output: bool = True
     add_special_tokens: bool = True
@@ -44,10 +49,10 @@ class ServingConfig:
 
     def __post_init__(self):
         for name in ("max_batch_size", "preprocessing_instances", "postprocessing_instances", "bls_instances",
-                     "bls_max_concurrency"):
+                     "engine_instances", "bls_max_concurrency"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_queue_delay_microseconds < 0 or self.max_queue_size < 0:
+        if min(self.max_queue_delay_microseconds, self.postprocessing_delay_microseconds, self.max_queue_size) < 0:
             raise ValueError("queue delay and queue size must be >= 0")
 
 
@@ -116,6 +121,7 @@ def postprocessing_config(serving: ServingConfig, tokenizer_dir: str) -> mc.Mode
     # Several instances decode the chunks of one stream; the scheduler returns them in arrival order.
     # No max_queue_size here: downstream of a decoupled step it hangs requests in Triton < 2.66.
     config.dynamic_batching.preserve_ordering = True
+    config.dynamic_batching.max_queue_delay_microseconds = serving.postprocessing_delay_microseconds
     _cpu_instances(config, serving.postprocessing_instances)
     _set_parameters(config, {"tokenizer_dir": tokenizer_dir})
     return config
@@ -130,8 +136,8 @@ def engine_config(serving: ServingConfig, *, backend: str, parameters: dict[str,
     config.dynamic_batching.max_queue_delay_microseconds = serving.max_queue_delay_microseconds
     if serving.max_queue_size:
         config.dynamic_batching.default_queue_policy.max_queue_size = serving.max_queue_size
-    # Both engines place themselves on GPUs: Triton sees one CPU instance.
-    _cpu_instances(config, 1)
+    # The engines place themselves on GPUs: Triton sees CPU instances (one, but for the replay engine).
+    _cpu_instances(config, serving.engine_instances)
     _set_parameters(config, parameters)
     return config
 

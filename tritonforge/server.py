@@ -215,6 +215,10 @@ class TritonServer:
     def is_running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
     def stop(self) -> int | None:
         """SIGTERM, wait for the server's own exit timeout, then SIGKILL the whole process group."""
         if self._process is None:

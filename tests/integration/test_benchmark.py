@@ -33,17 +33,18 @@ def test_every_path_completes_fixed_length_streams(served, tmp_path):
     assert table.count("\n| tiny |") == len(rows) and "TTFT: time to first token" in table
 
 
-def test_tune_measures_each_count_and_writes_the_chosen_one(tiny_models, tmp_path):
+def test_tune_measures_each_candidate_and_writes_the_chosen_one(tiny_models, tmp_path):
     from tritonforge import model_configs as configs
     from tritonforge.build import BuildOptions, build
-    from tritonforge.tuning import instance_counts, tune
+    from tritonforge.tuning import Candidate, choose, current, tune
 
     repository = tmp_path / "model_repository"
     build(BuildOptions(model=tiny_models["bpe"], output=repository, max_input_len=64, max_seq_len=256,
                        max_batch_size=4, serving=configs.ServingConfig(postprocessing_instances=3)))
-    # A target of 0 is met by the first count: the test checks the mechanics, not this machine's speed.
-    result = tune(repository, counts=(1, 2), concurrency=2, target=0.0, output_tokens=OUTPUT_TOKENS, duration_s=0.2)
-    assert [(row["instances"], row["path"]) for row in result.rows] == [(c, p) for c in (1, 2) for p in PATHS]
-    assert all(row["errors"] == 0 for row in result.rows)
-    assert result.chosen == 1 and result.reached_target
-    assert instance_counts(repository) == {"preprocessing": 1, "postprocessing": 1, "tensorrt_llm_bls": 1}
+    candidates = [Candidate(1, 1, 1, 0), Candidate(1, 2, 1, 300)]
+    result = tune(repository, candidates, concurrency=2, target=0.5, output_tokens=OUTPUT_TOKENS, duration_s=0.2)
+    assert [(row["candidate"]["postprocessing"], row["path"]) for row in result.rows] == [
+        (count, path) for count in (1, 2) for path in PATHS]
+    assert all(row["errors"] == 0 and row["cpu_cores"] and row["server_stats"] for row in result.rows)
+    assert (result.chosen, result.reached_target) == choose(result.rows, candidates, 0.5)
+    assert current(repository) == result.chosen

@@ -1,0 +1,47 @@
+"""The tuner's choice and its config rewriting, on measured-looking rows."""
+
+from dataclasses import asdict
+
+from tritonforge.build import BuildOptions, build
+from tritonforge.tuning import Candidate, apply, choose, current, grid
+
+SMALL, LARGE, SLOW = Candidate(2, 4, 4, 0), Candidate(4, 8, 8, 0), Candidate(2, 4, 4, 500)
+
+
+def rows_for(candidate, ensemble, bls, ttft_p99=50.0, errors=0):
+    base = {"candidate": asdict(candidate), "errors": errors, "ttft_ms_p99": ttft_p99}
+    return [{**base, "path": "direct", "efficiency": None, "errors": 0},
+            {**base, "path": "ensemble", "efficiency": ensemble}, {**base, "path": "bls", "efficiency": bls}]
+
+
+def test_the_fewest_instances_that_reach_the_target_win():
+    rows = rows_for(SMALL, 0.96, 0.95) + rows_for(LARGE, 0.99, 0.99)
+    assert choose(rows, [SMALL, LARGE], 0.95) == (SMALL, True)
+
+
+def test_a_path_below_the_target_or_an_error_disqualifies():
+    rows = rows_for(SMALL, 0.99, 0.90) + rows_for(LARGE, 0.97, 0.96)
+    assert choose(rows, [SMALL, LARGE], 0.95) == (LARGE, True)
+    rows = rows_for(SMALL, 0.99, 0.99, errors=3) + rows_for(LARGE, 0.97, 0.96)
+    assert choose(rows, [SMALL, LARGE], 0.95) == (LARGE, True)
+
+
+def test_equal_instances_are_separated_by_ttft_p99():
+    rows = rows_for(SMALL, 0.97, 0.97, ttft_p99=80.0) + rows_for(SLOW, 0.97, 0.97, ttft_p99=40.0)
+    assert choose(rows, [SMALL, SLOW], 0.95) == (SLOW, True)
+
+
+def test_when_none_reaches_the_target_the_best_worst_path_is_kept():
+    rows = rows_for(SMALL, 0.99, 0.70) + rows_for(LARGE, 0.85, 0.84)
+    assert choose(rows, [SMALL, LARGE], 0.95) == (LARGE, False)
+
+
+def test_grid_is_every_combination():
+    assert len(grid([2, 4], [4, 8], [4], [0, 200])) == 8
+
+
+def test_apply_rewrites_counts_and_the_postprocessing_delay(tiny_models, tmp_path):
+    repository = build(BuildOptions(model=tiny_models["bpe"], output=tmp_path / "repo", max_input_len=64,
+                                    max_seq_len=256))
+    apply(repository, Candidate(3, 5, 2, 250))
+    assert current(repository) == Candidate(3, 5, 2, 250)
