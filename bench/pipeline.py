@@ -50,7 +50,8 @@ def build_repository(args, model_dir: Path, engine: str, output: Path) -> None:
         postprocessing_instances=args.postprocessing_instances, bls_instances=args.bls_instances,
         bls_max_concurrency=args.bls_max_concurrency,
         engine_instances=args.engine_instances if engine == "replay" else 1,
-        postprocessing_delay_microseconds=args.postprocessing_delay_us)
+        postprocessing_delay_microseconds=args.postprocessing_delay_us,
+        postprocessing_preserve_ordering=not args.postprocessing_unordered)
     engine_batch = args.engine_max_batch_size or max(args.concurrency)
     build(BuildOptions(model=model_dir, output=output, engine=engine, max_batch_size=engine_batch,
                        max_input_len=args.max_prompt_tokens + 8,
@@ -112,6 +113,8 @@ def main() -> int:
                              "replay engine's 8.5 ms step is a ~15k tokens/s engine")
     parser.add_argument("--postprocessing-delay-us", type=int, default=0,
                         help="postprocessing's dynamic-batching queue delay")
+    parser.add_argument("--postprocessing-unordered", action="store_true",
+                        help="postprocessing without preserve_ordering (NVIDIA's setting)")
     parser.add_argument("--bls-max-concurrency", type=int, default=256, help="requests one BLS instance runs")
     parser.add_argument("--stacks-dir", type=Path, default=None,
                         help="with py-spy installed: record one stub of each model at the largest concurrency")

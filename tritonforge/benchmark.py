@@ -176,11 +176,10 @@ def perf_analyzer_command(url: str, model: str, input_file: Path, concurrency: i
 
 
 def perf_analyzer_error(completed: subprocess.CompletedProcess) -> str:
-    """What went wrong, without the usage text perf_analyzer prints after an argument error."""
-    lines = (completed.stderr + "\n" + completed.stdout).splitlines()
-    usage = next((i for i, line in enumerate(lines) if line.lstrip().startswith("Usage:")), len(lines))
-    meaningful = [line for line in lines[:usage] if line.strip()]
-    return "\n".join(meaningful[-25:]) or "\n".join(lines[-25:])
+    """What went wrong: its error lines, not the usage text it prints around an argument error."""
+    lines = [line for line in (completed.stderr + "\n" + completed.stdout).splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower() or "failed" in line.lower()]
+    return "\n".join(errors[-10:] or lines[-25:])
 
 
 def perf_analyzer_load(url: str, path: str, prompts, concurrency: int, output_tokens: int, duration_s: float,
@@ -196,7 +195,8 @@ def perf_analyzer_load(url: str, path: str, prompts, concurrency: int, output_to
         data.append(entry)
     input_file = work / f"input-{path}.json"
     input_file.write_text(json.dumps({"data": data}))
-    export = work / f"export-{path}-{concurrency}.json"
+    # perf_analyzer refuses an existing export file: one new name per run.
+    export = work / f"export-{path}-{concurrency}-{time.monotonic_ns()}.json"
     command = perf_analyzer_command(url, PATH_MODELS[path], input_file, concurrency, duration_s, output_tokens,
                                     export)
     completed = subprocess.run(command, capture_output=True, text=True, timeout=PERF_ANALYZER_TIMEOUT_S)

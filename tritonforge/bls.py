@@ -5,7 +5,12 @@ Same client contract as the ensemble, with what the ensemble cannot do:
 - string-level stop phrases (held back until decided, never emitted), which then stop the engine's request
   through its `stop` input so its slot frees; a client's cancel does the same;
 - many requests per instance: each request runs in a worker thread of the instance's pool (BLS response
-  iterators block their thread), so concurrency is `max_concurrency` per instance, not one.
+  iterators block their thread), so concurrency is `max_concurrency` per instance, not one;
+- streamed text coalesced under load (`_StreamOutbox`): a request's reader thread only detokenizes, a few
+  sender threads send. While a response of a stream is being sent, the text the engine delivers meanwhile
+  waits and goes out as one chunk. A response send is a round trip to the server that one stub makes one
+  at a time; at a real engine's ~15k tokens/s that, not decoding, is the limit, and coalescing turns it
+  into bigger chunks instead of a growing backlog. Unloaded, every token still goes out at once.
 
 A decoupled engine is always asked to stream, without the prompt, so a stop phrase can end generation early
 even when the client asked for one non-streamed answer. Deployed non-decoupled (as NVIDIA's with
@@ -44,6 +49,7 @@ CLIENT_TO_ENGINE = {client: engine for engine, client in ENGINE_FROM_CLIENT.item
 # Inputs the BLS sets itself on every engine request.
 FORCED_ENGINE_INPUTS = {"streaming", "exclude_input_in_output"}
 CANCEL_CHECK_PERIOD_S = 0.1  # as the engine's cancellation_check_period_ms
+SENDER_THREADS = 4  # per instance: they send the coalesced chunks of every stream
 ITERATOR_GRACE_S = 2.0  # how long a finished BLS response iterator is kept alive (see _IteratorGraveyard)
 
 
@@ -72,6 +78,49 @@ class _IteratorGraveyard:
     def clear(self) -> None:
         with self._lock:
             self._kept.clear()
+
+
+class _StreamOutbox:
+    """One stream's text not yet sent, and whether a sender holds it (at most one at a time, so chunks go
+    out in order). `add` is called by the stream's reader thread; a sender takes everything pending."""
+
+    def __init__(self, orchestrator: BlsOrchestrator, completion: _Completion, make_response):
+        self.orchestrator, self.completion, self.make_response = orchestrator, completion, make_response
+        self.condition = threading.Condition()
+        self.text: list[str] = []
+        self.tokens = 0
+        self.busy = False  # queued for or held by a sender
+
+    def add(self, text: str, tokens: int) -> None:
+        with self.condition:
+            self.text.append(text)
+            self.tokens += tokens
+            if self.busy:
+                return  # the sender that holds this stream takes it on its next turn
+            self.busy = True
+        self.orchestrator.senders.submit(self._send)
+
+    def _send(self) -> None:
+        while True:
+            with self.condition:
+                if not self.text:
+                    self.busy = False
+                    self.condition.notify_all()
+                    return
+                text, tokens = "".join(self.text), self.tokens
+                self.text, self.tokens = [], 0
+            try:
+                self.completion.send(self.make_response(text, tokens))
+            except Exception:  # noqa: BLE001 - the stream's final response reports the failure
+                logger.exception("could not send a streamed chunk")
+
+    def drain(self) -> tuple[str, int]:
+        """Wait until no sender holds the stream; return what is left, for the stream's last response."""
+        with self.condition:
+            self.condition.wait_for(lambda: not self.busy)
+            text, tokens = "".join(self.text), self.tokens
+            self.text, self.tokens = [], 0
+            return text, tokens
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,6 +165,7 @@ class BlsOrchestrator:
         self.preprocessor = Preprocessor(settings.tokenizer_dir, settings.limits, settings.add_special_tokens)
         self.token_bytes = TokenBytes(self.preprocessor.tokenizer)
         self.pool = ThreadPoolExecutor(max_workers=settings.max_concurrency, thread_name_prefix="bls")
+        self.senders = ThreadPoolExecutor(max_workers=SENDER_THREADS, thread_name_prefix="bls-send")
         self.graveyard = _IteratorGraveyard()
 
     def submit(self, request) -> None:
@@ -209,6 +259,12 @@ class BlsOrchestrator:
         statistics: dict[str, np.ndarray] = {}  # the engine's last statistics outputs
         tokens_unsent = 0  # generated tokens not yet reported in a response (num_output_tokens)
         stopped_engine = False
+
+        def streamed_response(text: str, tokens: int):
+            return self._response(completion, text, row, batch, list(log_probs) if return_log_probs else None,
+                                  dict(statistics), tokens if count_tokens else None)
+
+        outbox = _StreamOutbox(self, completion, streamed_response)
         try:
             engine_request = pb_utils.InferenceRequest(
                 model_name=self.settings.engine_model, request_id=request_id,
@@ -238,9 +294,7 @@ class BlsOrchestrator:
                         continue
                     text = stop_filter.push(detokenizer.push(ids[:length].tolist()))
                     if stream and text:
-                        completion.send(self._response(completion, text, row, batch,
-                                                       log_probs if return_log_probs else None,
-                                                       statistics, tokens_unsent if count_tokens else None))
+                        outbox.add(text, tokens_unsent)
                         tokens_unsent = 0
                     elif text:
                         pieces.append(text)
@@ -249,7 +303,9 @@ class BlsOrchestrator:
                         stopped_engine = True
             finally:
                 self.graveyard.keep(responses)
-            tail = stop_filter.push(detokenizer.flush()) + stop_filter.flush()
+            unsent, unsent_tokens = outbox.drain()
+            tokens_unsent += unsent_tokens
+            tail = unsent + stop_filter.push(detokenizer.flush()) + stop_filter.flush()
             if not exclude_input and not stream:
                 prompt_ids = tokens["INPUT_ID"][row, : int(tokens["REQUEST_INPUT_LEN"][row, 0])].tolist()
                 pieces.insert(0, self.token_bytes.decode_sequence(prompt_ids).decode("utf-8", errors="replace"))
@@ -263,6 +319,7 @@ class BlsOrchestrator:
             else:
                 completion.row_done()
         except Exception as error:  # noqa: BLE001 - the stream must always end, with the error
+            outbox.drain()  # no chunk may follow the final response
             if not stopped_engine:
                 try:
                     self._stop_engine(request_id)
@@ -291,6 +348,7 @@ class BlsOrchestrator:
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.senders.shutdown(wait=False, cancel_futures=True)
         self.graveyard.clear()
 
 

@@ -98,14 +98,14 @@ def transformers_engine_parameters(options: BuildOptions) -> dict[str, str]:
 
 
 def replay_engine_parameters(options: BuildOptions, vocab_size: int) -> dict[str, str]:
-    # --max-batch-size is the whole engine's: the instances share it, so the engine's rate stays
-    # max_batch_size tokens per step however many stubs send them.
-    per_instance = -(-options.max_batch_size // options.serving.engine_instances)
+    # --max-batch-size is the whole engine's: several instances share it (replay_engine.SharedBatch), so
+    # the engine streams max_batch_size tokens a step however many stubs send them.
     return {
         "replay_tokens": f"1/{REPLAY_TOKENS}",
         "replay_step_ms": str(options.replay_step_ms),
+        "shared_batch": str(options.serving.engine_instances > 1).lower(),
         "vocab_size": str(vocab_size),
-        "max_batch_size": str(per_instance),
+        "max_batch_size": str(options.max_batch_size),
         "max_input_len": str(options.max_input_len),
         "max_seq_len": str(options.max_seq_len),
         "exclude_input_in_output": str(options.serving.exclude_input_in_output).lower(),

@@ -59,6 +59,9 @@ def _add_build_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queue-delay-us", type=int, default=0, help="preprocessing and engine queue delay")
     parser.add_argument("--postprocessing-delay-us", type=int, default=0,
                         help="postprocessing queue delay: gathers streamed chunks into fewer executions")
+    parser.add_argument("--postprocessing-unordered", action="store_true",
+                        help="let postprocessing instances answer out of arrival order (NVIDIA's setting): "
+                             "faster, but a stream's chunks may swap under overload (README, Performance)")
     parser.add_argument("--max-queue-size", type=int, default=0, help="engine queue limit (0 = unbounded)")
     parser.add_argument("--include-input-in-output", action="store_true",
                         help="echo the prompt in non-streamed output by default")
@@ -104,6 +107,7 @@ def build_command(args: argparse.Namespace) -> int:
         engine_instances=args.engine_instances,
         max_queue_delay_microseconds=args.max_queue_delay_us,
         postprocessing_delay_microseconds=args.postprocessing_delay_us,
+        postprocessing_preserve_ordering=not args.postprocessing_unordered,
         max_queue_size=args.max_queue_size,
         exclude_input_in_output=not args.include_input_in_output,
         messages_input=not args.nvidia_wiring,

@@ -85,3 +85,25 @@ def test_engine_limits_are_enforced(engine, prompt, max_new_tokens, field):
     with pytest.raises(RequestError) as error:
         submit(engine, "x", [], prompt, max_new_tokens)
     assert error.value.field == field
+
+
+def test_instances_share_one_batch_through_the_lock_file(tmp_path):
+    import subprocess
+    import sys
+
+    from tritonforge.replay_engine import SharedBatch
+
+    path = str(tmp_path / "batch.lock")
+    mine = SharedBatch(path, slots=3)
+    assert [mine.acquire(), mine.acquire()] == [0, 1]
+    # Another process (another instance's stub) gets only the slot left, and its slots die with it.
+    other = ("import sys; from tritonforge.replay_engine import SharedBatch; b = SharedBatch(sys.argv[1], 3); "
+             "print(b.acquire(), b.acquire())")
+    result = subprocess.run([sys.executable, "-c", other, path], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["2", "None"]
+    assert mine.acquire() == 2  # freed when that process exited
+    assert mine.acquire() is None
+    mine.release(1)
+    assert mine.acquire() == 1
+    mine.close()
+    assert not (tmp_path / "batch.lock").exists()  # the last to close removes the file it created
