@@ -196,6 +196,7 @@ def build_tensorrtllm(options: BuildOptions, checkpoint_config: dict, limits, pr
     if options.planned_instances:
         serving = dataclasses.replace(serving, preprocessing_instances=plan.preprocessing_instances,
                                       postprocessing_instances=plan.postprocessing_instances,
+                                      bls_instances=plan.bls_instances,
                                       bls_max_concurrency=plan.bls_max_concurrency,
                                       max_queue_size=options.serving.max_queue_size or plan.max_queue_size)
     plan_record = {"memory_plan": dataclasses.asdict(plan), "commands": commands,

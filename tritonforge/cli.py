@@ -52,7 +52,7 @@ def _add_build_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--triton-max-batch-size", type=int, default=64)
     parser.add_argument("--preprocessing-instances", type=int, default=None)
     parser.add_argument("--postprocessing-instances", type=int, default=None)
-    parser.add_argument("--bls-instances", type=int, default=1)
+    parser.add_argument("--bls-instances", type=int, default=None)
     parser.add_argument("--engine-instances", type=int, default=1,
                         help="--engine replay only: Python stubs sharing --max-batch-size, to send a real engine's "
                              "response rate")
@@ -103,7 +103,7 @@ def build_command(args: argparse.Namespace) -> int:
         decoupled=not args.no_streaming,
         preprocessing_instances=args.preprocessing_instances or 2,
         postprocessing_instances=args.postprocessing_instances or 2,
-        bls_instances=args.bls_instances,
+        bls_instances=args.bls_instances or 1,
         engine_instances=args.engine_instances,
         max_queue_delay_microseconds=args.max_queue_delay_us,
         postprocessing_delay_microseconds=args.postprocessing_delay_us,
@@ -125,7 +125,8 @@ def build_command(args: argparse.Namespace) -> int:
         gpu_memory_gib=args.gpu_memory_gib, examples_dir=args.examples_dir, calib_dataset=args.calib_dataset,
         repository_mount=args.repository_mount, dry_run=args.dry_run,
         target_triton=tuple(int(part) for part in args.target_triton.split(".")[:2]) if args.target_triton else None,
-        planned_instances=args.preprocessing_instances is None and args.postprocessing_instances is None,
+        planned_instances=all(count is None for count in (args.preprocessing_instances,
+                                                          args.postprocessing_instances, args.bls_instances)),
         replay_step_ms=args.replay_step_ms)
     output = build(options)
     print(f"repository ready: {output}")

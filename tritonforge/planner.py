@@ -82,6 +82,7 @@ class MemoryPlan:
     # Serving defaults derived from the plan.
     preprocessing_instances: int
     postprocessing_instances: int
+    bls_instances: int
     bls_max_concurrency: int
     max_queue_size: int
     max_queue_delay_microseconds: int
@@ -95,8 +96,8 @@ class MemoryPlan:
             ("KV tokens available", f"{self.kv_tokens:,}"),
             (f"sequences of {max_seq_len} tokens that fit", f"{self.max_sequences:,}"),
             ("engine max batch size", f"{max_batch_size}"),
-            ("preprocessing / postprocessing instances",
-             f"{self.preprocessing_instances} / {self.postprocessing_instances}"),
+            ("preprocessing / postprocessing / BLS instances",
+             f"{self.preprocessing_instances} / {self.postprocessing_instances} / {self.bls_instances}"),
             ("BLS concurrency per instance", f"{self.bls_max_concurrency}"),
             ("engine queue size / queue delay", f"{self.max_queue_size} / {self.max_queue_delay_microseconds} µs"),
         ]
@@ -143,11 +144,14 @@ def plan_memory(shape: ModelShape, *, gpu_memory_gib: float, dtype: str = "float
             f"--kv-cache-free-gpu-mem-fraction, use --kv-cache-dtype fp8, quantize the weights, or add GPUs "
             f"(--tp-size)")
     concurrency = min(max_batch_size, sequences)
-    # One Python instance decodes a few thousand tokens/s; scale pre/post with the streams the engine runs.
-    instances = max(2, min(8, math.ceil(concurrency / 32)))
+    # Python instances scaled with the streams the engine runs, as `tritonforge tune` chose them on a 16-core
+    # H200 host at 128 streams (~15k tokens/s): 4 preprocessing (one call per request), 8 postprocessing
+    # (one call per token), 16 BLS (one response round trip per chunk; README, Performance).
     return MemoryPlan(
         weight_bytes_per_gpu=weights_per_gpu, kv_bytes_per_token=kv_per_token, kv_memory_bytes=kv_memory,
         kv_tokens=kv_tokens, max_sequences=sequences,
-        preprocessing_instances=instances, postprocessing_instances=instances,
+        preprocessing_instances=max(2, min(4, math.ceil(concurrency / 32))),
+        postprocessing_instances=max(2, min(8, math.ceil(concurrency / 16))),
+        bls_instances=max(1, min(16, math.ceil(concurrency / 8))),
         bls_max_concurrency=2 * max_batch_size, max_queue_size=4 * max_batch_size,
         max_queue_delay_microseconds=0)
