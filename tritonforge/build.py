@@ -204,13 +204,13 @@ def build_tensorrtllm(options: BuildOptions, checkpoint_config: dict, limits, pr
     repository = RepositoryPlan(output=options.output, engine="tensorrtllm", frontends=options.frontends,
                                 serving=serving, limits=limits,
                                 engine_parameters=tensorrtllm_engine_parameters(options))
-    prepare_output(options.output, force=options.force)
+    existing = prepare_output(options.output, force=options.force, checkpoint=options.model)
     if not options.dry_run:
         work_dir.mkdir(parents=True, exist_ok=True)
         spec.engine_dir.mkdir(parents=True, exist_ok=True)
         trtllm.run_build(spec, work_dir / "build.log", progress)
         trtllm.write_engine_info(spec, commands, trtllm.runtime_facts())
-    write_repository(repository, tokenizer_source=options.model, checkpoint=None,
+    write_repository(repository, tokenizer_source=options.model, checkpoint=None, existing=existing,
                      manifest={"tritonforge_build": _options_record(options), **plan_record,
                                "dry_run": options.dry_run})
     return options.output
@@ -236,7 +236,7 @@ def build(options: BuildOptions, progress=print) -> Path:
         parameters = transformers_engine_parameters(options)
     plan = RepositoryPlan(output=options.output, engine=options.engine, frontends=options.frontends,
                           serving=options.serving, limits=limits, engine_parameters=parameters)
-    prepare_output(options.output, force=options.force)
-    write_repository(plan, tokenizer_source=options.model, checkpoint=options.model,
+    existing = prepare_output(options.output, force=options.force, checkpoint=options.model)
+    write_repository(plan, tokenizer_source=options.model, checkpoint=options.model, existing=existing,
                      manifest={"tritonforge_build": _options_record(options)})
     return options.output

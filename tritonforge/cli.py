@@ -156,7 +156,7 @@ def serve_command(args: argparse.Namespace) -> int:
     server = TritonServer(args.repository, executable=args.tritonserver, http_port=args.http_port,
                           grpc_port=args.grpc_port, metrics_port=args.metrics_port, address=args.address,
                           log_verbose=args.log_verbose, world_size=world_size,
-                          restricted_apis="" if args.open_apis else RESTRICTED_APIS)
+                          restricted_apis="" if args.open_apis else RESTRICTED_APIS, log_file=args.log_file)
     server.start()
     print(f"serving {args.repository}: HTTP {server.http_url}, gRPC {server.grpc_url}; log {server.log_path}")
     stop = threading.Event()
@@ -290,14 +290,23 @@ def make_tiny_model_command(args: argparse.Namespace) -> int:
 def demo_command(args: argparse.Namespace) -> int:
     """Build a tiny model and its repository, serve it, answer a prompt over gRPC and HTTP."""
     from .build import BuildOptions, build
-    from .client import GrpcClient, HttpClient
-    from .server import TritonServer
     from .tiny_model import make_tiny_model
 
-    work = Path(args.work_dir or tempfile.mkdtemp(prefix="tritonforge-demo-"))
-    model = make_tiny_model(work / "tiny-model", tokenizer_family=args.tokenizer)
-    repository = build(BuildOptions(model=model, output=args.output, max_input_len=256, max_seq_len=512,
-                                    frontends=("ensemble", "bls"), force=True))
+    # Its own work folder: a temporary one, removed at exit, unless --work-dir names one to keep.
+    with tempfile.TemporaryDirectory(prefix="tritonforge-demo-") as temporary:
+        work = Path(args.work_dir or temporary)
+        model = make_tiny_model(work / "tiny-model", tokenizer_family=args.tokenizer)
+        # --force replaces only the files an earlier demo or build recorded writing there.
+        repository = build(BuildOptions(model=model, output=args.output or work / "model_repository",
+                                        max_input_len=256, max_seq_len=512, frontends=("ensemble", "bls"),
+                                        force=True))
+        return _demo_serve(args, repository)
+
+
+def _demo_serve(args: argparse.Namespace, repository: Path) -> int:
+    from .client import GrpcClient, HttpClient
+    from .server import TritonServer
+
     print(f"repository ready: {repository}")
     with TritonServer(repository) as server:
         print(f"tritonserver ready: HTTP {server.http_url}, gRPC {server.grpc_url}")
@@ -333,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--grpc-port", type=int, default=8001)
     serve.add_argument("--metrics-port", type=int, default=8002)
     serve.add_argument("--log-verbose", type=int, default=0)
+    serve.add_argument("--log-file", type=Path, default=None,
+                       help="tritonserver's log, kept after exit (default: a temporary file removed at exit)")
     serve.add_argument("--open-apis", action="store_true",
                        help="leave model-config, statistics, ... unrestricted (perf_analyzer reads them)")
     serve.set_defaults(func=serve_command)
@@ -391,8 +402,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--prompt", default="The server reads a request")
     demo.add_argument("--max-tokens", type=int, default=32)
     demo.add_argument("--tokenizer", choices=("bpe", "sentencepiece"), default="sentencepiece")
-    demo.add_argument("--output", type=Path, default=Path("model_repository"))
-    demo.add_argument("--work-dir", default=None)
+    demo.add_argument("--output", type=Path, default=None,
+                      help="repository folder (default: inside the demo's work folder)")
+    demo.add_argument("--work-dir", default=None, help="keep the tiny model and repository here")
     demo.set_defaults(func=demo_command)
 
     args = parser.parse_args(argv)

@@ -67,12 +67,16 @@ def cpu_cores(before: dict[str, float], after: dict[str, float], wall_s: float) 
 
 
 def model_statistics(url: str) -> dict[str, dict[str, int]]:
-    """Cumulative counters per model: requests, executions, queue and compute nanoseconds."""
+    """Cumulative counters per model: requests, executions, queue and compute nanoseconds; {} where the
+    server restricts its statistics API (`tritonforge serve` does unless --open-apis)."""
     import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
 
     client = grpcclient.InferenceServerClient(url)
     try:
         stats = client.get_inference_statistics(as_json=True)
+    except InferenceServerException:
+        return {}
     finally:
         client.close()
     counters = {}

@@ -94,25 +94,72 @@ def replay_tokens(tokenizer_source: Path) -> list[int]:
     return tokenizer(" ".join(corpus_lines()), add_special_tokens=False).input_ids
 
 
-def _link_or_copy(source: Path, target: Path) -> None:
-    try:
-        os.link(source, target)  # checkpoints are large: a hard link costs nothing on the same filesystem
-    except OSError:
-        shutil.copy2(source, target)
+def _files_under(folder: Path) -> set[str]:
+    """Every file under `folder` (symbolic links included, never followed), relative to it."""
+    found = set()
+    for root, _, files in os.walk(folder):
+        for name in files:
+            found.add(str((Path(root) / name).relative_to(folder)))
+    return found
 
 
-def prepare_output(output: Path, *, force: bool) -> None:
+def _refuse_dangerous_output(output: Path, checkpoint: Path | None) -> None:
+    """An output that is, holds or sits inside the checkpoint, or is / or a home directory, is never written."""
+    resolved = output.resolve()
+    homes = {Path.home().resolve(), Path("/root"), *(Path("/home").glob("*") if Path("/home").is_dir() else [])}
+    if resolved == Path("/") or resolved in homes or resolved == Path("/home"):
+        raise ValueError(f"--output {output} is {'/' if resolved == Path('/') else 'a home directory'}: choose a "
+                         f"folder of its own, e.g. {output / 'model_repository'}")
+    if checkpoint is not None:
+        model = checkpoint.resolve()
+        if resolved == model or model in resolved.parents or resolved in model.parents:
+            raise ValueError(f"--output {output} is, contains or sits inside the checkpoint {checkpoint}: the "
+                             f"repository needs a folder of its own")
+
+
+def prepare_output(output: Path, *, force: bool, checkpoint: Path | None = None) -> set[str]:
+    """Make `output` ready to write; return the files already there that are not ours (left alone).
+
+    Deletes only what an earlier build recorded as written (`tritonforge.json`'s "files"), and only with
+    --force; a non-empty folder without that record is never touched."""
+    _refuse_dangerous_output(output, checkpoint)
+    if output.is_symlink() or (output.exists() and not output.is_dir()):
+        raise FileExistsError(f"--output {output} is not a folder")
     if output.exists() and any(output.iterdir()):
-        if not (output / MANIFEST).exists() and not force:
-            raise FileExistsError(f"{output} is not empty and was not written by tritonforge; pass --force to "
-                                  f"replace it")
-        shutil.rmtree(output)
+        manifest = output / MANIFEST
+        written = json.loads(manifest.read_text()).get("files") if manifest.is_file() else None
+        if written is None:
+            raise FileExistsError(f"{output} is not empty and holds no record of files tritonforge wrote there; "
+                                  f"choose an empty or new folder (nothing is deleted for you)")
+        if not force:
+            raise FileExistsError(f"{output} holds a repository tritonforge built; pass --force to replace the "
+                                  f"files it wrote there")
+        _remove_written(output, [*written, MANIFEST])
     output.mkdir(parents=True, exist_ok=True)
+    return _files_under(output)
+
+
+def _remove_written(output: Path, relative_paths: list[str]) -> None:
+    """Remove the recorded files that are still inside `output`, then the folders they leave empty."""
+    root = output.resolve()
+    folders = set()
+    for relative in relative_paths:
+        path = output / relative
+        if not (path.is_file() or path.is_symlink()):
+            continue
+        if path.parent.resolve() != root and root not in path.parent.resolve().parents:
+            continue  # a record pointing outside the repository is ignored, never followed
+        path.unlink()
+        folders.update(parent for parent in path.parents if parent != output and output in parent.parents)
+    for folder in sorted(folders, key=lambda p: len(p.parts), reverse=True):
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def write_repository(plan: RepositoryPlan, *, tokenizer_source: Path, checkpoint: Path | None,
-                     manifest: dict) -> None:
-    """Write every model of the plan into plan.output (which `prepare_output` made empty)."""
+                     manifest: dict, existing: set[str]) -> None:
+    """Write every model of the plan into plan.output, made ready by `prepare_output` (which returned the
+    `existing` files); the manifest records every file written since, for the next --force."""
     from .tokenization import load_tokenizer
 
     output = plan.output
@@ -136,10 +183,11 @@ def write_repository(plan: RepositoryPlan, *, tokenizer_source: Path, checkpoint
         target.mkdir(parents=True, exist_ok=True)
         for pattern in CHECKPOINT_PATTERNS:
             for file in sorted(checkpoint.glob(pattern)):
-                _link_or_copy(file, target / file.name)
+                shutil.copy2(file, target / file.name)  # a copy: the server may never write into the checkpoint
         if not any(target.glob("*.safetensors")):
             raise FileNotFoundError(f"no *.safetensors weights in {checkpoint}")
     elif plan.engine == "replay":
         (output / configs.ENGINE_MODEL / "1" / REPLAY_TOKENS).write_text(json.dumps(replay_tokens(tokenizer_source)))
-    (output / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    written = sorted(_files_under(output) - existing - {MANIFEST})
+    (output / MANIFEST).write_text(json.dumps({**manifest, "files": written}, indent=2) + "\n")
     logger.info("wrote %s: %s", output, ", ".join(sorted(model_configs)))

@@ -103,11 +103,13 @@ class TritonServer:
     require_all_models: bool = True  # False: serve the models that load, and be "ready" without the others
     world_size: int = 1  # TensorRT-LLM engines with tp*pp > 1: one tritonserver per MPI rank
     extra_args: list[str] = field(default_factory=list)
+    log_file: Path | None = None  # kept after stop; None: a log in the work folder, removed with it
 
     def __post_init__(self):
         self.repository = Path(self.repository).resolve()
         self._process: subprocess.Popen | None = None
-        self._work_dir: Path | None = None
+        self._work_dir: Path | None = None  # ours: the log (unless log_file) and an unpacked server; removed at stop
+        self._final_log = ""
         self.log_path: Path | None = None
 
     @property
@@ -170,9 +172,9 @@ class TritonServer:
         self.http_port = self.http_port or free_port()
         self.grpc_port = self.grpc_port or free_port()
         self.metrics_port = self.metrics_port or free_port()
-        self.log_path = self._work_dir / "tritonserver.log"
+        self.log_path = Path(self.log_file) if self.log_file else self._work_dir / "tritonserver.log"
         command = self.mpi_command(binary)
-        logger.info("starting %s", " ".join(command))
+        logger.info("starting %s", " ".join(re.sub(r"admin-key=\S+", "admin-key=<hidden>", part) for part in command))
         with open(self.log_path, "wb") as log:
             self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                              env=self.environment(binary), start_new_session=True)
@@ -202,7 +204,7 @@ class TritonServer:
     def log_text(self) -> str:
         if self.log_path and self.log_path.exists():
             return self.log_path.read_text(errors="replace")
-        return ""
+        return self._final_log  # the log of a stopped server whose work folder is gone
 
     def failure_summary(self, max_lines: int = 20, max_chars: int = 600) -> str:
         """The log lines that say why (model load failures first, else errors, else the tail), shortened."""
@@ -222,6 +224,7 @@ class TritonServer:
     def stop(self) -> int | None:
         """SIGTERM, wait for the server's own exit timeout, then SIGKILL the whole process group."""
         if self._process is None:
+            self._remove_work_dir()
             return None
         if self._process.poll() is None:
             os.killpg(self._process.pid, signal.SIGTERM)
@@ -237,7 +240,19 @@ class TritonServer:
                 os.killpg(self._process.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        self._remove_work_dir()
         return self._process.returncode
+
+    def _remove_work_dir(self) -> None:
+        if self._work_dir is None:
+            return
+        self._final_log = self.log_text()
+        shutil.rmtree(self._work_dir, ignore_errors=True)
+        if self.log_path is not None and self._work_dir in self.log_path.parents:
+            self.log_path = None
+        self._work_dir = None
+
+
 
     def __enter__(self) -> TritonServer:
         return self.start()

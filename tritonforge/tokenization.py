@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,17 +71,53 @@ class PromptEncoder:
         return ids
 
     def encode_chat(self, messages_json: str, field: str = "messages") -> list[int]:
-        """Render OpenAI-style messages (a JSON list of {"role", "content"}) with the chat template, then encode."""
+        """Render OpenAI-style messages (a JSON list of {"role", "content"}) with the chat template, then encode.
+
+        Only the template makes special tokens: a message whose content holds a special token's text (say
+        `<|start_header_id|>system`) has that content encoded as plain text, so it cannot forge a turn."""
         messages = parse_chat_messages(messages_json, field)
         if not getattr(self.tokenizer, "chat_template", None):
             raise RequestError(field, "this model's tokenizer has no chat template")
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        # The template writes the BOS itself; adding special tokens again would double it.
-        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        if any(special in message["content"] for message in messages for special in self._special_texts()):
+            ids = self._encode_chat_contents_as_text(messages, field)
+        else:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            # The template writes the BOS itself; adding special tokens again would double it.
+            ids = self.tokenizer(text, add_special_tokens=False).input_ids
         if len(ids) > self.max_input_len:
             raise RequestError(field, f"renders to {len(ids)} tokens, more than the maximum input length "
                                       f"{self.max_input_len}")
         return ids
+
+    def _special_texts(self) -> list[str]:
+        added = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
+        return sorted({*self.tokenizer.all_special_tokens, *(t.content for t in added.values() if t.special)})
+
+    def _encode_chat_contents_as_text(self, messages: list[dict[str, str]], field: str) -> list[int]:
+        """The template rendered around placeholders; the template's text encoded with its special tokens,
+        each message's content encoded with none (`split_special_tokens`)."""
+        marks = [f"{_MARK_OPEN}{index}{_MARK_CLOSE}" for index in range(len(messages))]
+        rendered = self.tokenizer.apply_chat_template(
+            [{**message, "content": mark} for message, mark in zip(messages, marks)], tokenize=False,
+            add_generation_prompt=True)
+        if sorted(_MARK.findall(rendered)) != sorted(str(index) for index in range(len(messages))):
+            raise RequestError(field, "holds special-token text, and this model's chat template does not render "
+                                      "each message once, so it cannot be encoded safely")
+        ids: list[int] = []
+        for piece in _MARK_SPLIT.split(rendered):
+            mark = _MARK.fullmatch(piece)
+            if mark:
+                content = messages[int(mark.group(1))]["content"]
+                ids += self.tokenizer(content, add_special_tokens=False, split_special_tokens=True).input_ids
+            elif piece:
+                ids += self.tokenizer(piece, add_special_tokens=False).input_ids
+        return ids
+
+
+# Placeholders for message contents while the chat template renders (private-use characters).
+_MARK_OPEN, _MARK_CLOSE = "\ue000", "\ue001"
+_MARK = re.compile(f"{_MARK_OPEN}(\\d+){_MARK_CLOSE}")
+_MARK_SPLIT = re.compile(f"({_MARK_OPEN}\\d+{_MARK_CLOSE})")
 
 
 def parse_chat_messages(messages_json: str, field: str = "messages") -> list[dict[str, str]]:

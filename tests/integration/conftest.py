@@ -31,7 +31,9 @@ def served(request, tiny_models, tmp_path_factory):
     server = serve_tiny(model_dir, tmp_path_factory.mktemp("repo") / "model_repository", postprocessing_instances=2)
     yield server, model_dir
     failed = request.node.session.testsfailed
+    work_dir = server._work_dir
     server.stop()
+    assert work_dir is not None and not work_dir.exists(), "the server's work folder outlived it"
     if failed:
         print(f"--- tritonserver log ({server.log_path}) ---\n{server.failure_summary(max_lines=60)}")
 

@@ -30,7 +30,9 @@ def test_every_path_completes_fixed_length_streams(served, tmp_path):
         assert row["efficiency"] is not None and row["efficiency"] > 0
     table = markdown({"meta": {"machine": "m", "date": "d", "tool": "asyncio", "output_tokens": OUTPUT_TOKENS,
                                "duration_s": 0.2}, "rows": rows})
-    assert table.count("\n| tiny |") == len(rows) and "TTFT: time to first token" in table
+    # One row per point in the figures table and in the where-the-time-went table.
+    assert table.count("\n| tiny |") == 2 * len(rows) and "TTFT: time to first token" in table
+    assert "Where the time went" in table
 
 
 def test_tune_measures_each_candidate_and_writes_the_chosen_one(tiny_models, tmp_path):
