@@ -151,25 +151,22 @@ def check_repository_engine(repository: Path) -> int:
 
 def serve_command(args: argparse.Namespace) -> int:
     from .server import RESTRICTED_APIS, TritonServer
+    from .supervisor import Supervisor
 
     world_size = check_repository_engine(args.repository)
     server = TritonServer(args.repository, executable=args.tritonserver, http_port=args.http_port,
                           grpc_port=args.grpc_port, metrics_port=args.metrics_port, address=args.address,
                           log_verbose=args.log_verbose, world_size=world_size,
                           restricted_apis="" if args.open_apis else RESTRICTED_APIS, log_file=args.log_file)
-    server.start()
+    supervisor = Supervisor(server)
+    supervisor.start()
     print(f"serving {args.repository}: HTTP {server.http_url}, gRPC {server.grpc_url}; log {server.log_path}")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        while not stop.wait(1.0):
-            if not server.is_running():
-                print(f"tritonserver exited:\n{server.failure_summary()}", file=sys.stderr)
-                return 1
+        supervisor.run(stop)  # restarts the server when it or a Python stub dies; stops it on the way out
     except KeyboardInterrupt:
         pass
-    finally:
-        server.stop()
     return 0
 
 

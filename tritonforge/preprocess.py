@@ -53,6 +53,10 @@ def scalar_rows(inputs: dict[str, np.ndarray], name: str, batch: int) -> list | 
     return [item.item() if isinstance(item, np.generic) else item for item in flat[:, 0]]
 
 
+MAX_WORDS = 256  # stop / bad phrases per row
+MAX_WORD_BYTES = 64 * 1024  # all stop (or bad) phrases of a request together
+
+
 class Preprocessor:
     def __init__(self, tokenizer_dir: str, limits: PreprocessLimits, add_special_tokens: bool = True):
         self.tokenizer = load_tokenizer(tokenizer_dir)
@@ -148,6 +152,12 @@ class Preprocessor:
         rows = value.reshape(value.shape[0], -1)
         if rows.shape[0] != batch:
             raise RequestError(field, f"has {rows.shape[0]} rows, the request has {batch}")
+        # Sized before anything is decoded or tokenized: a megabyte of phrases must not cost seconds of CPU.
+        if rows.shape[1] > MAX_WORDS:
+            raise RequestError(field, f"has {rows.shape[1]} phrases per row, more than {MAX_WORDS}")
+        size = sum(len(item) for item in rows.reshape(-1))
+        if size > MAX_WORD_BYTES:
+            raise RequestError(field, f"holds {size} bytes of phrases, more than {MAX_WORD_BYTES}")
         blocks = []
         for row in range(batch):
             prefix = f"[{row}]" if batch > 1 else ""

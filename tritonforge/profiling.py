@@ -110,9 +110,9 @@ def statistics_delta(before: dict, after: dict) -> dict[str, dict[str, float]]:
     return delta
 
 
-def stub_pids(server_pid: int) -> dict[str, int]:
-    """One Python stub per model (the first found) under the server."""
-    found: dict[str, int] = {}
+def all_stub_pids(server_pid: int) -> dict[int, str]:
+    """Every Python stub under the server: pid → model name."""
+    found: dict[int, str] = {}
     pending = list(_children(server_pid))
     while pending:
         pid = pending.pop(0)
@@ -121,8 +121,16 @@ def stub_pids(server_pid: int) -> dict[str, int]:
         except OSError:
             continue
         if group.startswith("stub:"):
-            found.setdefault(group[len("stub:"):], pid)
+            found[pid] = group[len("stub:"):]
         pending.extend(_children(pid))
+    return found
+
+
+def stub_pids(server_pid: int) -> dict[str, int]:
+    """One Python stub per model (the first found) under the server."""
+    found: dict[str, int] = {}
+    for pid, model in all_stub_pids(server_pid).items():
+        found.setdefault(model, pid)
     return found
 
 

@@ -10,6 +10,7 @@ Model control and repository APIs are not exposed to clients: the load API can u
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -30,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 # APIs a client of an LLM server never needs; restricted behind a header that only an operator knows.
 RESTRICTED_APIS = "model-repository,model-config,shared-memory,statistics,trace,logging"
+HTTP_MAX_INPUT_BYTES = 8 * 1024 * 1024  # a prompt of max_input_len tokens is far smaller
 
 
 class ServerError(RuntimeError):
@@ -78,6 +80,23 @@ def locate_server(work_dir: Path, explicit: str | os.PathLike | None = None) -> 
                       "pip install 'tritonforge[server]' for the nvidia-pytriton bundle")
 
 
+@functools.lru_cache(maxsize=8)
+def _help_text(executable: Path, library_path: Path | None) -> str:
+    env = dict(os.environ)
+    if library_path:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(library_path), env.get("LD_LIBRARY_PATH")]))
+    try:
+        result = subprocess.run([str(executable), "--help"], capture_output=True, text=True, timeout=30, env=env,
+                                check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return result.stdout + result.stderr
+
+
+def _supports_option(binary: ServerBinary, option: str) -> bool:
+    return f"{option} " in _help_text(binary.executable, binary.library_path)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -104,6 +123,9 @@ class TritonServer:
     world_size: int = 1  # TensorRT-LLM engines with tp*pp > 1: one tritonserver per MPI rank
     extra_args: list[str] = field(default_factory=list)
     log_file: Path | None = None  # kept after stop; None: a log in the work folder, removed with it
+    # The largest HTTP request body accepted, where the server has the option (--http-max-input-size, Triton
+    # 2.53+); 2.51 has none, and a 10 MB body to its `generate` endpoint can crash it (README, Limits).
+    http_max_input_bytes: int = HTTP_MAX_INPUT_BYTES
 
     def __post_init__(self):
         self.repository = Path(self.repository).resolve()
@@ -135,12 +157,20 @@ class TritonServer:
             f"--http-address={self.address}", f"--grpc-address={self.address}",
             f"--metrics-address={self.address}",
             *restricted,
+            *self._http_limit(binary),
             f"--exit-on-error={str(self.require_all_models).lower()}",
             f"--strict-readiness={str(self.require_all_models).lower()}",
             f"--exit-timeout-secs={self.exit_timeout_s}",
             f"--log-verbose={self.log_verbose}",
             *self.extra_args,
         ]
+
+    def _http_limit(self, binary: ServerBinary) -> list[str]:
+        if _supports_option(binary, "--http-max-input-size"):
+            return [f"--http-max-input-size={self.http_max_input_bytes}"]
+        logger.warning("this tritonserver has no --http-max-input-size: HTTP request bodies are not capped "
+                       "(prompts are still checked by size before tokenizing)")
+        return []
 
     def mpi_command(self, binary: ServerBinary) -> list[str]:
         """One tritonserver per MPI rank: rank 0 loads everything and serves the ports; the other ranks load
@@ -229,7 +259,7 @@ class TritonServer:
         if self._process.poll() is None:
             os.killpg(self._process.pid, signal.SIGTERM)
             try:
-                self._process.wait(timeout=self.exit_timeout_s + 15)
+                self._process.wait(timeout=self.exit_timeout_s + 5)
             except subprocess.TimeoutExpired:
                 logger.warning("tritonserver did not exit in time; killing it")
                 os.killpg(self._process.pid, signal.SIGKILL)
@@ -242,6 +272,16 @@ class TritonServer:
                 pass
         self._remove_work_dir()
         return self._process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the server and its stubs now: open streams end with a connection error at once."""
+        if self._process is not None and self._process.poll() is None:
+            try:
+                os.killpg(self._process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._process.wait()
+        self.stop()
 
     def _remove_work_dir(self) -> None:
         if self._work_dir is None:

@@ -5,6 +5,7 @@ Everything the preprocessing model does, as plain functions over a Hugging Face 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -59,6 +60,7 @@ class PromptEncoder:
     def encode(self, prompt: str, field: str = "text_input") -> list[int]:
         if not prompt:
             raise RequestError(field, "must not be empty")
+        self._check_size(len(prompt), field)
         ids = self.tokenizer(prompt, add_special_tokens=self.add_special_tokens).input_ids
         bos = self.tokenizer.bos_token_id
         # A prompt that already starts with the BOS text (a pre-rendered chat prompt) must not get a second BOS.
@@ -75,7 +77,10 @@ class PromptEncoder:
 
         Only the template makes special tokens: a message whose content holds a special token's text (say
         `<|start_header_id|>system`) has that content encoded as plain text, so it cannot forge a turn."""
+        # JSON escapes (\uXXXX) spend up to 6 characters on one: refuse only beyond what any valid prompt needs.
+        self._check_size(len(messages_json) // 6, field)
         messages = parse_chat_messages(messages_json, field)
+        self._check_size(sum(len(message["content"]) for message in messages), field)
         if not getattr(self.tokenizer, "chat_template", None):
             raise RequestError(field, "this model's tokenizer has no chat template")
         if any(special in message["content"] for message in messages for special in self._special_texts()):
@@ -88,6 +93,14 @@ class PromptEncoder:
             raise RequestError(field, f"renders to {len(ids)} tokens, more than the maximum input length "
                                       f"{self.max_input_len}")
         return ids
+
+    def _check_size(self, characters: int, field: str) -> None:
+        """Refuse, before tokenizing, text too long to fit: no token spans more than `longest_token` characters,
+        so more than max_input_len × that many characters is certainly more than max_input_len tokens."""
+        limit = self.max_input_len * longest_token(self.tokenizer)
+        if characters > limit:
+            raise RequestError(field, f"has {characters} characters: more than the maximum input length "
+                                      f"{self.max_input_len} tokens can hold ({limit})")
 
     def _special_texts(self) -> list[str]:
         added = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
@@ -112,6 +125,13 @@ class PromptEncoder:
             elif piece:
                 ids += self.tokenizer(piece, add_special_tokens=False).input_ids
         return ids
+
+
+@functools.lru_cache(maxsize=4)
+def longest_token(tokenizer) -> int:
+    """Characters of text the longest vocabulary entry can stand for (its piece's length, at least 4: one
+    character can take four byte-tokens, but never fewer than one token)."""
+    return max(4, max(len(piece) for piece in tokenizer.get_vocab()))
 
 
 # Placeholders for message contents while the chat template renders (private-use characters).

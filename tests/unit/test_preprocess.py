@@ -121,3 +121,44 @@ def test_special_token_text_in_a_chat_message_stays_text(tiny_model):
     # Contents without special-token text encode exactly as the whole rendered template does.
     rendered = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
     assert encoder.encode_chat(json.dumps(plain)) == tokenizer(rendered, add_special_tokens=False).input_ids
+
+
+class NeverTokenize:
+    """A tokenizer that knows its vocabulary but fails the test if asked to tokenize."""
+
+    def __init__(self, tokenizer):
+        self.vocab = tokenizer.get_vocab()
+
+    def get_vocab(self):
+        return self.vocab
+
+    def __call__(self, *args, **kwargs):
+        raise AssertionError("tokenized text that its size alone rules out")
+
+
+@pytest.mark.parametrize("field", ["text_input", "messages"])
+def test_a_prompt_too_long_by_its_size_is_refused_before_tokenizing(tiny_models, field):
+    from tritonforge.tokenization import PromptEncoder, load_tokenizer, longest_token
+
+    tokenizer = load_tokenizer(tiny_models["bpe"])
+    encoder = PromptEncoder(NeverTokenize(tokenizer), max_input_len=32)
+    text = "a" * (32 * longest_token(tokenizer) + 1)
+    with pytest.raises(RequestError, match=f"{field}.*characters"):
+        if field == "text_input":
+            encoder.encode(text)
+        else:
+            encoder.encode_chat(json.dumps([{"role": "user", "content": text}]))
+
+
+@pytest.mark.parametrize("name, field", [("STOP_WORDS_DICT", "stop_words"), ("BAD_WORDS_DICT", "bad_words")])
+def test_phrase_lists_are_sized_before_they_are_tokenized(preprocessor, name, field):
+    from tritonforge.preprocess import MAX_WORD_BYTES, MAX_WORDS
+
+    too_big = request(QUERY=strings("hello"), REQUEST_OUTPUT_LEN=np.array([[4]], dtype=np.int32),
+                      **{name: np.array([["x" * (MAX_WORD_BYTES + 1)]], dtype=object)})
+    with pytest.raises(RequestError, match=f"{field}.*bytes"):
+        preprocessor(too_big)
+    too_many = request(QUERY=strings("hello"), REQUEST_OUTPUT_LEN=np.array([[4]], dtype=np.int32),
+                       **{name: np.array([["x"] * (MAX_WORDS + 1)], dtype=object)})
+    with pytest.raises(RequestError, match=f"{field}.*phrases"):
+        preprocessor(too_many)

@@ -1,0 +1,97 @@
+"""Fault injection against a real tritonserver run by the supervisor: kill -9 of each Python stub kind
+under streaming load. Every open stream must end with an error within 5 s, readiness must stop saying
+ready within 5 s, and requests must succeed again within 60 s."""
+
+import os
+import signal
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from tritonforge import model_configs as configs
+from tritonforge.build import BuildOptions, build
+from tritonforge.client import GrpcClient
+from tritonforge.profiling import all_stub_pids
+from tritonforge.server import TritonServer
+from tritonforge.supervisor import Supervisor
+
+STREAMS = 4
+
+
+@pytest.fixture(scope="module")
+def supervised(tiny_models, tmp_path_factory):
+    repository = build(BuildOptions(model=tiny_models["bpe"], output=tmp_path_factory.mktemp("faults") / "repo",
+                                    max_input_len=64, max_seq_len=1024, max_batch_size=STREAMS,
+                                    serving=configs.ServingConfig(postprocessing_instances=2)))
+    supervisor = Supervisor(TritonServer(repository), period_s=0.2)
+    supervisor.start()
+    stop = threading.Event()
+    thread = threading.Thread(target=supervisor.run, args=(stop,), daemon=True)
+    thread.start()
+    yield supervisor
+    stop.set()
+    thread.join(timeout=60)
+
+
+def ready(server) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready", timeout=1) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def open_streams(url: str, model: str, first_chunk: threading.Barrier) -> list[dict]:
+    outcomes = [{} for _ in range(STREAMS)]
+
+    def run(outcome):
+        client = GrpcClient(url, model=model)
+        try:
+            for index, _ in enumerate(client.stream("Tell me a long story", max_tokens=900, min_tokens=900)):
+                if index == 0:
+                    first_chunk.wait(timeout=60)
+            outcome["error"] = None
+        except Exception as error:  # noqa: BLE001 - the outcome under test
+            outcome["error"] = str(error)
+        finally:
+            outcome["ended"] = time.monotonic()
+            client.close()
+
+    for outcome in outcomes:
+        threading.Thread(target=run, args=(outcome,), daemon=True).start()
+    return outcomes
+
+
+@pytest.mark.parametrize("victim, model", [("tensorrt_llm", "ensemble"), ("postprocessing", "ensemble"),
+                                           ("tensorrt_llm_bls", "tensorrt_llm_bls")])
+def test_a_killed_stub_ends_every_stream_with_an_error_and_the_server_comes_back(supervised, victim, model):
+    server = supervised.server
+    restarts = supervised.restarts
+    first_chunk = threading.Barrier(STREAMS + 1)
+    outcomes = open_streams(server.grpc_url, model, first_chunk)
+    first_chunk.wait(timeout=120)  # every stream is generating
+    pid = next(pid for pid, name in all_stub_pids(server.pid).items() if name == victim)
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+
+    deadline = killed + 5
+    while time.monotonic() < deadline and (ready(server) or any("ended" not in o for o in outcomes)):
+        time.sleep(0.05)
+    assert all("ended" in o for o in outcomes), "a stream was still open 5 s after the kill"
+    assert all(o["error"] and o["ended"] - killed <= 5 for o in outcomes), outcomes
+    assert not ready(server) or supervised.restarts > restarts
+
+    client = GrpcClient(server.grpc_url, model=model)
+    try:
+        while True:
+            try:
+                assert client.generate("Hello", max_tokens=4)
+                break
+            except Exception:  # noqa: BLE001 - not back yet
+                assert time.monotonic() - killed < 60, "requests did not succeed again within 60 s"
+                time.sleep(0.5)
+    finally:
+        client.close()
+    assert supervised.restarts == restarts + 1
