@@ -95,3 +95,16 @@ def test_a_killed_stub_ends_every_stream_with_an_error_and_the_server_comes_back
     finally:
         client.close()
     assert supervised.restarts == restarts + 1
+
+
+def test_a_clean_shutdown_ends_open_streams_with_an_error_within_the_exit_timeout(supervised, tmp_path):
+    server = TritonServer(supervised.server.repository, exit_timeout_s=2).start()
+    first_chunk = threading.Barrier(STREAMS + 1)
+    outcomes = open_streams(server.grpc_url, "ensemble", first_chunk)
+    first_chunk.wait(timeout=120)
+    asked = time.monotonic()
+    server.stop()  # SIGTERM; tritonserver waits for open streams, so stop() kills it after the exit timeout
+    deadline = asked + 2 + 5 + 2
+    while time.monotonic() < deadline and any("ended" not in o for o in outcomes):
+        time.sleep(0.05)
+    assert all("ended" in o and o["error"] for o in outcomes), outcomes
