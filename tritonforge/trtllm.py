@@ -69,7 +69,8 @@ class TensorRTLLMMissing(RuntimeError):
 
 
 def require_trtllm() -> None:
-    if importlib.util.find_spec("tensorrt_llm") is None:
+    spec = importlib.util.find_spec("tensorrt_llm")
+    if spec is None or spec.origin is None:  # None origin: a bare folder of that name, not the package
         raise TensorRTLLMMissing(
             f"TensorRT-LLM is not installed here. Build the engine inside {TRITON_IMAGE} (TensorRT-LLM "
             f"{TRTLLM_VERSION}), e.g. with the Dockerfile's build command; --dry-run plans and prints the "
