@@ -1,4 +1,4 @@
-"""`tritonforge`: build | serve | generate | bench | tune | demo | make-tiny-model."""
+"""`tritonforge`: build | serve | openai | generate | bench | tune | demo | make-tiny-model."""
 
 from __future__ import annotations
 
@@ -161,12 +161,30 @@ def serve_command(args: argparse.Namespace) -> int:
     supervisor = Supervisor(server)
     supervisor.start()
     print(f"serving {args.repository}: HTTP {server.http_url}, gRPC {server.grpc_url}; log {server.log_path}")
+    gateway = None
+    if args.openai_port:
+        from .openai_gateway import GatewayThread
+
+        gateway = GatewayThread(server.grpc_url, host=args.address, port=args.openai_port,
+                                model=args.openai_model, served_model_name=args.served_model_name).start()
+        print(f"OpenAI API: {gateway.base_url}/v1 (model {args.served_model_name!r} → {args.openai_model})")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         supervisor.run(stop)  # restarts the server when it or a Python stub dies; stops it on the way out
     except KeyboardInterrupt:
         pass
+    finally:
+        if gateway is not None:
+            gateway.stop()
+    return 0
+
+
+def openai_command(args: argparse.Namespace) -> int:
+    from .openai_gateway import run
+
+    print(f"OpenAI API on http://{args.host}:{args.port}/v1 → {args.model} at {args.url}", file=sys.stderr)
+    run(args.url, host=args.host, port=args.port, model=args.model, served_model_name=args.served_model_name)
     return 0
 
 
@@ -339,6 +357,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--grpc-port", type=int, default=8001)
     serve.add_argument("--metrics-port", type=int, default=8002)
     serve.add_argument("--log-verbose", type=int, default=0)
+    serve.add_argument("--openai-port", type=int, default=None,
+                       help="also serve OpenAI's API (/v1/completions, /v1/chat/completions) on this port")
+    serve.add_argument("--openai-model", default="ensemble", help="what the OpenAI API calls: ensemble or "
+                                                                   "tensorrt_llm_bls")
+    serve.add_argument("--served-model-name", default="tritonforge", help="the model name the OpenAI API shows")
     serve.add_argument("--log-file", type=Path, default=None,
                        help="tritonserver's log, kept after exit (default: a temporary file removed at exit)")
     serve.add_argument("--open-apis", action="store_true",
@@ -394,6 +417,14 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--size", choices=("tiny", "1b"), default="tiny",
                       help="tiny: ~1M parameters for CPUs; 1b: a ~1B Llama body for GPU measurements")
     tiny.set_defaults(func=make_tiny_model_command)
+
+    gateway = commands.add_parser("openai", help="OpenAI-compatible HTTP API in front of a served repository")
+    gateway.add_argument("--url", required=True, help="Triton's gRPC address, e.g. localhost:8001")
+    gateway.add_argument("--host", default="127.0.0.1")
+    gateway.add_argument("--port", type=int, default=9000)
+    gateway.add_argument("--model", default="ensemble", help="ensemble or tensorrt_llm_bls")
+    gateway.add_argument("--served-model-name", default="tritonforge", help="the model name /v1/models shows")
+    gateway.set_defaults(func=openai_command)
 
     demo = commands.add_parser("demo", help="tiny model → repository → tritonserver → a prompt over gRPC and HTTP")
     demo.add_argument("--prompt", default="The server reads a request")

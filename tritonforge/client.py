@@ -16,15 +16,16 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
 
-INPUT_DTYPES = {
-    "text_input": "BYTES", "messages": "BYTES", "max_tokens": "INT32", "bad_words": "BYTES", "stop_words": "BYTES",
-    "end_id": "INT32", "pad_id": "INT32", "top_k": "INT32", "top_p": "FP32", "temperature": "FP32",
-    "length_penalty": "FP32", "repetition_penalty": "FP32", "presence_penalty": "FP32",
-    "frequency_penalty": "FP32", "min_tokens": "INT32", "beam_width": "INT32", "num_return_sequences": "INT32",
-    "seed": "UINT64", "stream": "BOOL", "exclude_input_in_output": "BOOL", "return_log_probs": "BOOL",
-}
-NUMPY_DTYPES = {"BYTES": np.object_, "INT32": np.int32, "FP32": np.float32, "UINT64": np.uint64, "BOOL": np.bool_}
+from .contract import client_inputs
+
+# The ensemble's (and the BLS's) inputs, from the one contract module, as tritonclient names their dtypes.
+_TRITON_DTYPE = {"TYPE_STRING": "BYTES", "TYPE_INT32": "INT32", "TYPE_INT64": "INT64", "TYPE_UINT64": "UINT64",
+                 "TYPE_FP32": "FP32", "TYPE_FP16": "FP16", "TYPE_BOOL": "BOOL", "TYPE_UINT8": "UINT8"}
+INPUT_DTYPES = {tensor.name: _TRITON_DTYPE[mc.DataType.Name(tensor.dtype)] for tensor in client_inputs(messages=True)}
+NUMPY_DTYPES = {"BYTES": np.object_, "INT32": np.int32, "INT64": np.int64, "FP32": np.float32, "FP16": np.float16,
+                "UINT64": np.uint64, "UINT8": np.uint8, "BOOL": np.bool_}
 
 
 class GenerationError(RuntimeError):

@@ -1,0 +1,128 @@
+"""The OpenAI gateway with the real `openai` client (sync, async, streaming) against a real tritonserver."""
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from tritonforge.openai_gateway import GatewayThread
+from tritonforge.server import free_port
+
+from .conftest import serve_tiny
+
+MODEL = "tiny"
+
+
+@pytest.fixture(scope="module", params=["ensemble", "tensorrt_llm_bls"])
+def gateway(request, tiny_models, tmp_path_factory):
+    server = serve_tiny(tiny_models["bpe"], tmp_path_factory.mktemp("repo") / "model_repository")
+    gateway = GatewayThread(server.grpc_url, port=free_port(), model=request.param, served_model_name=MODEL).start()
+    yield gateway
+    gateway.stop()
+    server.stop()
+
+
+@pytest.fixture
+def client(gateway):
+    return openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0)
+
+
+def test_models_lists_the_served_name(client):
+    assert [model.id for model in client.models.list()] == [MODEL]
+
+
+def test_completion_counts_tokens_and_says_length_when_max_tokens_ended_it(client):
+    completion = client.completions.create(model=MODEL, prompt="The server", max_tokens=8, temperature=0,
+                                           extra_body={"min_tokens": 8})
+    choice = completion.choices[0]
+    assert choice.text and choice.finish_reason == "length"
+    assert completion.usage.completion_tokens == 8 and completion.usage.prompt_tokens > 1
+    assert completion.usage.total_tokens == completion.usage.prompt_tokens + 8
+
+
+def test_streamed_chat_equals_the_whole_answer_and_ends_with_usage(client):
+    messages = [{"role": "user", "content": "Say something"}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0)
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finished = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finished == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_async_client_runs_requests_concurrently(gateway):
+    async def run():
+        client = openai.AsyncOpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0)
+        answers = await asyncio.gather(*(client.completions.create(model=MODEL, prompt=f"Prompt {i}", max_tokens=4)
+                                         for i in range(4)))
+        await client.close()
+        return answers
+
+    answers = asyncio.run(run())
+    assert all(answer.choices[0].text is not None and answer.usage.completion_tokens >= 1 for answer in answers)
+
+
+def test_unknown_fields_are_ignored(client):
+    completion = client.completions.create(model=MODEL, prompt="Hello", max_tokens=2,
+                                           extra_body={"some_vendor_field": {"x": 1}, "ignore_eos": False})
+    assert completion.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("fields, param", [({"n": 2}, "n"), ({"max_tokens": 0}, "max_tokens"),
+                                           ({"temperature": "hot"}, "temperature"), ({"logprobs": 3}, "logprobs")])
+def test_what_cannot_be_served_is_an_openai_error(client, fields, param):
+    with pytest.raises(openai.BadRequestError) as error:
+        client.completions.create(model=MODEL, prompt="Hello", **{"max_tokens": 4, **fields})
+    assert error.value.status_code == 400 and error.value.body["param"] == param
+
+
+def post(gateway, path, body: bytes):
+    request = urllib.request.Request(f"{gateway.base_url}{path}", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def test_http_error_shapes(gateway):
+    status, body = post(gateway, "/v1/completions", b"{not json")
+    assert status == 400 and set(json.loads(body)["error"]) == {"message", "type", "param", "code"}
+    status, body = post(gateway, "/v1/completions", json.dumps({"prompt": "x" * 10_000_000,
+                                                                "max_tokens": 4}).encode())
+    error = json.loads(body)["error"]
+    assert status == 400 and "text_input" in error["message"] and error["type"] == "invalid_request_error"
+
+
+def test_a_plain_sse_stream_ends_with_done(gateway):
+    status, body = post(gateway, "/v1/completions", json.dumps({"prompt": "Hi", "max_tokens": 3,
+                                                                "stream": True}).encode())
+    events = [line for line in body.decode().split("\n\n") if line]
+    assert status == 200 and events[-1] == "data: [DONE]"
+    assert all(event.startswith("data: ") for event in events)
+
+
+def test_metrics_move_with_the_load(client, gateway):
+    def scrape() -> dict[str, float]:
+        with urllib.request.urlopen(f"{gateway.base_url}/metrics", timeout=10) as response:
+            lines = response.read().decode().splitlines()
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines
+                if line and not line.startswith("#")}
+
+    before = scrape()
+    client.completions.create(model=MODEL, prompt="Count", max_tokens=5, extra_body={"min_tokens": 5})
+    after = scrape()
+    ok = 'tritonforge_requests_total{endpoint="/v1/completions",status="200"}'
+    assert after[ok] == before.get(ok, 0) + 1
+    assert after["tritonforge_completion_tokens_total"] == before.get("tritonforge_completion_tokens_total", 0) + 5
+    assert after["tritonforge_time_to_first_token_seconds_count"] > before.get(
+        "tritonforge_time_to_first_token_seconds_count", 0)
+    assert after["tritonforge_requests_in_flight"] == 0

@@ -1,0 +1,78 @@
+"""The OpenAI gateway's Prometheus metrics (prometheus_client), exported on its `/metrics`.
+
+| metric | type | what |
+|---|---|---|
+| `tritonforge_requests_total{endpoint, status}` | counter | finished requests by HTTP status |
+| `tritonforge_requests_in_flight` | gauge | requests being answered now |
+| `tritonforge_time_to_first_token_seconds` | histogram | request received → first text chunk |
+| `tritonforge_inter_token_latency_seconds` | histogram | between consecutive text chunks of a stream |
+| `tritonforge_prompt_tokens_total` / `tritonforge_completion_tokens_total` | counter | tokens in and out |
+
+Triton 2.51 itself has no time-to-first-token histogram; these are measured where the client sees them.
+"""
+
+from __future__ import annotations
+
+import time
+
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+
+
+class GatewayMetrics:
+    def __init__(self):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        self.requests = Counter("tritonforge_requests", "Finished requests by endpoint and HTTP status",
+                                ["endpoint", "status"], registry=self.registry)
+        self.in_flight = Gauge("tritonforge_requests_in_flight", "Requests being answered now",
+                               registry=self.registry)
+        self.ttft = Histogram("tritonforge_time_to_first_token_seconds", "Request received to first text chunk",
+                              buckets=TTFT_BUCKETS, registry=self.registry)
+        self.itl = Histogram("tritonforge_inter_token_latency_seconds", "Time between text chunks of a stream",
+                             buckets=ITL_BUCKETS, registry=self.registry)
+        self.prompt_tokens = Counter("tritonforge_prompt_tokens", "Prompt tokens of finished requests",
+                                     registry=self.registry)
+        self.completion_tokens = Counter("tritonforge_completion_tokens", "Generated tokens of finished requests",
+                                         registry=self.registry)
+
+    @property
+    def content_type(self) -> str:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return CONTENT_TYPE_LATEST
+
+    def render(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+    def timer(self) -> _ChunkTimer:
+        """A request starts generating: it is in flight until `request_done(..., started=True)`."""
+        self.in_flight.inc()
+        return _ChunkTimer(self)
+
+    def request_done(self, endpoint: str, status: int, generation=None, *, started: bool = True) -> None:
+        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
+        if started:
+            self.in_flight.dec()
+        if generation is not None:
+            self.prompt_tokens.inc(generation.prompt_tokens)
+            self.completion_tokens.inc(generation.completion_tokens)
+
+
+class _ChunkTimer:
+    def __init__(self, metrics: GatewayMetrics):
+        self.metrics = metrics
+        self.started = self.last = time.perf_counter()
+        self.chunks = 0
+
+    def chunk(self) -> None:
+        now = time.perf_counter()
+        if self.chunks == 0:
+            self.metrics.ttft.observe(now - self.started)
+        else:
+            self.metrics.itl.observe(now - self.last)
+        self.chunks += 1
+        self.last = now
