@@ -205,6 +205,15 @@ class EngineService:
 
             engine = InflightBatchingEngine(load_model(settings), settings.limits)
         self.engine = engine
+        self.metrics = None
+
+    def publish_metrics(self, model: str, version: str) -> None:
+        """The backend's nv_trt_llm_* families on Triton's /metrics (one engine instance per model)."""
+        from .engine_metrics import EngineMetrics
+
+        limits = self.settings.limits
+        self.metrics = EngineMetrics(self.pb_utils, self.engine, model=model, version=version,
+                                     max_batch_size=limits.max_batch_size, max_seq_len=limits.max_seq_len)
 
     def handle(self, request) -> None:
         """Answer one Triton request through its response sender (never raises)."""
@@ -249,4 +258,6 @@ class EngineService:
             self.engine.submit(generation)
 
     def shutdown(self) -> None:
+        if self.metrics is not None:
+            self.metrics.stop()
         self.engine.shutdown()

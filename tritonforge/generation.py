@@ -69,6 +69,17 @@ class EngineLimits:
             raise ValueError(f"inconsistent engine limits: {self}")
 
 
+@dataclass(frozen=True)
+class EngineStats:
+    """What the engine runs, as the tensorrtllm backend reports it: published after every step (one
+    attribute assignment, so readers in other threads see a whole snapshot)."""
+
+    waiting: int = 0  # queued, not yet scheduled
+    scheduled: int = 0  # running sequences
+    context: int = 0  # sequences prefilled in the last step
+    kv_tokens: int = 0  # tokens held in the KV cache by the running sequences
+
+
 class EngineThread:
     """The client side every engine shares: requests and cancellations go into thread-safe queues that the
     engine's own thread (`_loop`, written by the subclass) drains between steps."""
@@ -79,6 +90,7 @@ class EngineThread:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._waiting: list[GenerationRequest] = []  # engine thread only
+        self.stats = EngineStats()  # replaced by the engine thread after each step
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
     def submit(self, request: GenerationRequest) -> None:

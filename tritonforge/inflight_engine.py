@@ -21,7 +21,7 @@ import logging
 
 import torch
 
-from .generation import EngineLimits, EngineThread, GenerationRequest, GenerationResult, check_limits
+from .generation import EngineLimits, EngineStats, EngineThread, GenerationRequest, GenerationResult, check_limits
 from .sampling import apply_penalties, choose_token
 
 logger = logging.getLogger(__name__)
@@ -78,14 +78,18 @@ class InflightBatchingEngine(EngineThread):
 
     def _iteration(self) -> None:
         self._apply_cancellations(self._take_new())
+        prefilled = 0
         while self._waiting and len(self._running) < self.limits.max_batch_size:
             request = self._waiting.pop(0)
             if request.sink.cancelled():
                 request.sink.finish(GenerationResult([], [], "cancelled"), None)
                 continue
             self._prefill(request)
+            prefilled += 1
         if self._running:
             self._decode_step()
+        self.stats = EngineStats(waiting=self.pending(), scheduled=len(self._running), context=prefilled,
+                                 kv_tokens=sum(len(sequence.tokens) for sequence in self._running))
 
     def _apply_cancellations(self, ids: set[str]) -> None:
         for sequence in self._running:

@@ -25,7 +25,7 @@ import os
 import tempfile
 import time
 
-from .generation import EngineLimits, EngineThread, GenerationRequest, GenerationResult, check_limits
+from .generation import EngineLimits, EngineStats, EngineThread, GenerationRequest, GenerationResult, check_limits
 
 
 class _Replay:
@@ -147,6 +147,7 @@ class ReplayEngine(EngineThread):
             request = self._waiting.pop(0)
             request.sink.scheduled()
             self._running.append(_Replay(request, sum(request.prompt_ids) % len(self.token_ids), slot))
+        admitted = len([r for r in self._running if not r.generated])
         still_running = []
         for replay in self._running:
             request = replay.request
@@ -166,3 +167,5 @@ class ReplayEngine(EngineThread):
                 request.sink.tokens([token], [0.0])
             still_running.append(replay)
         self._running = still_running
+        self.stats = EngineStats(waiting=self.pending(), scheduled=len(self._running), context=admitted,
+                                 kv_tokens=sum(len(r.request.prompt_ids) + len(r.generated) for r in self._running))

@@ -29,6 +29,7 @@ from tritonforge.engine_service import EngineService, EngineSettings
 class TritonPythonModel:
     def initialize(self, args):
         self.service = EngineService(pb_utils, EngineSettings.from_model_args(args))
+        self.service.publish_metrics(args["model_name"], args["model_version"])
 
     def execute(self, requests):
         for request in requests:

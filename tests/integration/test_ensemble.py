@@ -257,3 +257,40 @@ def test_batch_mixing_valid_and_invalid_rows_names_the_bad_row(served, grpc_clie
 def test_http_bad_input_is_a_400_naming_the_field(served):
     with pytest.raises(GenerationError, match="top_p"):
         HttpClient(served[0].http_url).generate("hi", max_tokens=4, top_p=2.0)
+
+
+def test_the_engine_publishes_the_tensorrtllm_backend_metric_families(served):
+    """nv_trt_llm_request_metrics and nv_trt_llm_kv_cache_block_metrics on Triton's /metrics, moving with load."""
+    import re
+    import threading
+    import urllib.request
+
+    server, _ = served
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+
+    def scrape() -> dict[str, float]:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        return {f"{name}:{kind}": float(value) for name, kind, value in re.findall(
+            r'(nv_trt_llm_\w+)\{[^}]*(?:request_type|kv_cache_block_type)="(\w+)"[^}]*\} ([\d.e+-]+)', text)}
+
+    idle = scrape()
+    assert idle["nv_trt_llm_request_metrics:max"] >= 1 and idle["nv_trt_llm_kv_cache_block_metrics:tokens_per"] == 32
+    seen: list[dict] = []
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen.append(scrape())
+            done.wait(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        stream_concurrently(server.grpc_url, "ensemble", ["One", "Two", "Three"], max_tokens=200)
+    finally:
+        done.set()
+        watcher.join()
+    assert max(s["nv_trt_llm_request_metrics:scheduled"] for s in seen) >= 1
+    assert max(s["nv_trt_llm_kv_cache_block_metrics:used"] for s in seen) >= 1
+    assert max(s["nv_trt_llm_kv_cache_block_metrics:fraction"] for s in seen) > 0
