@@ -59,6 +59,9 @@ class BuildOptions:
     target_triton: tuple[int, int] | None = None  # Triton the configs are for; TensorRT-LLM: the pinned image's
     planned_instances: bool = True  # TensorRT-LLM: pre/post instance counts from the plan unless set
     replay_step_ms: float = 8.5  # replay engine (benchmarking only): one token per running request per step
+    accuracy_gate: Path | None = None  # prompts JSONL: serve the new repository and compare it with the checkpoint
+    # The checkpoint the gate compares with (default: --model), e.g. the original of a pre-quantized checkpoint.
+    accuracy_reference: Path | None = None
 
     def __post_init__(self):
         if self.engine not in configs.ENGINES:
@@ -229,7 +232,8 @@ def build(options: BuildOptions, progress=print) -> Path:
     limits = configs.EngineLimitsSpec(max_batch_size=options.max_batch_size, max_input_len=options.max_input_len,
                                       max_seq_len=options.max_seq_len)
     if options.engine == "tensorrtllm":
-        return build_tensorrtllm(options, checkpoint_config, limits, progress)
+        build_tensorrtllm(options, checkpoint_config, limits, progress)
+        return run_accuracy_gate(options, progress)
     if options.engine == "replay":
         parameters = replay_engine_parameters(options, vocab_size=checkpoint_config["vocab_size"])
     else:
@@ -239,4 +243,45 @@ def build(options: BuildOptions, progress=print) -> Path:
     existing = prepare_output(options.output, force=options.force, checkpoint=options.model)
     write_repository(plan, tokenizer_source=options.model, checkpoint=options.model, existing=existing,
                      manifest={"tritonforge_build": _options_record(options)})
+    return run_accuracy_gate(options, progress)
+
+
+class AccuracyGateFailed(RuntimeError):
+    pass
+
+
+def run_accuracy_gate(options: BuildOptions, progress=print) -> Path:
+    """With --accuracy-gate: serve the new repository, compare its engine with the checkpoint, record the
+    figures (tritonforge.json, and engine_info.json beside a TensorRT-LLM engine) and mark the repository
+    ready only if the gate passes (`tritonforge serve` refuses one marked not ready)."""
+    if options.accuracy_gate is None:
+        return options.output
+    from .repository import MANIFEST, TOKENIZER_SUBDIR
+
+    tokenizer = options.output / "preprocessing" / TOKENIZER_SUBDIR
+    reference = options.accuracy_reference or options.model
+    if options.dry_run:
+        progress("accuracy gate (after the build):")
+        progress(f"  tritonforge serve {options.output} --grpc-port 8001")
+        progress(f"  tritonforge eval --url localhost:8001 --reference {reference} --tokenizer {tokenizer} "
+                 f"--prompts {options.accuracy_gate}")
+        return options.output
+    from .accuracy import run_eval
+    from .server import TritonServer
+
+    progress(f"accuracy gate: serving {options.output} and comparing it with {reference}")
+    with TritonServer(options.output) as server:
+        report = run_eval(server.grpc_url, reference, tokenizer, prompts_path=options.accuracy_gate)
+    progress(report.table())
+    manifest_path = options.output / MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    manifest.update(accuracy_gate=report.record(), ready=report.passed)
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    engine_info = options.output / configs.ENGINE_MODEL / "1" / ENGINE_SUBDIR / trtllm.ENGINE_INFO
+    if engine_info.is_file():
+        engine_info.write_text(json.dumps({**json.loads(engine_info.read_text()),
+                                           "accuracy_gate": report.record()}, indent=2) + "\n")
+    if not report.passed:
+        raise AccuracyGateFailed(f"the engine failed the accuracy gate ({'; '.join(report.failures)}); the "
+                                 f"repository is marked not ready in {manifest_path}")
     return options.output

@@ -1,4 +1,4 @@
-"""`tritonforge`: build | serve | openai | generate | bench | tune | demo | make-tiny-model."""
+"""`tritonforge`: build | serve | openai | eval | generate | bench | tune | demo | make-tiny-model."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 from . import model_configs as configs
+from .build import AccuracyGateFailed
 from .trtllm import EXAMPLES_DIR, KV_CACHE_DTYPES, QUANTIZATIONS, EngineMismatch, TensorRTLLMMissing
 
 
@@ -68,7 +69,14 @@ def _add_build_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nvidia-wiring", action="store_true",
                         help="wire the ensemble exactly as NVIDIA's (no `messages` input), so that NVIDIA's "
                              "preprocessing, postprocessing, BLS and ensemble config can each replace ours")
-    parser.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    parser.add_argument("--force", action="store_true",
+                        help="replace the files an earlier build recorded writing in the output folder")
+    parser.add_argument("--accuracy-gate", type=Path, default=None, metavar="PROMPTS.jsonl",
+                        help="after the build, serve the repository and compare it with the checkpoint "
+                             "(tritonforge eval); a failing engine leaves the repository marked not ready")
+    parser.add_argument("--accuracy-reference", type=Path, default=None,
+                        help="the checkpoint the gate compares with (default: --model), e.g. the original of a "
+                             "pre-quantized checkpoint")
     parser.add_argument("--replay-step-ms", type=float, default=8.5,
                         help="--engine replay (benchmarking only): ms per step, one token per running request")
     trt = parser.add_argument_group("TensorRT-LLM (--engine tensorrtllm)")
@@ -127,7 +135,8 @@ def build_command(args: argparse.Namespace) -> int:
         target_triton=tuple(int(part) for part in args.target_triton.split(".")[:2]) if args.target_triton else None,
         planned_instances=all(count is None for count in (args.preprocessing_instances,
                                                           args.postprocessing_instances, args.bls_instances)),
-        replay_step_ms=args.replay_step_ms)
+        replay_step_ms=args.replay_step_ms, accuracy_gate=args.accuracy_gate,
+        accuracy_reference=args.accuracy_reference)
     output = build(options)
     print(f"repository ready: {output}")
     return 0
@@ -141,6 +150,9 @@ def check_repository_engine(repository: Path) -> int:
     from .trtllm import check_engine, runtime_facts
 
     manifest = json.loads((repository / MANIFEST).read_text()) if (repository / MANIFEST).exists() else {}
+    if manifest.get("ready") is False:
+        raise EngineMismatch(f"{repository} failed its accuracy gate at build time (figures in {MANIFEST}): "
+                             f"rebuild it, or rebuild without --accuracy-gate to serve it anyway")
     build = manifest.get("tritonforge_build", {})
     if build.get("engine") != "tensorrtllm":
         return 1
@@ -178,6 +190,23 @@ def serve_command(args: argparse.Namespace) -> int:
         if gateway is not None:
             gateway.stop()
     return 0
+
+
+def eval_command(args: argparse.Namespace) -> int:
+    """Compare a served repository's engine with its Hugging Face checkpoint; non-zero exit when it fails."""
+    import json
+
+    from .accuracy import Thresholds, run_eval
+
+    thresholds = Thresholds(min_greedy_agreement=args.min_greedy_agreement, max_logprob_mae=args.max_logprob_mae,
+                            logprob_tolerance=args.logprob_tolerance, max_logprob_off_share=args.max_logprob_off_share,
+                            max_task_accuracy_drop=args.max_task_accuracy_drop)
+    report = run_eval(args.url, args.reference, args.tokenizer or args.reference, prompts_path=args.prompts,
+                      tokens=args.tokens, thresholds=thresholds, choices_path=args.choices)
+    print(report.table())
+    if args.json:
+        args.json.write_text(json.dumps(report.record(), indent=2) + "\n")
+    return 0 if report.passed else 1
 
 
 def openai_command(args: argparse.Namespace) -> int:
@@ -418,6 +447,27 @@ def main(argv: list[str] | None = None) -> int:
                       help="tiny: ~1M parameters for CPUs; 1b: a ~1B Llama body for GPU measurements")
     tiny.set_defaults(func=make_tiny_model_command)
 
+    from .accuracy import Thresholds
+
+    evaluation = commands.add_parser("eval", help="does the served engine answer like its checkpoint?")
+    evaluation.add_argument("--url", required=True, help="Triton's gRPC address of the served repository")
+    evaluation.add_argument("--reference", type=Path, required=True, help="the Hugging Face checkpoint")
+    evaluation.add_argument("--tokenizer", type=Path, default=None,
+                            help="tokenizer folder (default: the checkpoint's; the repository's is preprocessing/"
+                                 "tokenizer)")
+    evaluation.add_argument("--prompts", type=Path, default=None, help="JSONL of {\"prompt\": ...} (default: a "
+                                                                        "small built-in set)")
+    evaluation.add_argument("--choices", type=Path, default=None,
+                            help="multiple-choice JSONL of {\"question\", \"choices\", \"answer\"}")
+    evaluation.add_argument("--tokens", type=int, default=32, help="greedy tokens compared per prompt")
+    evaluation.add_argument("--min-greedy-agreement", type=float, default=Thresholds.min_greedy_agreement)
+    evaluation.add_argument("--max-logprob-mae", type=float, default=Thresholds.max_logprob_mae)
+    evaluation.add_argument("--logprob-tolerance", type=float, default=Thresholds.logprob_tolerance)
+    evaluation.add_argument("--max-logprob-off-share", type=float, default=Thresholds.max_logprob_off_share)
+    evaluation.add_argument("--max-task-accuracy-drop", type=float, default=Thresholds.max_task_accuracy_drop)
+    evaluation.add_argument("--json", type=Path, default=None, help="write the figures here")
+    evaluation.set_defaults(func=eval_command)
+
     gateway = commands.add_parser("openai", help="OpenAI-compatible HTTP API in front of a served repository")
     gateway.add_argument("--url", required=True, help="Triton's gRPC address, e.g. localhost:8001")
     gateway.add_argument("--host", default="127.0.0.1")
@@ -440,7 +490,8 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError, TensorRTLLMMissing, EngineMismatch) as error:
+    except (ValueError, FileNotFoundError, FileExistsError, TensorRTLLMMissing, EngineMismatch,
+            AccuracyGateFailed) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

@@ -174,3 +174,35 @@ def make_tiny_model(output_dir: str | Path, *, tokenizer_family: str = "bpe",
     model.to(getattr(torch, shape.dtype)).save_pretrained(output)
     logger.info("wrote a %s-tokenizer tiny Llama to %s", tokenizer_family, output)
     return output
+
+
+def degraded_copy(checkpoint: str | Path, output_dir: str | Path, *, noise: float = 0.0, int8: bool = False,
+                  seed: int = 0) -> Path:
+    """A copy of `checkpoint` with its matrices degraded, to check that the accuracy gate catches it:
+    `int8` rounds every 2-D weight to int8 per row (symmetric, absmax: what dynamic int8 quantization
+    keeps) and back; `noise` adds Gaussian noise of `noise` × the matrix's own standard deviation."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    source, output = Path(checkpoint), Path(output_dir)
+    output.mkdir(parents=True, exist_ok=False)
+    generator = torch.Generator().manual_seed(seed)
+    for file in source.iterdir():
+        if file.suffix != ".safetensors":
+            shutil.copy2(file, output / file.name)
+            continue
+        tensors = load_file(file)
+        for name, tensor in tensors.items():
+            if tensor.ndim != 2 or not tensor.is_floating_point():
+                continue
+            weight = tensor.float()
+            if int8:
+                scale = weight.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127
+                weight = (weight / scale).round().clamp(-127, 127) * scale
+            if noise:
+                weight = weight + torch.randn(weight.shape, generator=generator) * weight.std() * noise
+            tensors[name] = weight.to(tensor.dtype).contiguous()
+        save_file(tensors, output / file.name, metadata={"format": "pt"})
+    return output

@@ -168,3 +168,9 @@ def test_machine_facts_import_neither_torch_nor_tensorrt_llm():
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
     assert isinstance(runtime_facts(), dict)
+
+
+def test_dry_run_prints_the_accuracy_gate_it_would_run(tiny_models, tmp_path, capsys):
+    build(options(tiny_models["bpe"], tmp_path / "repo", dry_run=True, accuracy_gate=tmp_path / "gate.jsonl"))
+    printed = capsys.readouterr().out
+    assert "tritonforge eval --url localhost:8001" in printed and "gate.jsonl" in printed
