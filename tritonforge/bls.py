@@ -80,6 +80,39 @@ class _IteratorGraveyard:
             self._kept.clear()
 
 
+class _Senders:
+    """A few threads that send the streams' pending chunks: a plain deque and a condition (a thread pool's
+    futures cost more than the send they wrap, once per token)."""
+
+    def __init__(self, threads: int):
+        self._ready: collections.deque = collections.deque()  # outboxes with text to send
+        self._condition = threading.Condition()
+        self._stopping = False
+        self._threads = [threading.Thread(target=self._run, name=f"bls-send-{n}", daemon=True) for n in range(threads)]
+        for thread in self._threads:
+            thread.start()
+
+    def schedule(self, outbox: _StreamOutbox) -> None:
+        with self._condition:
+            self._ready.append(outbox)
+            self._condition.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._condition:
+                while not self._ready and not self._stopping:
+                    self._condition.wait()
+                if self._stopping:
+                    return
+                outbox = self._ready.popleft()
+            outbox.send_pending()
+
+    def shutdown(self) -> None:
+        with self._condition:
+            self._stopping = True
+            self._condition.notify_all()
+
+
 class _StreamOutbox:
     """One stream's text not yet sent, and whether a sender holds it (at most one at a time, so chunks go
     out in order). `add` is called by the stream's reader thread; a sender takes everything pending."""
@@ -98,9 +131,9 @@ class _StreamOutbox:
             if self.busy:
                 return  # the sender that holds this stream takes it on its next turn
             self.busy = True
-        self.orchestrator.senders.submit(self._send)
+        self.orchestrator.senders.schedule(self)
 
-    def _send(self) -> None:
+    def send_pending(self) -> None:
         while True:
             with self.condition:
                 if not self.text:
@@ -165,7 +198,7 @@ class BlsOrchestrator:
         self.preprocessor = Preprocessor(settings.tokenizer_dir, settings.limits, settings.add_special_tokens)
         self.token_bytes = TokenBytes(self.preprocessor.tokenizer)
         self.pool = ThreadPoolExecutor(max_workers=settings.max_concurrency, thread_name_prefix="bls")
-        self.senders = ThreadPoolExecutor(max_workers=SENDER_THREADS, thread_name_prefix="bls-send")
+        self.senders = _Senders(SENDER_THREADS)
         self.graveyard = _IteratorGraveyard()
 
     def submit(self, request) -> None:
@@ -348,7 +381,7 @@ class BlsOrchestrator:
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
-        self.senders.shutdown(wait=False, cancel_futures=True)
+        self.senders.shutdown()
         self.graveyard.clear()
 
 
