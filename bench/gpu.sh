@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The pipeline measurement on the GPU machine (16 cores), perf_analyzer as the load generator, against the
 # replay engine at a real engine's rate: 16 Python engine-step instances sharing one batch of 128 at 8.5 ms a
-# step (~15k tokens/s), with the Python instances `tritonforge tune` chose (4 pre, 8 post, 16 BLS). Each point is profiled (CPU by process, Triton's statistics). Postprocessing runs
-# unordered (NVIDIA's setting), then ordered (the build's default) at 128 and 256 streams.
+# step (~15k tokens/s), with the Python instances `tritonforge tune` chose (4 pre, 8 post, 16 BLS). Each
+# point is profiled (CPU by process, Triton's statistics). Postprocessing runs unordered (NVIDIA's
+# setting), then ordered (the build's default) at 128 and 256 streams.
 # Needs tritonserver and perf_analyzer on PATH and this tree importable by the server's Python stub.
 # Usage: bash bench/gpu.sh RESULTS_DIR [extra bench/pipeline.py options, e.g. --stacks-dir DIR]
 set -uo pipefail
