@@ -1,4 +1,5 @@
-"""A real tritonserver per test module, on a repository built from a tiny model; its log is dumped on failure."""
+"""A real tritonserver per test module, on a repository built from a tiny model; a failing test's report
+carries the logs of the servers up at the time."""
 
 from __future__ import annotations
 
@@ -18,10 +19,27 @@ MAX_SEQ_LEN = 1024
 ENGINE_BATCH = 4
 
 
+# Servers started by these tests: a failing test's report shows their logs (pytest_runtest_makereport).
+LIVE_SERVERS: list[TritonServer] = []
+
+
 def serve_tiny(model_dir, repo_dir, **serving) -> TritonServer:
     build(BuildOptions(model=model_dir, output=repo_dir, max_input_len=MAX_INPUT_LEN, max_seq_len=MAX_SEQ_LEN,
                        max_batch_size=ENGINE_BATCH, serving=configs.ServingConfig(**serving)))
-    return TritonServer(repo_dir).start()
+    server = TritonServer(repo_dir).start()
+    LIVE_SERVERS.append(server)
+    return server
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Attach the logs of the servers still up to a failing test's report, where pytest prints them."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        for server in LIVE_SERVERS:
+            if server.is_running():
+                report.sections.append((f"tritonserver log ({server.grpc_url})", server.failure_summary(60)))
 
 
 @pytest.fixture(scope="module", params=["bpe", "sentencepiece"])
@@ -30,12 +48,9 @@ def served(request, tiny_models, tmp_path_factory):
     model_dir = tiny_models[request.param]
     server = serve_tiny(model_dir, tmp_path_factory.mktemp("repo") / "model_repository", postprocessing_instances=2)
     yield server, model_dir
-    failed = request.node.session.testsfailed
     work_dir = server._work_dir
     server.stop()
     assert work_dir is not None and not work_dir.exists(), "the server's work folder outlived it"
-    if failed:
-        print(f"--- tritonserver log ({server.log_path}) ---\n{server.failure_summary(max_lines=60)}")
 
 
 def engine_stream(url: str, inputs: dict[str, np.ndarray], request_id: str = "", timeout_s: float = 120):

@@ -15,12 +15,11 @@ from tritonforge.client import GenerateRequest, GenerationError, GrpcClient, Htt
 from tritonforge.detokenization import TokenBytes
 from tritonforge.tokenization import load_tokenizer, phrase_token_variants
 
-from .conftest import ENGINE_BATCH, MAX_INPUT_LEN, ascii_only, engine_stream, stream_concurrently
+from .conftest import MAX_INPUT_LEN, ascii_only, engine_stream, stream_concurrently
 
 PROMPTS = ["The server reads a request", "你好，世界。", "café 🚀 naïve", "A", "Stop phrases end the answer"]
 MAX_TOKENS = 24
 CONCURRENT_STREAMS = 16
-LONG_GENERATION = 900  # tokens a cancelled request would otherwise run for
 DONE_S = 120  # generous upper bound for a short request on a shared CPU machine
 
 
@@ -138,56 +137,6 @@ def test_end_id_ends_generation(grpc_client, reference):
     assert len(text.encode()) < len(full.encode())
 
 
-def _fill_engine_and_cancel(url: str, prompt_ids: list[int], streams: int) -> None:
-    """Open `streams` long generations straight to the engine, read a token each, then cancel them."""
-    clients = []
-    for index in range(streams):
-        client = grpcclient.InferenceServerClient(url)
-        got_token = threading.Event()
-        client.start_stream(callback=lambda result, error, e=got_token: e.set())
-        tensors = []
-        for name, array, dtype in (("input_ids", np.array([prompt_ids], dtype=np.int32), "INT32"),
-                                   ("input_lengths", np.array([[len(prompt_ids)]], dtype=np.int32), "INT32"),
-                                   ("request_output_len", np.array([[LONG_GENERATION]], dtype=np.int32), "INT32"),
-                                   ("streaming", np.array([[True]]), "BOOL")):
-            tensor = grpcclient.InferInput(name, list(array.shape), dtype)
-            tensor.set_data_from_numpy(array)
-            tensors.append(tensor)
-        client.async_stream_infer("tensorrt_llm", tensors, request_id=f"long-{index}")
-        assert got_token.wait(DONE_S)
-        clients.append(client)
-    for client in clients:
-        client.stop_stream(cancel_requests=True)
-        client.close()
-
-
-def test_cancelled_engine_streams_free_their_slots(served, grpc_client, reference):
-    tokenizer = load_tokenizer(served[1])
-    _fill_engine_and_cancel(served[0].grpc_url, tokenizer("The engine").input_ids, ENGINE_BATCH)
-    # Every slot was taken by a 900-token generation: this answer arrives only if the cancels freed them.
-    result = {}
-    worker = threading.Thread(target=lambda: result.update(text=grpc_client.generate(PROMPTS[3], max_tokens=4)))
-    worker.start()
-    worker.join(DONE_S)
-    assert result.get("text") == reference(PROMPTS[3], 4)[1]
-
-
-def test_stop_request_ends_a_running_ensemble_stream(served):
-    """Triton 2.51 does not pass a client's cancel to a running ensemble step: the `stop` input does it."""
-    client = GrpcClient(served[0].grpc_url)
-    chunks = []
-    request = GenerateRequest(text_input=PROMPTS[0], max_tokens=LONG_GENERATION)
-    for chunk in client.stream_bytes(request, request_id="stop-me"):
-        chunks.append(chunk)
-        if len(chunks) == 3:
-            _, errors = engine_stream(served[0].grpc_url, {
-                "stop": np.array([[True]]), "input_lengths": np.array([[1]], dtype=np.int32),
-                "request_output_len": np.array([[1]], dtype=np.int32)}, request_id="stop-me")
-            assert not errors
-    client.close()
-    assert 3 <= len(chunks) < LONG_GENERATION
-
-
 BAD_REQUESTS = [
     ({"max_tokens": 4}, "text_input"),  # text_input missing
     ({"text_input": "", "max_tokens": 4}, "text_input"),
@@ -262,7 +211,6 @@ def test_http_bad_input_is_a_400_naming_the_field(served):
 def test_the_engine_publishes_the_tensorrtllm_backend_metric_families(served):
     """nv_trt_llm_request_metrics and nv_trt_llm_kv_cache_block_metrics on Triton's /metrics, moving with load."""
     import re
-    import threading
     import urllib.request
 
     server, _ = served

@@ -83,6 +83,14 @@ def test_same_seed_samples_the_same_tokens(setup):
     b = submit(engine, tokenizer, "The engine", Sink(), sampling=params)
     assert a.done.wait(WAIT_S) and b.done.wait(WAIT_S)
     assert a.result.token_ids == b.result.token_ids
+    # And it is sampling: neither the greedy tokens nor another seed's (a silent fall back to greedy, or a
+    # seed that is ignored, would make them equal).
+    greedy = submit(engine, tokenizer, "The engine", Sink())
+    other = submit(engine, tokenizer, "The engine", Sink(), sampling=SamplingParams(top_k=50, temperature=1.0,
+                                                                                      seed=7))
+    assert greedy.done.wait(WAIT_S) and other.done.wait(WAIT_S)
+    assert a.result.token_ids != greedy.result.token_ids
+    assert a.result.token_ids != other.result.token_ids
 
 
 def test_stop_sequence_ends_generation_and_is_included(setup):
@@ -118,6 +126,11 @@ def test_cancelled_request_stops_and_frees_its_slot(setup):
     sink = submit(engine, tokenizer, "The engine", Sink(cancel_after=3), max_new_tokens=100)
     assert sink.done.wait(WAIT_S) and sink.result.finish_reason == "cancelled"
     assert len(sink.streamed) < 100
+    # The slot is free: the engine's published statistics count no running sequence and no cache in use.
+    deadline = time.monotonic() + WAIT_S
+    while engine.stats.scheduled and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.stats.scheduled == 0 and engine.stats.kv_tokens == 0
 
 
 def test_cancel_by_request_id(setup):

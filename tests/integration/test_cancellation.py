@@ -1,0 +1,110 @@
+"""Cancellation that must free the engine, made deterministic by the replay engine's fixed step: a long
+generation takes far longer than any bound here, so only a working cancel can pass these tests."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from tritonforge import model_configs as configs
+from tritonforge.build import BuildOptions, build
+from tritonforge.client import GenerateRequest, GrpcClient
+from tritonforge.server import TritonServer
+from tritonforge.tokenization import load_tokenizer
+
+from .conftest import engine_stream
+
+STEP_MS = 50
+LONG_GENERATION = 900  # 45 s at one token every 50 ms: never reached by a request a test stops
+BATCH = 2
+ANSWER_S = 15  # far below LONG_GENERATION × STEP_MS
+
+
+@pytest.fixture(scope="module")
+def served(tiny_models, tmp_path_factory):
+    repository = build(BuildOptions(model=tiny_models["bpe"], output=tmp_path_factory.mktemp("cancel") / "repo",
+                                    engine="replay", replay_step_ms=STEP_MS, max_batch_size=BATCH, max_input_len=64,
+                                    max_seq_len=1024, serving=configs.ServingConfig()), progress=lambda _: None)
+    with TritonServer(repository) as server:
+        yield server, repository
+
+
+def open_long_engine_streams(url: str, prompt_ids: list[int], streams: int) -> list:
+    """`streams` long generations straight to the engine, each past its first token."""
+    clients = []
+    for index in range(streams):
+        client = grpcclient.InferenceServerClient(url)
+        got_token = threading.Event()
+        client.start_stream(callback=lambda result, error, e=got_token: e.set())
+        tensors = []
+        for name, array, dtype in (("input_ids", np.array([prompt_ids], dtype=np.int32), "INT32"),
+                                   ("input_lengths", np.array([[len(prompt_ids)]], dtype=np.int32), "INT32"),
+                                   ("request_output_len", np.array([[LONG_GENERATION]], dtype=np.int32), "INT32"),
+                                   ("streaming", np.array([[True]]), "BOOL")):
+            tensor = grpcclient.InferInput(name, list(array.shape), dtype)
+            tensor.set_data_from_numpy(array)
+            tensors.append(tensor)
+        client.async_stream_infer("tensorrt_llm", tensors, request_id=f"long-{index}")
+        assert got_token.wait(ANSWER_S)
+        clients.append(client)
+    return clients
+
+
+def answer_within(url: str, seconds: float) -> str | None:
+    result = {}
+
+    def ask():
+        client = GrpcClient(url)
+        result["text"] = client.generate("Hello", max_tokens=4)
+        client.close()
+
+    worker = threading.Thread(target=ask, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    return result.get("text")
+
+
+def test_cancelled_engine_streams_free_their_slots(served):
+    server, repository = served
+    prompt_ids = load_tokenizer(repository / "preprocessing" / "tokenizer")("The engine").input_ids
+    clients = open_long_engine_streams(server.grpc_url, prompt_ids, BATCH)
+    assert answer_within(server.grpc_url, 3) is None  # every slot is taken: a new request waits
+    for client in clients:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+    assert answer_within(server.grpc_url, ANSWER_S), "the cancelled generations kept their slots"
+
+
+def test_stop_request_ends_a_running_ensemble_stream(served):
+    """Triton 2.51 does not pass a client's cancel to a running ensemble step: the `stop` input does it."""
+    server, _ = served
+    client = GrpcClient(server.grpc_url)
+    chunks = []
+    started = time.monotonic()
+    for chunk in client.stream_bytes(GenerateRequest(text_input="The server", max_tokens=LONG_GENERATION),
+                                     request_id="stop-me"):
+        chunks.append(chunk)
+        if len(chunks) == 3:
+            _, errors = engine_stream(server.grpc_url, {
+                "stop": np.array([[True]]), "input_lengths": np.array([[1]], dtype=np.int32),
+                "request_output_len": np.array([[1]], dtype=np.int32)}, request_id="stop-me")
+            assert not errors
+    client.close()
+    assert 3 <= len(chunks) < LONG_GENERATION and time.monotonic() - started < ANSWER_S
+
+
+def test_an_anonymous_stop_stops_nobody(served):
+    server, _ = served
+    client = GrpcClient(server.grpc_url)
+    chunks = []
+    for chunk in client.stream_bytes(GenerateRequest(text_input="The server", max_tokens=20)):
+        chunks.append(chunk)
+        if len(chunks) == 2:
+            _, errors = engine_stream(server.grpc_url, {
+                "stop": np.array([[True]]), "input_lengths": np.array([[1]], dtype=np.int32),
+                "request_output_len": np.array([[1]], dtype=np.int32)})
+            assert errors and "request id" in errors[0]
+    client.close()
+    assert len(chunks) == 20  # the replay engine streams one chunk per token, to the end
