@@ -32,6 +32,7 @@ import numpy as np
 from .contract import ENGINE_FROM_CLIENT, ENGINE_PASSTHROUGH_OUTPUTS, MESSAGES_WIRING, PREPROCESSING_FROM_CLIENT
 from .detokenization import IncrementalDetokenizer, TokenBytes
 from .errors import RequestError
+from .model_parameters import CANCELLATION_CHECK_PERIOD_MS
 from .preprocess import PreprocessLimits, Preprocessor
 from .stop_phrases import StopPhraseFilter
 from .tokenization import decode_utf8
@@ -48,7 +49,7 @@ CLIENT_TO_PREPROCESSING = {client: model for model, client in {**PREPROCESSING_F
 CLIENT_TO_ENGINE = {client: engine for engine, client in ENGINE_FROM_CLIENT.items()}
 # Inputs the BLS sets itself on every engine request.
 FORCED_ENGINE_INPUTS = {"streaming", "exclude_input_in_output"}
-CANCEL_CHECK_PERIOD_S = 0.1  # as the engine's cancellation_check_period_ms
+CANCEL_CHECK_PERIOD_S = CANCELLATION_CHECK_PERIOD_MS / 1000
 SENDER_THREADS = 4  # per instance: they send the coalesced chunks of every stream
 ITERATOR_GRACE_S = 2.0  # how long a finished BLS response iterator is kept alive (see _IteratorGraveyard)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import model_configs as configs
 from . import trtllm
+from .model_parameters import CANCELLATION_CHECK_PERIOD_MS, ReplayEngineParameters, TransformersEngineParameters
 from .planner import ModelShape, plan_memory
 from .repository import (
     CHECKPOINT_SUBDIR,
@@ -88,32 +89,20 @@ def read_checkpoint_config(model: Path) -> dict:
 
 
 def transformers_engine_parameters(options: BuildOptions) -> dict[str, str]:
-    return {
-        "model_path": f"1/{CHECKPOINT_SUBDIR}",
-        "max_batch_size": str(options.max_batch_size),
-        "max_input_len": str(options.max_input_len),
-        "max_seq_len": str(options.max_seq_len),
-        "dtype": options.dtype,
-        "device": options.device,
-        "exclude_input_in_output": str(options.serving.exclude_input_in_output).lower(),
-        "cancellation_check_period_ms": "100",
-    }
+    return TransformersEngineParameters(
+        model_path=f"1/{CHECKPOINT_SUBDIR}", max_batch_size=options.max_batch_size,
+        max_input_len=options.max_input_len, max_seq_len=options.max_seq_len, dtype=options.dtype,
+        device=options.device, exclude_input_in_output=options.serving.exclude_input_in_output).to_config()
 
 
 def replay_engine_parameters(options: BuildOptions, vocab_size: int) -> dict[str, str]:
     # --max-batch-size is the whole engine's: several instances share it (replay_engine.SharedBatch), so
     # the engine streams max_batch_size tokens a step however many stubs send them.
-    return {
-        "replay_tokens": f"1/{REPLAY_TOKENS}",
-        "replay_step_ms": str(options.replay_step_ms),
-        "shared_batch": str(options.serving.engine_instances > 1).lower(),
-        "vocab_size": str(vocab_size),
-        "max_batch_size": str(options.max_batch_size),
-        "max_input_len": str(options.max_input_len),
-        "max_seq_len": str(options.max_seq_len),
-        "exclude_input_in_output": str(options.serving.exclude_input_in_output).lower(),
-        "cancellation_check_period_ms": "100",
-    }
+    return ReplayEngineParameters(
+        replay_tokens=f"1/{REPLAY_TOKENS}", replay_step_ms=options.replay_step_ms, vocab_size=vocab_size,
+        shared_batch=options.serving.engine_instances > 1, max_batch_size=options.max_batch_size,
+        max_input_len=options.max_input_len, max_seq_len=options.max_seq_len,
+        exclude_input_in_output=options.serving.exclude_input_in_output).to_config()
 
 
 def tensorrtllm_engine_parameters(options: BuildOptions) -> dict[str, str]:
@@ -136,7 +125,7 @@ def tensorrtllm_engine_parameters(options: BuildOptions) -> dict[str, str]:
         "enable_kv_cache_reuse": flag(options.enable_kv_cache_reuse),
         "enable_chunked_context": flag(options.enable_chunked_context),
         "exclude_input_in_output": flag(options.serving.exclude_input_in_output),
-        "cancellation_check_period_ms": "100",
+        "cancellation_check_period_ms": str(CANCELLATION_CHECK_PERIOD_MS),
         "stats_check_period_ms": "100",
         "normalize_log_probs": "true",
         "decoding_mode": "top_k_top_p",

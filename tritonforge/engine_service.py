@@ -20,12 +20,11 @@ import numpy as np
 from .engine_requests import EngineRow, is_stop_request, parse_engine_request
 from .errors import RequestError
 from .generation import EngineLimits, GenerationRequest, GenerationResult
+from .model_parameters import CANCELLATION_CHECK_PERIOD_MS, EngineParameters, TransformersEngineParameters
 from .triton_adapter import (
     CancellationCheck,
     is_decoupled,
-    model_parameters,
     output_tensors,
-    parameter_flag,
     request_inputs,
     requested_outputs,
     resolve_path,
@@ -39,44 +38,40 @@ REQUIRED_OUTPUTS = frozenset({"output_ids", "sequence_length"})
 
 @dataclass(frozen=True, kw_only=True)
 class EngineSettings:
-    """The engine model's `parameters`, typed."""
+    """What the engine service needs, from the engine model's typed parameters and its config."""
 
     limits: EngineLimits
-    model_path: str = ""  # the transformers checkpoint; unused by the replay engine
+    model_path: str = ""  # the transformers checkpoint, absolute; unused by the replay engine
     dtype: str = "auto"  # auto | float32 | float16 | bfloat16
     device: str = "auto"  # auto | cpu | cuda
     exclude_input_in_output: bool = True
-    cancellation_check_period_ms: int = 100
+    cancellation_check_period_ms: int = CANCELLATION_CHECK_PERIOD_MS
     decoupled: bool = True
 
     @classmethod
-    def from_parameters(cls, parameters: dict[str, str], *, decoupled: bool, max_queue_size: int) -> EngineSettings:
-        def number(key: str, default: int) -> int:
-            return int(parameters[key]) if parameters.get(key) else default
-
+    def from_parameters(cls, parameters: EngineParameters, *, decoupled: bool, max_queue_size: int,
+                        model_path: str = "") -> EngineSettings:
+        transformers = isinstance(parameters, TransformersEngineParameters)
         return cls(
-            model_path=parameters.get("model_path", ""),
-            limits=EngineLimits(max_batch_size=number("max_batch_size", 8),
-                                max_input_len=number("max_input_len", 1024),
-                                max_seq_len=number("max_seq_len", 2048),
-                                max_queue_size=max_queue_size),
-            dtype=parameters.get("dtype", "auto") or "auto",
-            device=parameters.get("device", "auto") or "auto",
-            exclude_input_in_output=parameter_flag(parameters, "exclude_input_in_output", True),
-            cancellation_check_period_ms=number("cancellation_check_period_ms", 100),
+            model_path=model_path,
+            limits=EngineLimits(max_batch_size=parameters.max_batch_size, max_input_len=parameters.max_input_len,
+                                max_seq_len=parameters.max_seq_len, max_queue_size=max_queue_size),
+            dtype=parameters.dtype if transformers else "auto",
+            device=parameters.device if transformers else "auto",
+            exclude_input_in_output=parameters.exclude_input_in_output,
+            cancellation_check_period_ms=parameters.cancellation_check_period_ms,
             decoupled=decoupled,
         )
 
-
     @classmethod
-    def from_model_args(cls, args: dict) -> EngineSettings:
-        """From the `args` of `initialize`: parameters, decoupled policy, queue size; paths made absolute."""
+    def from_model_args(cls, args: dict, parameters: EngineParameters) -> EngineSettings:
+        """From the `args` of `initialize` and the model's parsed parameters: decoupled policy, queue size, the
+        checkpoint path made absolute."""
         queue_policy = json.loads(args["model_config"]).get("dynamic_batching", {}).get("default_queue_policy", {})
-        parameters = model_parameters(args)
-        if parameters.get("model_path"):
-            parameters["model_path"] = resolve_path(args, parameters["model_path"])
+        model_path = getattr(parameters, "model_path", "")
         return cls.from_parameters(parameters, decoupled=is_decoupled(args),
-                                   max_queue_size=int(queue_policy.get("max_queue_size", 0)))
+                                   max_queue_size=int(queue_policy.get("max_queue_size", 0)),
+                                   model_path=resolve_path(args, model_path) if model_path else "")
 
 
 def load_model(settings: EngineSettings):

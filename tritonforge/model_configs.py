@@ -14,6 +14,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from . import contract
 from .contract import ENGINE_MODEL, Tensor
+from .model_parameters import BlsParameters, PostprocessingParameters, PreprocessingParameters
 
 # "replay" is for benchmarking only: it streams pre-set tokens (tritonforge/replay_engine.py).
 ENGINES = ("transformers", "tensorrtllm", "replay")
@@ -109,12 +110,9 @@ def preprocessing_config(serving: ServingConfig, limits: EngineLimitsSpec, token
     _add_tensors(config.output, contract.PREPROCESSING_OUTPUTS, is_input=False)
     config.dynamic_batching.max_queue_delay_microseconds = serving.max_queue_delay_microseconds
     _cpu_instances(config, serving.preprocessing_instances)
-    _set_parameters(config, {
-        "tokenizer_dir": tokenizer_dir,
-        "max_input_len": str(limits.max_input_len),
-        "max_output_len": str(limits.max_output_len),
-        "add_special_tokens": str(serving.add_special_tokens).lower(),
-    })
+    _set_parameters(config, PreprocessingParameters(
+        tokenizer_dir=tokenizer_dir, max_input_len=limits.max_input_len, max_output_len=limits.max_output_len,
+        add_special_tokens=serving.add_special_tokens).to_config())
     return config
 
 
@@ -126,7 +124,7 @@ def postprocessing_config(serving: ServingConfig, tokenizer_dir: str) -> mc.Mode
     config.dynamic_batching.preserve_ordering = serving.postprocessing_preserve_ordering
     config.dynamic_batching.max_queue_delay_microseconds = serving.postprocessing_delay_microseconds
     _cpu_instances(config, serving.postprocessing_instances)
-    _set_parameters(config, {"tokenizer_dir": tokenizer_dir})
+    _set_parameters(config, PostprocessingParameters(tokenizer_dir=tokenizer_dir).to_config())
     return config
 
 
@@ -176,11 +174,10 @@ def bls_config(serving: ServingConfig, limits: EngineLimitsSpec, tokenizer_dir: 
     _add_tensors(config.input, contract.bls_inputs(messages=serving.messages_input), is_input=True)
     _add_tensors(config.output, contract.CLIENT_OUTPUTS, is_input=False)
     _cpu_instances(config, serving.bls_instances)
-    _set_parameters(config, {"tokenizer_dir": tokenizer_dir, "tensorrt_llm_model_name": ENGINE_MODEL,
-                             "max_concurrency": str(serving.bls_max_concurrency),
-                             "max_input_len": str(limits.max_input_len),
-                             "max_output_len": str(limits.max_output_len),
-                             "add_special_tokens": str(serving.add_special_tokens).lower()})
+    _set_parameters(config, BlsParameters(
+        tokenizer_dir=tokenizer_dir, tensorrt_llm_model_name=ENGINE_MODEL, max_concurrency=serving.bls_max_concurrency,
+        max_input_len=limits.max_input_len, max_output_len=limits.max_output_len,
+        add_special_tokens=serving.add_special_tokens).to_config())
     return config
 
 

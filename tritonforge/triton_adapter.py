@@ -29,12 +29,6 @@ def model_parameters(args: dict) -> dict[str, str]:
     return {key: value.get("string_value", "") for key, value in parameters.items()}
 
 
-def parameter_flag(parameters: dict[str, str], key: str, default: bool) -> bool:
-    """A true/false model parameter ("true" / "1" are true); absent or empty gives `default`."""
-    value = parameters.get(key, "")
-    return value.lower() in ("true", "1") if value else default
-
-
 def is_decoupled(args: dict) -> bool:
     return bool(json.loads(args["model_config"]).get("model_transaction_policy", {}).get("decoupled", False))
 

@@ -14,13 +14,15 @@ Stateless: streamed chunks may go to any instance. One response per request.
 
 import triton_python_backend_utils as pb_utils
 
+from tritonforge.model_parameters import PostprocessingParameters
 from tritonforge.postprocess import Postprocessor
-from tritonforge.triton_adapter import answer_each, model_parameters, resolve_path
+from tritonforge.triton_adapter import answer_each, resolve_path
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.postprocessor = Postprocessor(resolve_path(args, model_parameters(args)["tokenizer_dir"]))
+        parameters = PostprocessingParameters.from_model_args(args)
+        self.postprocessor = Postprocessor(resolve_path(args, parameters.tokenizer_dir))
 
     def execute(self, requests):
         return answer_each(pb_utils, requests, lambda inputs: {

@@ -20,18 +20,18 @@ One response per request; a bad request gets its own INVALID_ARG error naming th
 
 import triton_python_backend_utils as pb_utils
 
+from tritonforge.model_parameters import PreprocessingParameters
 from tritonforge.preprocess import PreprocessLimits, Preprocessor
-from tritonforge.triton_adapter import answer_each, model_parameters, parameter_flag, resolve_path
+from tritonforge.triton_adapter import answer_each, resolve_path
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        parameters = model_parameters(args)
+        parameters = PreprocessingParameters.from_model_args(args)
         self.preprocessor = Preprocessor(
-            resolve_path(args, parameters["tokenizer_dir"]),
-            PreprocessLimits(max_input_len=int(parameters["max_input_len"]),
-                             max_output_len=int(parameters["max_output_len"])),
-            add_special_tokens=parameter_flag(parameters, "add_special_tokens", True))
+            resolve_path(args, parameters.tokenizer_dir),
+            PreprocessLimits(max_input_len=parameters.max_input_len, max_output_len=parameters.max_output_len),
+            add_special_tokens=parameters.add_special_tokens)
 
     def execute(self, requests):
         return answer_each(pb_utils, requests, self.preprocessor)

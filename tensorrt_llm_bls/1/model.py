@@ -10,21 +10,20 @@ a client's cancel and a stop phrase both stop the engine's request. One instance
 import triton_python_backend_utils as pb_utils
 
 from tritonforge.bls import BlsOrchestrator, BlsSettings
+from tritonforge.model_parameters import BlsParameters
 from tritonforge.preprocess import PreprocessLimits
-from tritonforge.triton_adapter import is_decoupled, model_parameters, parameter_flag, resolve_path
+from tritonforge.triton_adapter import is_decoupled, resolve_path
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        parameters = model_parameters(args)
+        parameters = BlsParameters.from_model_args(args)
         self.orchestrator = BlsOrchestrator(pb_utils, BlsSettings(
-            tokenizer_dir=resolve_path(args, parameters["tokenizer_dir"]),
-            limits=PreprocessLimits(max_input_len=int(parameters["max_input_len"]),
-                                    max_output_len=int(parameters["max_output_len"])),
-            engine_model=parameters["tensorrt_llm_model_name"],
-            max_concurrency=int(parameters.get("max_concurrency", "256")),
-            add_special_tokens=parameter_flag(parameters, "add_special_tokens", True),
-            decoupled=is_decoupled(args)))
+            tokenizer_dir=resolve_path(args, parameters.tokenizer_dir),
+            limits=PreprocessLimits(max_input_len=parameters.max_input_len,
+                                    max_output_len=parameters.max_output_len),
+            engine_model=parameters.tensorrt_llm_model_name, max_concurrency=parameters.max_concurrency,
+            add_special_tokens=parameters.add_special_tokens, decoupled=is_decoupled(args)))
 
     def execute(self, requests):
         for request in requests:

@@ -12,24 +12,25 @@ import logging
 import triton_python_backend_utils as pb_utils
 
 from tritonforge.engine_service import EngineService, EngineSettings
+from tritonforge.model_parameters import ReplayEngineParameters
 from tritonforge.replay_engine import ReplayEngine, SharedBatch
-from tritonforge.triton_adapter import model_parameters, resolve_path
+from tritonforge.triton_adapter import resolve_path
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        settings = EngineSettings.from_model_args(args)
-        parameters = model_parameters(args)
-        with open(resolve_path(args, parameters["replay_tokens"]), encoding="utf-8") as file:
+        parameters = ReplayEngineParameters.from_model_args(args)
+        settings = EngineSettings.from_model_args(args, parameters)
+        with open(resolve_path(args, parameters.replay_tokens), encoding="utf-8") as file:
             token_ids = json.load(file)
         # Several instances share one batch (the build sets shared_batch when it writes more than one).
         self.shared_batch = None
-        if parameters["shared_batch"] == "true":
+        if parameters.shared_batch:
             self.shared_batch = SharedBatch.for_model(args["model_repository"], settings.limits.max_batch_size)
-        engine = ReplayEngine(token_ids, step_ms=float(parameters["replay_step_ms"]), limits=settings.limits,
-                              vocab_size=int(parameters["vocab_size"]), shared_batch=self.shared_batch)
+        engine = ReplayEngine(token_ids, step_ms=parameters.replay_step_ms, limits=settings.limits,
+                              vocab_size=parameters.vocab_size, shared_batch=self.shared_batch)
         logging.getLogger(__name__).warning("tensorrt_llm is the REPLAY engine (benchmarking only): it "
-                                            "streams pre-set tokens every %s ms", parameters["replay_step_ms"])
+                                            "streams pre-set tokens every %s ms", parameters.replay_step_ms)
         self.service = EngineService(pb_utils, settings, engine)
 
     def execute(self, requests):

@@ -24,11 +24,13 @@ Same tensors as NVIDIA's `tensorrtllm` backend (INTERFACE.md), decoupled; one re
 import triton_python_backend_utils as pb_utils
 
 from tritonforge.engine_service import EngineService, EngineSettings
+from tritonforge.model_parameters import TransformersEngineParameters
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.service = EngineService(pb_utils, EngineSettings.from_model_args(args))
+        settings = EngineSettings.from_model_args(args, TransformersEngineParameters.from_model_args(args))
+        self.service = EngineService(pb_utils, settings)
         self.service.publish_metrics(args["model_name"], args["model_version"])
 
     def execute(self, requests):

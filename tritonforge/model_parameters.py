@@ -1,0 +1,113 @@
+"""Each Python model's `config.pbtxt` parameters as one typed dataclass, written by the build and read by
+the model with the same code: one place for every key, its type and its default.
+
+Triton keeps parameters as strings. `to_config` writes every field (booleans as "true"/"false");
+`from_config` converts each back by the field's type, takes the field's default when the key is absent
+or empty, and refuses a value it cannot read, naming the key. Paths stay as written (relative to the
+model's directory); the model resolves them (`triton_adapter.resolve_path`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+
+from .contract import ENGINE_MODEL
+
+# How often a request's cancellation is checked: each check is an IPC round trip (the tensorrtllm backend's
+# `cancellation_check_period_ms`, which the build sets to the same value).
+CANCELLATION_CHECK_PERIOD_MS = 100
+
+
+class ParameterError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelParameters:
+    def to_config(self) -> dict[str, str]:
+        return {field.name: _to_text(getattr(self, field.name)) for field in dataclasses.fields(self)}
+
+    @classmethod
+    def from_config(cls, parameters: dict[str, str]):
+        types = typing.get_type_hints(cls)
+        values = {}
+        for field in dataclasses.fields(cls):
+            text = parameters.get(field.name, "")
+            if text == "":
+                if field.default is dataclasses.MISSING:
+                    raise ParameterError(f"config parameter {field.name!r} is required by {cls.__name__}")
+                continue
+            values[field.name] = _from_text(field.name, text, types[field.name])
+        return cls(**values)
+
+    @classmethod
+    def from_model_args(cls, args: dict):
+        from .triton_adapter import model_parameters
+
+        return cls.from_config(model_parameters(args))
+
+
+def _to_text(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _from_text(key: str, text: str, kind):
+    if kind is bool:
+        if text.lower() not in ("true", "false", "1", "0"):
+            raise ParameterError(f"config parameter {key!r} must be true or false, got {text!r}")
+        return text.lower() in ("true", "1")
+    try:
+        return kind(text)
+    except ValueError:
+        raise ParameterError(f"config parameter {key!r} must be {kind.__name__}, got {text!r}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreprocessingParameters(ModelParameters):
+    tokenizer_dir: str
+    max_input_len: int
+    max_output_len: int
+    add_special_tokens: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class PostprocessingParameters(ModelParameters):
+    tokenizer_dir: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlsParameters(ModelParameters):
+    tokenizer_dir: str
+    max_input_len: int
+    max_output_len: int
+    tensorrt_llm_model_name: str = ENGINE_MODEL  # NVIDIA's BLS names its engine model with this key
+    max_concurrency: int = 256  # requests one instance runs at once
+    add_special_tokens: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineParameters(ModelParameters):
+    """What both Python engine steps read (the tensorrtllm backend has its own keys, trtllm.py)."""
+
+    max_batch_size: int
+    max_input_len: int
+    max_seq_len: int
+    exclude_input_in_output: bool = True
+    cancellation_check_period_ms: int = CANCELLATION_CHECK_PERIOD_MS
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransformersEngineParameters(EngineParameters):
+    model_path: str
+    dtype: str = "auto"  # auto | float32 | float16 | bfloat16
+    device: str = "auto"  # auto | cpu | cuda
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayEngineParameters(EngineParameters):
+    replay_tokens: str
+    replay_step_ms: float
+    vocab_size: int
+    shared_batch: bool = False  # several instances share one batch (replay_engine.SharedBatch)
