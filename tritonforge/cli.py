@@ -15,26 +15,24 @@ from .build import AccuracyGateFailed
 from .trtllm import EXAMPLES_DIR, KV_CACHE_DTYPES, QUANTIZATIONS, EngineMismatch, TensorRTLLMMissing
 
 
-def positive_ints(text: str) -> list[int]:
-    """An argparse `type` for lists like "1,8,32,128" (concurrencies, instance counts)."""
+def _whole_numbers(text: str, minimum: int) -> list[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected numbers >= 1, got {text!r}")
+    if not values or min(values) < minimum:
+        raise argparse.ArgumentTypeError(f"expected numbers >= {minimum}, got {text!r}")
     return values
+
+
+def positive_ints(text: str) -> list[int]:
+    """An argparse `type` for lists like "1,8,32,128" (concurrencies, instance counts)."""
+    return _whole_numbers(text, 1)
 
 
 def non_negative_ints(text: str) -> list[int]:
     """An argparse `type` for lists like "0,200" (delays)."""
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"expected numbers >= 0, got {text!r}")
-    return values
+    return _whole_numbers(text, 0)
 
 
 def _add_build_arguments(parser: argparse.ArgumentParser) -> None:
