@@ -1,0 +1,131 @@
+"""The OpenAI gateway's overhead: tokens/s and time to first token through the gateway (the real `openai`
+client, streaming /v1/completions) against the ensemble over gRPC (tritonclient asyncio), side by side on
+one server with the replay engine, at 1, 32 and 128 streams. Every request asks for exactly
+--output-tokens tokens (min_tokens = max_tokens), so both paths do equal work.
+
+  .venv/bin/python bench/gateway.py                          # writes bench/results/gateway-cpu.{json,md}
+  python3 bench/gateway.py --replay-step-ms 8.5 --engine-instances 16 --engine-max-batch-size 128 \\
+      --name gateway-gpu                                     # the GPU machine, at a real engine's rate
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tritonforge import model_configs as configs
+from tritonforge.benchmark import Timing, asyncio_load, machine_description, make_prompts, summarize
+from tritonforge.build import BuildOptions, build
+from tritonforge.cli import positive_ints
+from tritonforge.openai_gateway import GatewayThread
+from tritonforge.server import TritonServer, free_port
+from tritonforge.tiny_model import make_tiny_model
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+async def _gateway_load(base_url: str, prompts, concurrency: int, output_tokens: int, seconds: float):
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    deadline = time.perf_counter() + seconds
+    timings: list[Timing] = []
+
+    async def user(index: int) -> None:
+        sent = 0
+        while sent == 0 or time.perf_counter() < deadline:
+            text, _ = prompts[(index + sent * concurrency) % len(prompts)]
+            timing = Timing(sent=time.perf_counter(), arrivals=[], tokens=0)
+            try:
+                stream = await client.completions.create(
+                    model="tritonforge", prompt=text, max_tokens=output_tokens, stream=True,
+                    extra_body={"min_tokens": output_tokens})
+                async for chunk in stream:
+                    if chunk.choices and chunk.choices[0].text:
+                        timing.arrivals.append(time.perf_counter())
+                timing.tokens = output_tokens
+            except openai.OpenAIError as error:
+                timing.error = str(error)
+            timings.append(timing)
+            sent += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(user(index) for index in range(concurrency)))
+    await client.close()
+    end = max((t.arrivals[-1] for t in timings if t.arrivals), default=time.perf_counter())
+    return timings, end - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--concurrency", type=positive_ints, default="1,32,128")
+    parser.add_argument("--output-tokens", type=int, default=64)
+    parser.add_argument("--duration-s", type=float, default=8.0)
+    parser.add_argument("--replay-step-ms", type=float, default=20.0,
+                        help="20 ms keeps a 2-core machine below saturation; 8.5 is a real engine's step")
+    parser.add_argument("--engine-instances", type=int, default=2)
+    parser.add_argument("--engine-max-batch-size", type=int, default=128)
+    parser.add_argument("--postprocessing-instances", type=int, default=2)
+    parser.add_argument("--name", default="gateway-cpu")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as temporary:
+        work = Path(temporary)
+        model = make_tiny_model(work / "model")
+        serving = configs.ServingConfig(max_batch_size=max(args.concurrency), engine_instances=args.engine_instances,
+                                        postprocessing_instances=args.postprocessing_instances)
+        repository = build(BuildOptions(model=model, output=work / "repo", engine="replay",
+                                        replay_step_ms=args.replay_step_ms,
+                                        max_batch_size=args.engine_max_batch_size, max_input_len=64,
+                                        max_seq_len=64 + args.output_tokens, serving=serving),
+                           progress=lambda _: None)
+        prompts = make_prompts(repository / "preprocessing" / "tokenizer", 256, 24)
+        with TritonServer(repository) as server:
+            gateway = GatewayThread(server.grpc_url, port=free_port()).start()
+            try:
+                asyncio_load(server.grpc_url, "ensemble", prompts, 4, args.output_tokens, 1)  # warm-up
+                for concurrency in args.concurrency:
+                    for path in ("ensemble", "gateway"):
+                        if path == "ensemble":
+                            timings, wall = asyncio_load(server.grpc_url, "ensemble", prompts, concurrency,
+                                                         args.output_tokens, args.duration_s)
+                        else:
+                            timings, wall = asyncio.run(_gateway_load(gateway.base_url, prompts, concurrency,
+                                                                      args.output_tokens, args.duration_s))
+                        row = {"concurrency": concurrency, "path": path, **summarize(timings, wall)}
+                        rows.append(row)
+                        print(f"{concurrency:4} {path:9} {row['output_tokens_per_s']:9,.0f} tok/s  TTFT p50 "
+                              f"{row['ttft_ms_p50']} ms  errors {row['errors']}", file=sys.stderr, flush=True)
+            finally:
+                gateway.stop()
+    by_point = {(r["concurrency"], r["path"]): r for r in rows}
+    for row in rows:
+        base = by_point[(row["concurrency"], "ensemble")]["output_tokens_per_s"]
+        row["ratio"] = round(row["output_tokens_per_s"] / base, 3) if base else None
+    meta = {"machine": machine_description(), "date": datetime.date.today().isoformat(),
+            "replay_step_ms": args.replay_step_ms, "output_tokens": args.output_tokens,
+            "duration_s": args.duration_s}
+    lines = [f"OpenAI gateway vs the ensemble over gRPC — {meta['machine']}, {meta['date']}, replay engine "
+             f"{args.replay_step_ms} ms a step, {args.output_tokens} tokens a request", "",
+             "| streams | path | output tokens/s | vs ensemble | TTFT p50 / p99 ms | errors |",
+             "|---:|---|---:|---:|---:|---:|"]
+    for row in rows:
+        lines.append(f"| {row['concurrency']} | {row['path']} | {row['output_tokens_per_s']:,.0f} | {row['ratio']} | "
+                     f"{row['ttft_ms_p50']} / {row['ttft_ms_p99']} | {row['errors']} |")
+    stem = args.results_dir / args.name
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if all(row["errors"] == 0 for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
