@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import datetime
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -23,7 +24,6 @@ from tritonforge import model_configs as configs
 from tritonforge.benchmark import Timing, asyncio_load, machine_description, make_prompts, summarize
 from tritonforge.build import BuildOptions, build
 from tritonforge.cli import positive_ints
-from tritonforge.openai_gateway import GatewayThread
 from tritonforge.server import TritonServer, free_port
 from tritonforge.tiny_model import make_tiny_model
 
@@ -62,6 +62,21 @@ async def _gateway_load(base_url: str, prompts, concurrency: int, output_tokens:
     return timings, end - start
 
 
+def wait_healthy(base_url: str, timeout_s: float = 60) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the gateway at {base_url} did not become healthy")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--concurrency", type=positive_ints, default="1,32,128")
@@ -88,7 +103,12 @@ def main() -> int:
                            progress=lambda _: None)
         prompts = make_prompts(repository / "preprocessing" / "tokenizer", 256, 24)
         with TritonServer(repository) as server:
-            gateway = GatewayThread(server.grpc_url, port=free_port()).start()
+            # Its own process, as in production: sharing the load generator's GIL would measure that instead.
+            port = free_port()
+            gateway = subprocess.Popen([sys.executable, "-m", "tritonforge.cli", "openai", "--url", server.grpc_url,
+                                        "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            base_url = f"http://127.0.0.1:{port}"
+            wait_healthy(base_url)
             try:
                 asyncio_load(server.grpc_url, "ensemble", prompts, 4, args.output_tokens, 1)  # warm-up
                 for concurrency in args.concurrency:
@@ -97,14 +117,15 @@ def main() -> int:
                             timings, wall = asyncio_load(server.grpc_url, "ensemble", prompts, concurrency,
                                                          args.output_tokens, args.duration_s)
                         else:
-                            timings, wall = asyncio.run(_gateway_load(gateway.base_url, prompts, concurrency,
+                            timings, wall = asyncio.run(_gateway_load(base_url, prompts, concurrency,
                                                                       args.output_tokens, args.duration_s))
                         row = {"concurrency": concurrency, "path": path, **summarize(timings, wall)}
                         rows.append(row)
                         print(f"{concurrency:4} {path:9} {row['output_tokens_per_s']:9,.0f} tok/s  TTFT p50 "
                               f"{row['ttft_ms_p50']} ms  errors {row['errors']}", file=sys.stderr, flush=True)
             finally:
-                gateway.stop()
+                gateway.terminate()
+                gateway.wait(timeout=30)
     by_point = {(r["concurrency"], r["path"]): r for r in rows}
     for row in rows:
         base = by_point[(row["concurrency"], "ensemble")]["output_tokens_per_s"]
