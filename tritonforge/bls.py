@@ -118,8 +118,8 @@ class _StreamOutbox:
     """One stream's text not yet sent, and whether a sender holds it (at most one at a time, so chunks go
     out in order). `add` is called by the stream's reader thread; a sender takes everything pending."""
 
-    def __init__(self, orchestrator: BlsOrchestrator, completion: _Completion, make_response):
-        self.orchestrator, self.completion, self.make_response = orchestrator, completion, make_response
+    def __init__(self, senders: _Senders, completion: _Completion, make_response):
+        self.senders, self.completion, self.make_response = senders, completion, make_response
         self.condition = threading.Condition()
         self.text: list[str] = []
         self.tokens = 0
@@ -132,7 +132,7 @@ class _StreamOutbox:
             if self.busy:
                 return  # the sender that holds this stream takes it on its next turn
             self.busy = True
-        self.orchestrator.senders.schedule(self)
+        self.senders.schedule(self)
 
     def send_pending(self) -> None:
         while True:
@@ -298,7 +298,7 @@ class BlsOrchestrator:
             return self._response(completion, text, row, batch, list(log_probs) if return_log_probs else None,
                                   dict(statistics), tokens if count_tokens else None)
 
-        outbox = _StreamOutbox(self, completion, streamed_response)
+        outbox = _StreamOutbox(self.senders, completion, streamed_response)
         try:
             engine_request = pb_utils.InferenceRequest(
                 model_name=self.settings.engine_model, request_id=request_id,

@@ -15,6 +15,7 @@ cancels its gRPC stream.
 
 # No `from __future__ import annotations` here: FastAPI reads the route handlers' annotations (`Request`) at
 # runtime, and they are imported inside create_app so that this module imports without FastAPI.
+import asyncio
 import json
 import time
 import uuid
@@ -28,6 +29,7 @@ SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top
                    "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
                    "repetition_penalty": "repetition_penalty", "min_tokens": "min_tokens"}
 DEFAULT_MAX_TOKENS = {"completions": 16, "chat": 256}  # OpenAI's completions default; chat has none
+CLIENT_CLOSED = 499  # the status the metrics count for a client that disconnected (nginx's convention)
 
 
 class OpenAIError(Exception):
@@ -266,6 +268,9 @@ def create_app(url: str, *, model: str = "ensemble", served_model_name: str = "t
                 failure = _triton_error(error)
                 metrics.request_done(endpoint, failure.status)
                 raise failure from None
+            except asyncio.CancelledError:  # the client went away: its gRPC stream is cancelled with it
+                metrics.request_done(endpoint, CLIENT_CLOSED)
+                raise
             metrics.request_done(endpoint, 200, generation)
             return _whole(kind, ident, created, served_model_name, generation)
         # Streamed: the first chunk is awaited here, so a request the server refuses gets a real HTTP error.
@@ -293,6 +298,9 @@ def create_app(url: str, *, model: str = "ensemble", served_model_name: str = "t
                 failure = _triton_error(error)
                 status = failure.status
                 yield _sse(failure.body())
+            except asyncio.CancelledError:  # the client went away: its gRPC stream is cancelled with it
+                status = CLIENT_CLOSED
+                raise
             finally:
                 metrics.request_done(endpoint, status, generation if status == 200 else None)
             yield "data: [DONE]\n\n"

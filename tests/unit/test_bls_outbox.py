@@ -1,0 +1,50 @@
+"""The BLS's streamed-text outbox: text that arrives while a chunk is being sent goes out next, as one
+chunk, in order; the stream's end waits for the send in flight."""
+
+import threading
+
+from tritonforge.bls import _Senders, _StreamOutbox
+
+WAIT_S = 5
+
+
+class SlowCompletion:
+    """A response sender whose first send blocks until released, like a send that waits on the server."""
+
+    def __init__(self):
+        self.sent: list = []
+        self.sending = threading.Event()
+        self.release = threading.Event()
+
+    def send(self, response):
+        self.sending.set()
+        assert self.release.wait(WAIT_S)
+        self.sent.append(response)
+
+
+def test_text_arriving_during_a_send_goes_out_next_as_one_chunk_in_order():
+    senders, completion = _Senders(2), SlowCompletion()
+    outbox = _StreamOutbox(senders, completion, lambda text, tokens: (text, tokens))
+    try:
+        outbox.add("The ", 1)
+        assert completion.sending.wait(WAIT_S)  # "The " is on its way
+        for piece, tokens in (("quick ", 1), ("brown ", 2), ("fox", 1)):
+            outbox.add(piece, tokens)
+        completion.release.set()
+        assert outbox.drain() == ("", 0)  # returns once the sender let go: nothing is left
+        assert completion.sent == [("The ", 1), ("quick brown fox", 4)]
+    finally:
+        senders.shutdown()
+
+
+def test_drain_hands_back_what_no_sender_took():
+    senders, completion = _Senders(1), SlowCompletion()
+    outbox = _StreamOutbox(senders, completion, lambda text, tokens: (text, tokens))
+    completion.release.set()
+    try:
+        outbox.add("a", 1)
+        assert outbox.drain() == ("", 0) and completion.sent == [("a", 1)]
+        outbox.text, outbox.tokens = ["tail"], 2  # as if added after the last send, with no sender scheduled
+        assert outbox.drain() == ("tail", 2)
+    finally:
+        senders.shutdown()
