@@ -252,7 +252,8 @@ class TritonServer:
         return self._process.pid if self._process is not None else None
 
     def stop(self) -> int | None:
-        """SIGTERM, wait for the server's own exit timeout, then SIGKILL the whole process group."""
+        """SIGTERM, wait for the server's own exit timeout, then SIGKILL what is left of its process group:
+        a Python stub busy in a generation can outlive a server that exited cleanly."""
         if self._process is None:
             self._remove_work_dir()
             return None
@@ -262,14 +263,11 @@ class TritonServer:
                 self._process.wait(timeout=self.exit_timeout_s + 5)
             except subprocess.TimeoutExpired:
                 logger.warning("tritonserver did not exit in time; killing it")
-                os.killpg(self._process.pid, signal.SIGKILL)
-                self._process.wait()
-        else:
-            # Stubs may outlive a crashed server.
-            try:
-                os.killpg(self._process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        try:
+            os.killpg(self._process.pid, signal.SIGKILL)  # the group is ours (start_new_session)
+        except ProcessLookupError:
+            pass
+        self._process.wait()
         self._remove_work_dir()
         return self._process.returncode
 

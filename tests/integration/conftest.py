@@ -4,6 +4,7 @@ carries the logs of the servers up at the time."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import numpy as np
 import pytest
@@ -48,9 +49,11 @@ def served(request, tiny_models, tmp_path_factory):
     model_dir = tiny_models[request.param]
     server = serve_tiny(model_dir, tmp_path_factory.mktemp("repo") / "model_repository", postprocessing_instances=2)
     yield server, model_dir
-    work_dir = server._work_dir
+    work_dir, group = server._work_dir, server.pid
     server.stop()
     assert work_dir is not None and not work_dir.exists(), "the server's work folder outlived it"
+    with pytest.raises(ProcessLookupError):  # no stub of it outlives the server
+        os.killpg(group, 0)
 
 
 def engine_stream(url: str, inputs: dict[str, np.ndarray], request_id: str = "", timeout_s: float = 120):
