@@ -160,22 +160,33 @@ class AsyncGrpcClient:
         self.client = aioclient.InferenceServerClient(url)
         self.model = model
 
-    async def stream_bytes(self, request: GenerateRequest, *, stream: bool = True,
-                           request_id: str | None = None) -> AsyncIterator[bytes]:
+    async def responses(self, request: GenerateRequest, *, stream: bool = True,
+                        request_id: str | None = None) -> AsyncIterator:
+        """Every response of one request (tritonclient results), up to the one flagged final."""
+        from tritonclient.utils import InferenceServerException
+
         inputs = _grpc_inputs(request, stream)
 
         async def requests():
             yield {"model_name": self.model, "inputs": inputs, "request_id": request_id or uuid.uuid4().hex,
                    "enable_empty_final_response": True}
 
-        async for result, error in self.client.stream_infer(requests()):
-            if error is not None:
-                raise GenerationError(str(error))
+        try:
+            async for result, error in self.client.stream_infer(requests()):
+                if error is not None:
+                    raise GenerationError(str(error))
+                yield result
+                final = result.get_response().parameters.get("triton_final_response")
+                if final is not None and final.bool_param:
+                    return
+        except InferenceServerException as error:
+            raise GenerationError(str(error)) from None
+
+    async def stream_bytes(self, request: GenerateRequest, *, stream: bool = True,
+                           request_id: str | None = None) -> AsyncIterator[bytes]:
+        async for result in self.responses(request, stream=stream, request_id=request_id):
             if result.as_numpy("text_output") is not None:
                 yield _chunk_bytes(result.as_numpy("text_output"))
-            final = result.get_response().parameters.get("triton_final_response")
-            if final is not None and final.bool_param:
-                return
 
     async def stream(self, prompt: str | GenerateRequest, **parameters) -> AsyncIterator[str]:
         request = prompt if isinstance(prompt, GenerateRequest) else _request(prompt, parameters)

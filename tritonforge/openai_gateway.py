@@ -22,7 +22,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from .client import GenerateRequest, GenerationError, _chunk_bytes, _grpc_inputs
+from .client import AsyncGrpcClient, GenerateRequest, GenerationError, TextAssembler, _chunk_bytes
 
 # OpenAI's sampling fields → the ensemble's inputs (the BLS takes the same names).
 SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
@@ -140,53 +140,31 @@ class TritonBackend:
     """Streams one request through the repository's ensemble (or BLS) over gRPC, asyncio."""
 
     def __init__(self, url: str, model: str):
-        import tritonclient.grpc.aio as aioclient
-
-        self.url, self.model = url, model
-        self.client = aioclient.InferenceServerClient(url)
+        self.model = model
+        self.client = AsyncGrpcClient(url, model)
 
     async def generate(self, request: GenerateRequest, generation: Generation) -> AsyncIterator[str]:
         """Yield text chunks as they come; fill `generation`'s token counts."""
-        import codecs
-
-        from tritonclient.utils import InferenceServerException
-
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        inputs = _grpc_inputs(request, stream=True)
-
-        async def requests():
-            yield {"model_name": self.model, "inputs": inputs, "request_id": uuid.uuid4().hex,
-                   "enable_empty_final_response": True}
-
-        try:
-            async for result, error in self.client.stream_infer(requests()):
-                if error is not None:
-                    raise GenerationError(str(error))
-                for name, apply in (("num_input_tokens", max), ("num_output_tokens", None)):
-                    value = result.as_numpy(name)
-                    if value is not None and value.size:
-                        count = int(value.reshape(-1)[0])
-                        if apply is max:
-                            generation.prompt_tokens = max(generation.prompt_tokens, count)
-                        else:
-                            generation.completion_tokens += count
-                text_output = result.as_numpy("text_output")
-                if text_output is not None:
-                    text = decoder.decode(_chunk_bytes(text_output))
-                    if text:
-                        yield text
-                final = result.get_response().parameters.get("triton_final_response")
-                if final is not None and final.bool_param:
-                    break
-        except InferenceServerException as error:
-            raise GenerationError(str(error)) from None
-        tail = decoder.decode(b"", final=True)
+        assembler = TextAssembler()
+        async for result in self.client.responses(request):
+            prompt_tokens, new_tokens = result.as_numpy("num_input_tokens"), result.as_numpy("num_output_tokens")
+            if prompt_tokens is not None and prompt_tokens.size:
+                generation.prompt_tokens = max(generation.prompt_tokens, int(prompt_tokens.reshape(-1)[0]))
+            if new_tokens is not None and new_tokens.size:
+                generation.completion_tokens += int(new_tokens.reshape(-1)[0])
+            text_output = result.as_numpy("text_output")
+            if text_output is not None:
+                text = assembler.push(_chunk_bytes(text_output))
+                if text:
+                    yield text
+        tail = assembler.finish()
         if tail:
             yield tail
 
     async def ready(self) -> bool:
         try:
-            return await self.client.is_server_ready() and await self.client.is_model_ready(self.model)
+            return (await self.client.client.is_server_ready()
+                    and await self.client.client.is_model_ready(self.model))
         except Exception:  # noqa: BLE001 - unreachable counts as not ready
             return False
 
