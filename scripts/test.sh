@@ -7,9 +7,11 @@ bash scripts/bootstrap.sh
 .venv/bin/ruff check tritonforge tests bench scripts preprocessing postprocessing tensorrt_llm_transformers \
     tensorrt_llm_bls tensorrt_llm_replay_benchmark build_engine.py
 CONTAINER_TRANSFORMERS=.venv-container-transformers
-if [ ! -f "$CONTAINER_TRANSFORMERS/.installed" ]; then
+# Installed again whenever the list changes: the marker holds the list it was installed from.
+if ! cmp -s scripts/container-transformers.txt "$CONTAINER_TRANSFORMERS/.installed"; then
+  rm -rf "$CONTAINER_TRANSFORMERS"
   .venv/bin/python -m pip install -q --no-deps --target "$CONTAINER_TRANSFORMERS" -r scripts/container-transformers.txt
-  touch "$CONTAINER_TRANSFORMERS/.installed"
+  cp scripts/container-transformers.txt "$CONTAINER_TRANSFORMERS/.installed"
 fi
 export TRITONFORGE_CONTAINER_TRANSFORMERS="$PWD/$CONTAINER_TRANSFORMERS"
 # pytest exits 5 when it collected no test: that is a failure here, as any non-zero code is.
