@@ -3,13 +3,20 @@
 Every chunk the repository's models send is valid UTF-8; these clients still feed the bytes through an
 incremental UTF-8 decoder, so that a server of another build that splits a character never yields half of one.
 A decoupled model only answers on a gRPC stream, so non-streaming gRPC calls use the stream too.
+
+Every request carries a unique request id. A gRPC stream abandoned before its final response (the caller
+stopped reading, an error, a timeout, a disconnected gateway client) also sends the engine model a `stop`
+request with that id: Triton does not pass a client's cancel on to an ensemble step already running (2.51, and
+Triton's core to date), so without it the engine would generate the abandoned request to its end.
 """
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import http.client
 import json
+import logging
 import queue
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -18,7 +25,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from .contract import client_inputs
+from .contract import ENGINE_MODEL, client_inputs
+
+logger = logging.getLogger(__name__)
 
 # The ensemble's (and the BLS's) inputs, from the one contract module, as tritonclient names their dtypes.
 _TRITON_DTYPE = {"TYPE_STRING": "BYTES", "TYPE_INT32": "INT32", "TYPE_INT64": "INT64", "TYPE_UINT64": "UINT64",
@@ -88,6 +97,47 @@ def _grpc_inputs(request: GenerateRequest, stream: bool) -> list:
     return inputs
 
 
+# The tensorrt_llm contract's stop request: the required inputs, and `stop`. It ends the running request that
+# has the same request id; the engine answers it with an empty final response.
+_STOP_REQUEST = {"input_lengths": (np.array([[1]], dtype=np.int32), "INT32"),
+                 "request_output_len": (np.array([[1]], dtype=np.int32), "INT32"),
+                 "stop": (np.array([[True]]), "BOOL")}
+STOP_TIMEOUT_S = 5.0
+
+
+def _stop_inputs(module) -> list:
+    inputs = []
+    for name, (array, dtype) in _STOP_REQUEST.items():
+        tensor = module.InferInput(name, list(array.shape), dtype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+def stop_engine_request(url: str, request_id: str, engine_model: str = ENGINE_MODEL) -> None:
+    """End the engine's running request with this id (nothing happens when none runs); waits for the engine's
+    answer so that the stop is not cancelled in the queue."""
+    import tritonclient.grpc as grpcclient
+
+    answered: queue.Queue = queue.Queue()
+    try:
+        client = grpcclient.InferenceServerClient(url)
+        try:
+            client.start_stream(callback=lambda result, error: answered.put(error))
+            client.async_stream_infer(engine_model, _stop_inputs(grpcclient), request_id=request_id,
+                                      enable_empty_final_response=True)
+            error = answered.get(timeout=STOP_TIMEOUT_S)
+            if error is not None:
+                logger.warning("stopping request %s on %s failed: %s", request_id, engine_model, error)
+        finally:
+            client.stop_stream()
+            client.close()
+    except queue.Empty:
+        logger.warning("stopping request %s on %s: no answer in %.0f s", request_id, engine_model, STOP_TIMEOUT_S)
+    except Exception as error:  # noqa: BLE001 - a stop that fails (server gone) must not hide the caller's error
+        logger.warning("stopping request %s on %s failed: %r", request_id, engine_model, error)
+
+
 def _texts(chunks: Iterator[bytes]) -> Iterator[str]:
     """Byte chunks as non-empty pieces of complete characters."""
     assembler = TextAssembler()
@@ -100,6 +150,11 @@ def _texts(chunks: Iterator[bytes]) -> Iterator[str]:
         yield tail
 
 
+def _is_final(result) -> bool:
+    final = result.get_response().parameters.get("triton_final_response")
+    return final is not None and final.bool_param
+
+
 def _chunk_bytes(value) -> bytes:
     if isinstance(value, np.ndarray):
         value = value.reshape(-1)[0] if value.size else b""
@@ -109,32 +164,36 @@ def _chunk_bytes(value) -> bytes:
 class GrpcClient:
     """Synchronous gRPC client of the ensemble or the BLS (both decoupled)."""
 
-    def __init__(self, url: str, model: str = "ensemble"):
+    def __init__(self, url: str, model: str = "ensemble", engine_model: str = ENGINE_MODEL):
         import tritonclient.grpc as grpcclient
 
         self.client = grpcclient.InferenceServerClient(url)
+        self.url = url
         self.model = model
+        self.engine_model = engine_model
 
     def stream_bytes(self, request: GenerateRequest, *, stream: bool = True,
                      request_id: str | None = None, timeout_s: float = 300) -> Iterator[bytes]:
         """The raw text_output bytes of each response, until the final one."""
         responses: queue.Queue = queue.Queue()
+        request_id = request_id or uuid.uuid4().hex
+        finished = False
         self.client.start_stream(callback=lambda result, error: responses.put((result, error)))
         try:
-            self.client.async_stream_infer(self.model, _grpc_inputs(request, stream),
-                                           request_id=request_id or uuid.uuid4().hex,
+            self.client.async_stream_infer(self.model, _grpc_inputs(request, stream), request_id=request_id,
                                            enable_empty_final_response=True)
             while True:
                 result, error = responses.get(timeout=timeout_s)
                 if error is not None:
                     raise GenerationError(str(error))
-                response = result.get_response()
                 if result.as_numpy("text_output") is not None:
                     yield _chunk_bytes(result.as_numpy("text_output"))
-                if response.parameters.get("triton_final_response") and \
-                        response.parameters["triton_final_response"].bool_param:
+                if _is_final(result):
+                    finished = True
                     return
         finally:
+            if not finished:
+                stop_engine_request(self.url, request_id, self.engine_model)
             self.client.stop_stream(cancel_requests=True)
 
     def stream(self, prompt: str | GenerateRequest, **parameters) -> Iterator[str]:
@@ -154,11 +213,13 @@ class GrpcClient:
 class AsyncGrpcClient:
     """asyncio gRPC client: many concurrent streams on one connection."""
 
-    def __init__(self, url: str, model: str = "ensemble"):
+    def __init__(self, url: str, model: str = "ensemble", engine_model: str = ENGINE_MODEL):
         import tritonclient.grpc.aio as aioclient
 
         self.client = aioclient.InferenceServerClient(url)
         self.model = model
+        self.engine_model = engine_model
+        self._stopping: set[asyncio.Task] = set()
 
     async def responses(self, request: GenerateRequest, *, stream: bool = True,
                         request_id: str | None = None) -> AsyncIterator:
@@ -166,9 +227,11 @@ class AsyncGrpcClient:
         from tritonclient.utils import InferenceServerException
 
         inputs = _grpc_inputs(request, stream)
+        request_id = request_id or uuid.uuid4().hex
+        finished = False
 
         async def requests():
-            yield {"model_name": self.model, "inputs": inputs, "request_id": request_id or uuid.uuid4().hex,
+            yield {"model_name": self.model, "inputs": inputs, "request_id": request_id,
                    "enable_empty_final_response": True}
 
         try:
@@ -176,11 +239,33 @@ class AsyncGrpcClient:
                 if error is not None:
                     raise GenerationError(str(error))
                 yield result
-                final = result.get_response().parameters.get("triton_final_response")
-                if final is not None and final.bool_param:
+                if _is_final(result):
+                    finished = True
                     return
         except InferenceServerException as error:
             raise GenerationError(str(error)) from None
+        finally:
+            if not finished:  # in a task of its own: the caller may be a task being cancelled
+                task = asyncio.get_running_loop().create_task(self._stop_engine_request(request_id))
+                self._stopping.add(task)
+                task.add_done_callback(self._stopping.discard)
+
+    async def _stop_engine_request(self, request_id: str) -> None:
+        """`stop_engine_request` on this client's connection."""
+        import tritonclient.grpc.aio as aioclient
+
+        async def stop():
+            yield {"model_name": self.engine_model, "inputs": _stop_inputs(aioclient), "request_id": request_id,
+                   "enable_empty_final_response": True}
+
+        try:
+            async with asyncio.timeout(STOP_TIMEOUT_S):
+                async for _, error in self.client.stream_infer(stop()):
+                    if error is not None:
+                        logger.warning("stopping request %s on %s failed: %s", request_id, self.engine_model, error)
+                    break
+        except Exception as error:  # noqa: BLE001 - a stop that fails must not fail the caller
+            logger.warning("stopping request %s on %s failed: %r", request_id, self.engine_model, error)
 
     async def stream_bytes(self, request: GenerateRequest, *, stream: bool = True,
                            request_id: str | None = None) -> AsyncIterator[bytes]:
@@ -205,6 +290,8 @@ class AsyncGrpcClient:
         return b"".join(chunks).decode("utf-8", errors="replace")
 
     async def close(self) -> None:
+        if self._stopping:
+            await asyncio.wait(set(self._stopping), timeout=STOP_TIMEOUT_S)
         await self.client.close()
 
 

@@ -20,6 +20,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from .client import AsyncGrpcClient, GenerateRequest, GenerationError, TextAssembler, _chunk_bytes
@@ -146,17 +147,20 @@ class TritonBackend:
     async def generate(self, request: GenerateRequest, generation: Generation) -> AsyncIterator[str]:
         """Yield text chunks as they come; fill `generation`'s token counts."""
         assembler = TextAssembler()
-        async for result in self.client.responses(request):
-            prompt_tokens, new_tokens = result.as_numpy("num_input_tokens"), result.as_numpy("num_output_tokens")
-            if prompt_tokens is not None and prompt_tokens.size:
-                generation.prompt_tokens = max(generation.prompt_tokens, int(prompt_tokens.reshape(-1)[0]))
-            if new_tokens is not None and new_tokens.size:
-                generation.completion_tokens += int(new_tokens.reshape(-1)[0])
-            text_output = result.as_numpy("text_output")
-            if text_output is not None:
-                text = assembler.push(_chunk_bytes(text_output))
-                if text:
-                    yield text
+        # Closed at once when the caller stops reading (a client that went away), not whenever it is collected:
+        # closing an unfinished stream is what stops the engine's generation.
+        async with aclosing(self.client.responses(request)) as responses:
+            async for result in responses:
+                prompt_tokens, new_tokens = result.as_numpy("num_input_tokens"), result.as_numpy("num_output_tokens")
+                if prompt_tokens is not None and prompt_tokens.size:
+                    generation.prompt_tokens = max(generation.prompt_tokens, int(prompt_tokens.reshape(-1)[0]))
+                if new_tokens is not None and new_tokens.size:
+                    generation.completion_tokens += int(new_tokens.reshape(-1)[0])
+                text_output = result.as_numpy("text_output")
+                if text_output is not None:
+                    text = assembler.push(_chunk_bytes(text_output))
+                    if text:
+                        yield text
         tail = assembler.finish()
         if tail:
             yield tail
@@ -246,9 +250,11 @@ def create_app(url: str, *, model: str = "ensemble", served_model_name: str = "t
                 failure = _triton_error(error)
                 metrics.request_done(endpoint, failure.status)
                 raise failure from None
-            except asyncio.CancelledError:  # the client went away: its gRPC stream is cancelled with it
+            except asyncio.CancelledError:  # the client went away: closing `chunks` stops its generation
                 metrics.request_done(endpoint, CLIENT_CLOSED)
                 raise
+            finally:
+                await chunks.aclose()
             metrics.request_done(endpoint, 200, generation)
             return _whole(kind, ident, created, served_model_name, generation)
         # Streamed: the first chunk is awaited here, so a request the server refuses gets a real HTTP error.
@@ -276,10 +282,11 @@ def create_app(url: str, *, model: str = "ensemble", served_model_name: str = "t
                 failure = _triton_error(error)
                 status = failure.status
                 yield _sse(failure.body())
-            except asyncio.CancelledError:  # the client went away: its gRPC stream is cancelled with it
+            except asyncio.CancelledError:  # the client went away: closing `chunks` stops its generation
                 status = CLIENT_CLOSED
                 raise
             finally:
+                await chunks.aclose()
                 metrics.request_done(endpoint, status, generation if status == 200 else None)
             yield "data: [DONE]\n\n"
 

@@ -1,6 +1,7 @@
 """Cancellation that must free the engine, made deterministic by the replay engine's fixed step: a long
 generation takes far longer than any bound here, so only a working cancel can pass these tests."""
 
+import asyncio
 import threading
 import time
 
@@ -10,8 +11,9 @@ import tritonclient.grpc as grpcclient
 
 from tritonforge import model_configs as configs
 from tritonforge.build import BuildOptions, build
-from tritonforge.client import GenerateRequest, GrpcClient
-from tritonforge.server import TritonServer
+from tritonforge.client import AsyncGrpcClient, GenerateRequest, GrpcClient
+from tritonforge.openai_gateway import GatewayThread
+from tritonforge.server import TritonServer, free_port
 from tritonforge.tokenization import load_tokenizer
 
 from .conftest import engine_stream
@@ -75,6 +77,67 @@ def test_cancelled_engine_streams_free_their_slots(served):
         client.stop_stream(cancel_requests=True)
         client.close()
     assert answer_within(server.grpc_url, ANSWER_S), "the cancelled generations kept their slots"
+
+
+def test_an_abandoned_ensemble_stream_frees_its_engine_slot(served):
+    """Triton does not pass the client's cancel to the running engine step; our client's stop does."""
+    server, _ = served
+    clients, streams = [], []
+    for _ in range(BATCH):
+        client = GrpcClient(server.grpc_url)
+        stream = client.stream_bytes(GenerateRequest(text_input="The server", max_tokens=LONG_GENERATION))
+        next(stream)
+        clients.append(client)
+        streams.append(stream)
+    assert answer_within(server.grpc_url, 3) is None  # every slot is taken: a new request waits
+    for client, stream in zip(clients, streams):
+        stream.close()  # the caller stops reading: the client cancels its stream and stops the engine's request
+        client.close()
+    assert answer_within(server.grpc_url, ANSWER_S), "the abandoned generations kept their slots"
+
+
+def test_a_storm_of_cancelled_async_ensemble_streams_leaves_no_orphan(served):
+    """Tasks cancelled as a gateway cancels a disconnected client's: running and queued requests alike."""
+    server, _ = served
+
+    async def storm():
+        client = AsyncGrpcClient(server.grpc_url)
+        started = asyncio.Event()
+
+        async def read():
+            async for _ in client.stream_bytes(GenerateRequest(text_input="The server", max_tokens=LONG_GENERATION)):
+                started.set()
+
+        tasks = [asyncio.create_task(read()) for _ in range(10 * BATCH)]
+        await asyncio.wait_for(started.wait(), ANSWER_S)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await client.close()  # waits for the stop requests
+
+    asyncio.run(storm())
+    assert answer_within(server.grpc_url, ANSWER_S), "cancelled generations kept the engine busy"
+
+
+def test_a_client_that_leaves_the_openai_gateway_frees_its_engine_slot(served):
+    import openai
+
+    server, _ = served
+    gateway = GatewayThread(server.grpc_url, port=free_port(), model="ensemble").start()
+    try:
+        client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0)
+        streams = []
+        for _ in range(BATCH):
+            stream = client.completions.create(model="tritonforge", prompt="The server", max_tokens=LONG_GENERATION,
+                                               stream=True)
+            next(iter(stream))
+            streams.append(stream)
+        assert answer_within(server.grpc_url, 3) is None  # every slot is taken: a new request waits
+        for stream in streams:
+            stream.close()  # the HTTP connection goes away
+        assert answer_within(server.grpc_url, ANSWER_S), "the gateway left the generations running"
+    finally:
+        gateway.stop()
 
 
 def test_stop_request_ends_a_running_ensemble_stream(served):
