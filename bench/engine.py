@@ -15,8 +15,9 @@ import time
 import torch
 from transformers import AutoModelForCausalLM
 
-from tritonforge.generation import EngineLimits, GenerationRequest
+from tritonforge.generation import GenerationRequest
 from tritonforge.inflight_engine import InflightBatchingEngine
+from tritonforge.limits import EngineLimits
 from tritonforge.sampling import SamplingParams
 from tritonforge.tiny_model import make_tiny_model
 from tritonforge.tokenization import load_tokenizer

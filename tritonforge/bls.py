@@ -32,8 +32,9 @@ import numpy as np
 from .contract import ENGINE_FROM_CLIENT, ENGINE_PASSTHROUGH_OUTPUTS, MESSAGES_WIRING, PREPROCESSING_FROM_CLIENT
 from .detokenization import IncrementalDetokenizer, TokenBytes
 from .errors import RequestError
+from .limits import EngineLimits
 from .model_parameters import CANCELLATION_CHECK_PERIOD_MS
-from .preprocess import PreprocessLimits, Preprocessor
+from .preprocess import Preprocessor
 from .stop_phrases import StopPhraseFilter
 from .tokenization import decode_utf8
 from .triton_adapter import CancellationCheck, output_tensors, request_inputs, requested_outputs, to_triton_error
@@ -160,7 +161,7 @@ class _StreamOutbox:
 @dataclass(frozen=True, kw_only=True)
 class BlsSettings:
     tokenizer_dir: str
-    limits: PreprocessLimits
+    limits: EngineLimits
     engine_model: str = "tensorrt_llm"
     max_concurrency: int = 256
     add_special_tokens: bool = True

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import model_configs as configs
 from . import trtllm
+from .limits import EngineLimits
 from .model_parameters import CANCELLATION_CHECK_PERIOD_MS, ReplayEngineParameters, TransformersEngineParameters
 from .planner import ModelShape, plan_memory
 from .repository import (
@@ -218,7 +219,7 @@ def build(options: BuildOptions, progress=print) -> Path:
     if max_positions and options.max_seq_len > max_positions:
         raise ValueError(f"--max-seq-len {options.max_seq_len} exceeds the model's max_position_embeddings "
                          f"{max_positions}")
-    limits = configs.EngineLimitsSpec(max_batch_size=options.max_batch_size, max_input_len=options.max_input_len,
+    limits = EngineLimits(max_batch_size=options.max_batch_size, max_input_len=options.max_input_len,
                                       max_seq_len=options.max_seq_len)
     if options.engine == "tensorrtllm":
         build_tensorrtllm(options, checkpoint_config, limits, progress)

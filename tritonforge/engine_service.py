@@ -19,7 +19,8 @@ import numpy as np
 
 from .engine_requests import EngineRow, is_stop_request, parse_engine_request
 from .errors import RequestError
-from .generation import EngineLimits, GenerationRequest, GenerationResult
+from .generation import GenerationRequest, GenerationResult
+from .limits import EngineLimits
 from .model_parameters import CANCELLATION_CHECK_PERIOD_MS, EngineParameters, TransformersEngineParameters
 from .triton_adapter import (
     CancellationCheck,

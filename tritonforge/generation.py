@@ -11,6 +11,7 @@ from typing import Protocol
 import numpy as np
 
 from .errors import RequestError, UnsupportedError
+from .limits import EngineLimits
 from .sampling import SamplingParams
 
 
@@ -55,18 +56,6 @@ class GenerationResult:
     token_ids: list[int]  # generated tokens only; the end id is not included
     log_probs: list[float]
     finish_reason: str  # "length" | "end_id" | "stop_words" | "cancelled"
-
-
-@dataclass(frozen=True, kw_only=True)
-class EngineLimits:
-    max_batch_size: int = 8
-    max_input_len: int = 1024
-    max_seq_len: int = 2048
-    max_queue_size: int = 0
-
-    def __post_init__(self):
-        if self.max_batch_size < 1 or self.max_input_len < 1 or self.max_seq_len <= self.max_input_len - 1:
-            raise ValueError(f"inconsistent engine limits: {self}")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ import logging
 
 import torch
 
-from .generation import EngineLimits, EngineStats, EngineThread, GenerationRequest, GenerationResult, check_limits
+from .generation import EngineStats, EngineThread, GenerationRequest, GenerationResult, check_limits
+from .limits import EngineLimits
 from .sampling import apply_penalties, choose_token
 
 logger = logging.getLogger(__name__)

@@ -14,6 +14,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from . import contract
 from .contract import ENGINE_MODEL, Tensor
+from .limits import EngineLimits
 from .model_parameters import BlsParameters, PostprocessingParameters, PreprocessingParameters
 
 # "replay" is for benchmarking only: it streams pre-set tokens (tritonforge/replay_engine.py).
@@ -61,19 +62,6 @@ class ServingConfig:
             raise ValueError("queue delay and queue size must be >= 0")
 
 
-@dataclass(frozen=True, kw_only=True)
-class EngineLimitsSpec:
-    """The engine's request limits, shared by the tokenizer's checks and the engine."""
-
-    max_batch_size: int
-    max_input_len: int
-    max_seq_len: int
-
-    @property
-    def max_output_len(self) -> int:
-        return self.max_seq_len - 1
-
-
 def _add_tensors(container, tensors: list[Tensor], *, is_input: bool) -> None:
     for tensor in tensors:
         entry = container.add()
@@ -104,14 +92,14 @@ def _cpu_instances(config: mc.ModelConfig, count: int) -> None:
     group.count = count
 
 
-def preprocessing_config(serving: ServingConfig, limits: EngineLimitsSpec, tokenizer_dir: str) -> mc.ModelConfig:
+def preprocessing_config(serving: ServingConfig, limits: EngineLimits, tokenizer_dir: str) -> mc.ModelConfig:
     config = _python_model("preprocessing", serving.max_batch_size)
     _add_tensors(config.input, contract.preprocessing_inputs(messages=serving.messages_input), is_input=True)
     _add_tensors(config.output, contract.PREPROCESSING_OUTPUTS, is_input=False)
     config.dynamic_batching.max_queue_delay_microseconds = serving.max_queue_delay_microseconds
     _cpu_instances(config, serving.preprocessing_instances)
     _set_parameters(config, PreprocessingParameters(
-        tokenizer_dir=tokenizer_dir, max_input_len=limits.max_input_len, max_output_len=limits.max_output_len,
+        tokenizer_dir=tokenizer_dir, max_input_len=limits.max_input_len, max_seq_len=limits.max_seq_len,
         add_special_tokens=serving.add_special_tokens).to_config())
     return config
 
@@ -167,7 +155,7 @@ def ensemble_config(serving: ServingConfig) -> mc.ModelConfig:
     return config
 
 
-def bls_config(serving: ServingConfig, limits: EngineLimitsSpec, tokenizer_dir: str) -> mc.ModelConfig:
+def bls_config(serving: ServingConfig, limits: EngineLimits, tokenizer_dir: str) -> mc.ModelConfig:
     config = _python_model("tensorrt_llm_bls", serving.max_batch_size)
     # Non-decoupled, it answers one response per request through its response sender (Triton >= 23.10).
     config.model_transaction_policy.decoupled = serving.decoupled
@@ -176,7 +164,7 @@ def bls_config(serving: ServingConfig, limits: EngineLimitsSpec, tokenizer_dir: 
     _cpu_instances(config, serving.bls_instances)
     _set_parameters(config, BlsParameters(
         tokenizer_dir=tokenizer_dir, tensorrt_llm_model_name=ENGINE_MODEL, max_concurrency=serving.bls_max_concurrency,
-        max_input_len=limits.max_input_len, max_output_len=limits.max_output_len,
+        max_input_len=limits.max_input_len, max_seq_len=limits.max_seq_len,
         add_special_tokens=serving.add_special_tokens).to_config())
     return config
 

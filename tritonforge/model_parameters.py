@@ -68,7 +68,7 @@ def _from_text(key: str, text: str, kind):
 class PreprocessingParameters(ModelParameters):
     tokenizer_dir: str
     max_input_len: int
-    max_output_len: int
+    max_seq_len: int
     add_special_tokens: bool = True
 
 
@@ -81,7 +81,7 @@ class PostprocessingParameters(ModelParameters):
 class BlsParameters(ModelParameters):
     tokenizer_dir: str
     max_input_len: int
-    max_output_len: int
+    max_seq_len: int
     tensorrt_llm_model_name: str = ENGINE_MODEL  # NVIDIA's BLS names its engine model with this key
     max_concurrency: int = 256  # requests one instance runs at once
     add_special_tokens: bool = True

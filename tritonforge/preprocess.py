@@ -7,12 +7,11 @@ a JSON list of ``{"role", "content"}`` objects rendered with the tokenizer's cha
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from .contract import CLIENT_NAME
 from .errors import RequestError, UnsupportedError
+from .limits import EngineLimits
 from .tokenization import (
     PromptEncoder,
     decode_utf8,
@@ -22,16 +21,6 @@ from .tokenization import (
     load_tokenizer,
     pad_word_lists,
 )
-
-
-@dataclass(frozen=True, kw_only=True)
-class PreprocessLimits:
-    max_input_len: int
-    max_output_len: int
-
-    def __post_init__(self):
-        if self.max_input_len < 1 or self.max_output_len < 1:
-            raise ValueError(f"limits must be positive: {self}")
 
 
 def batch_rows(inputs: dict[str, np.ndarray], name: str) -> int:
@@ -58,7 +47,7 @@ MAX_WORD_BYTES = 64 * 1024  # all stop (or bad) phrases of a request together
 
 
 class Preprocessor:
-    def __init__(self, tokenizer_dir: str, limits: PreprocessLimits, add_special_tokens: bool = True):
+    def __init__(self, tokenizer_dir: str, limits: EngineLimits, add_special_tokens: bool = True):
         self.tokenizer = load_tokenizer(tokenizer_dir)
         self.limits = limits
         self.encoder = PromptEncoder(self.tokenizer, limits.max_input_len, add_special_tokens)

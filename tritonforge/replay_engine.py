@@ -25,7 +25,8 @@ import os
 import tempfile
 import time
 
-from .generation import EngineLimits, EngineStats, EngineThread, GenerationRequest, GenerationResult, check_limits
+from .generation import EngineStats, EngineThread, GenerationRequest, GenerationResult, check_limits
+from .limits import EngineLimits
 
 
 class _Replay:

@@ -16,6 +16,7 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 from . import model_configs as configs
+from .limits import EngineLimits
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class RepositoryPlan:
     engine: str  # transformers | tensorrtllm | replay
     frontends: tuple[str, ...]  # ensemble and/or bls
     serving: configs.ServingConfig
-    limits: configs.EngineLimitsSpec
+    limits: EngineLimits
     engine_parameters: dict[str, str]
 
     def __post_init__(self):

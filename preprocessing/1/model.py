@@ -20,8 +20,9 @@ One response per request; a bad request gets its own INVALID_ARG error naming th
 
 import triton_python_backend_utils as pb_utils
 
+from tritonforge.limits import EngineLimits
 from tritonforge.model_parameters import PreprocessingParameters
-from tritonforge.preprocess import PreprocessLimits, Preprocessor
+from tritonforge.preprocess import Preprocessor
 from tritonforge.triton_adapter import answer_each, resolve_path
 
 
@@ -30,7 +31,7 @@ class TritonPythonModel:
         parameters = PreprocessingParameters.from_model_args(args)
         self.preprocessor = Preprocessor(
             resolve_path(args, parameters.tokenizer_dir),
-            PreprocessLimits(max_input_len=parameters.max_input_len, max_output_len=parameters.max_output_len),
+            EngineLimits(max_input_len=parameters.max_input_len, max_seq_len=parameters.max_seq_len),
             add_special_tokens=parameters.add_special_tokens)
 
     def execute(self, requests):

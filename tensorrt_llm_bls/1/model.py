@@ -10,8 +10,8 @@ a client's cancel and a stop phrase both stop the engine's request. One instance
 import triton_python_backend_utils as pb_utils
 
 from tritonforge.bls import BlsOrchestrator, BlsSettings
+from tritonforge.limits import EngineLimits
 from tritonforge.model_parameters import BlsParameters
-from tritonforge.preprocess import PreprocessLimits
 from tritonforge.triton_adapter import is_decoupled, resolve_path
 
 
@@ -20,8 +20,7 @@ class TritonPythonModel:
         parameters = BlsParameters.from_model_args(args)
         self.orchestrator = BlsOrchestrator(pb_utils, BlsSettings(
             tokenizer_dir=resolve_path(args, parameters.tokenizer_dir),
-            limits=PreprocessLimits(max_input_len=parameters.max_input_len,
-                                    max_output_len=parameters.max_output_len),
+            limits=EngineLimits(max_input_len=parameters.max_input_len, max_seq_len=parameters.max_seq_len),
             engine_model=parameters.tensorrt_llm_model_name, max_concurrency=parameters.max_concurrency,
             add_special_tokens=parameters.add_special_tokens, decoupled=is_decoupled(args)))
 

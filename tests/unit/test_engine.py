@@ -8,8 +8,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tritonforge.errors import RequestError
-from tritonforge.generation import EngineLimits, GenerationRequest
+from tritonforge.generation import GenerationRequest
 from tritonforge.inflight_engine import InflightBatchingEngine
+from tritonforge.limits import EngineLimits
 from tritonforge.sampling import SamplingParams
 from tritonforge.tokenization import load_tokenizer
 

@@ -6,6 +6,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from tritonforge import model_configs as configs
 from tritonforge.build import BuildOptions, build
+from tritonforge.limits import EngineLimits
 
 
 def test_repository_configs_parse_and_carry_serving_settings(tiny_models, tmp_path):
@@ -78,7 +79,7 @@ NVIDIA_PREPROCESSING_INPUTS = {"QUERY", "DECODER_QUERY", "REQUEST_OUTPUT_LEN", "
 NVIDIA_PREPROCESSING_OUTPUTS = {"INPUT_ID", "REQUEST_INPUT_LEN", "DECODER_INPUT_ID", "REQUEST_DECODER_INPUT_LEN",
                                 "BAD_WORDS_IDS", "STOP_WORDS_IDS", "EMBEDDING_BIAS", "REQUEST_OUTPUT_LEN",
                                 "OUT_END_ID", "OUT_PAD_ID", "OUT_PROMPT_TABLE_EXTRA_IDS"}
-LIMITS = configs.EngineLimitsSpec(max_batch_size=4, max_input_len=64, max_seq_len=128)
+LIMITS = EngineLimits(max_batch_size=4, max_input_len=64, max_seq_len=128)
 
 
 def names(tensors) -> set[str]:

@@ -12,8 +12,8 @@ from tritonforge.model_parameters import (
 
 
 @pytest.mark.parametrize("parameters", [
-    PreprocessingParameters(tokenizer_dir="tokenizer", max_input_len=64, max_output_len=255, add_special_tokens=False),
-    BlsParameters(tokenizer_dir="../preprocessing/tokenizer", max_input_len=8, max_output_len=9, max_concurrency=3),
+    PreprocessingParameters(tokenizer_dir="tokenizer", max_input_len=64, max_seq_len=256, add_special_tokens=False),
+    BlsParameters(tokenizer_dir="../preprocessing/tokenizer", max_input_len=8, max_seq_len=10, max_concurrency=3),
     TransformersEngineParameters(model_path="1/checkpoint", max_batch_size=4, max_input_len=8, max_seq_len=16,
                                  dtype="bfloat16", exclude_input_in_output=False),
     ReplayEngineParameters(replay_tokens="1/t.json", replay_step_ms=8.5, vocab_size=100, shared_batch=True,
@@ -26,15 +26,15 @@ def test_written_parameters_read_back_equal(parameters):
 
 
 def test_absent_keys_take_the_field_default_and_required_ones_are_named():
-    read = BlsParameters.from_config({"tokenizer_dir": "t", "max_input_len": "8", "max_output_len": "9"})
+    read = BlsParameters.from_config({"tokenizer_dir": "t", "max_input_len": "8", "max_seq_len": "10"})
     assert read.tensorrt_llm_model_name == "tensorrt_llm" and read.max_concurrency == 256 and read.add_special_tokens
     with pytest.raises(ParameterError, match="'max_input_len' is required"):
-        PreprocessingParameters.from_config({"tokenizer_dir": "t", "max_output_len": "9"})
+        PreprocessingParameters.from_config({"tokenizer_dir": "t", "max_seq_len": "10"})
 
 
 @pytest.mark.parametrize("key, value, message", [("max_input_len", "many", "must be int"),
                                                  ("add_special_tokens", "yes", "must be true or false")])
 def test_unreadable_values_are_refused_naming_the_key(key, value, message):
-    config = {"tokenizer_dir": "t", "max_input_len": "8", "max_output_len": "9", key: value}
+    config = {"tokenizer_dir": "t", "max_input_len": "8", "max_seq_len": "10", key: value}
     with pytest.raises(ParameterError, match=f"'{key}' {message}"):
         PreprocessingParameters.from_config(config)

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from tritonforge.errors import RequestError
-from tritonforge.preprocess import PreprocessLimits, Preprocessor
+from tritonforge.limits import EngineLimits
+from tritonforge.preprocess import Preprocessor
 from tritonforge.tokenization import from_word_list, to_word_list
 
-LIMITS = PreprocessLimits(max_input_len=32, max_output_len=100)
+LIMITS = EngineLimits(max_input_len=32, max_seq_len=101)
 
 
 def strings(*values):

@@ -5,7 +5,8 @@ import threading
 import pytest
 
 from tritonforge.errors import RequestError
-from tritonforge.generation import EngineLimits, GenerationRequest
+from tritonforge.generation import GenerationRequest
+from tritonforge.limits import EngineLimits
 from tritonforge.replay_engine import ReplayEngine
 
 TOKENS = list(range(10, 50))
