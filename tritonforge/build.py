@@ -25,45 +25,61 @@ from .repository import (
     prepare_output,
     write_repository,
 )
+from .settings import comma_list, setting, version
 
 logger = logging.getLogger(__name__)
 
 
+TRT = "TensorRT-LLM (--engine tensorrtllm)"
+
+
 @dataclass(frozen=True, kw_only=True)
 class BuildOptions:
-    model: Path
-    output: Path
-    engine: str = "transformers"
-    frontends: tuple[str, ...] = ("ensemble", "bls")
-    max_batch_size: int = 8
-    max_input_len: int = 1024
-    max_seq_len: int = 2048
-    dtype: str = "auto"
-    device: str = "auto"
+    """Every build setting, declared once: its default, its help and its `tritonforge build` flag (the CLI is
+    generated from these fields and from `ServingConfig`'s, tritonforge/settings.py), validated here."""
+
+    model: Path = setting(help="Hugging Face checkpoint directory", parse=Path)
+    output: Path = setting(Path("model_repository"), "repository to write")
+    engine: str = setting("transformers", choices=configs.ENGINES)
+    frontends: tuple[str, ...] = setting(("ensemble", "bls"), "client-facing models, comma-separated: ensemble, bls",
+                                         parse=comma_list)
+    max_batch_size: int = setting(8, "sequences the engine runs at once")
+    max_input_len: int = setting(1024, "tokens of a prompt")
+    max_seq_len: int = setting(2048, "prompt + generated tokens")
+    dtype: str = setting("auto", "auto | float32 | float16 | bfloat16")
+    device: str = setting("auto", "transformers engine: auto | cpu | cuda")
     serving: configs.ServingConfig = configs.ServingConfig()
-    force: bool = False
-    # TensorRT-LLM only.
-    tp_size: int = 1
-    pp_size: int = 1
-    quantization: str = "none"
-    kv_cache_dtype: str = "auto"
-    max_num_tokens: int = 8192
-    kv_cache_free_gpu_mem_fraction: float = 0.9
-    batch_scheduler_policy: str = "guaranteed_no_evict"
-    enable_kv_cache_reuse: bool = True
-    enable_chunked_context: bool = False
-    cuda_graphs: bool = False
-    gpu_memory_gib: float | None = None  # plan without a GPU
-    examples_dir: str = trtllm.EXAMPLES_DIR
-    calib_dataset: str | None = None  # fp8 / int8_sq / int4_awq: a local calibration dataset folder
-    repository_mount: str = "/models"  # where the repository is mounted in the server's container
-    dry_run: bool = False
-    target_triton: tuple[int, int] | None = None  # Triton the configs are for; TensorRT-LLM: the pinned image's
-    planned_instances: bool = True  # TensorRT-LLM: pre/post instance counts from the plan unless set
-    replay_step_ms: float = 8.5  # replay engine (benchmarking only): one token per running request per step
-    accuracy_gate: Path | None = None  # prompts JSONL: serve the new repository and compare it with the checkpoint
-    # The checkpoint the gate compares with (default: --model), e.g. the original of a pre-quantized checkpoint.
-    accuracy_reference: Path | None = None
+    force: bool = setting(False, "replace the files an earlier build recorded writing in the output folder")
+    accuracy_gate: Path | None = setting(None, "after the build, serve the repository and compare it with the "
+                                         "checkpoint (tritonforge eval); a failing engine leaves the repository "
+                                         "marked not ready", parse=Path, metavar="PROMPTS.jsonl")
+    accuracy_reference: Path | None = setting(None, "the checkpoint the gate compares with (default: --model), "
+                                              "e.g. the original of a pre-quantized checkpoint", parse=Path)
+    replay_step_ms: float = setting(8.5, "--engine replay (benchmarking only): ms per step, one token per running "
+                                    "request")
+    tp_size: int = setting(1, "tensor parallel size", group=TRT)
+    pp_size: int = setting(1, "pipeline parallel size", group=TRT)
+    quantization: str = setting("none", choices=trtllm.QUANTIZATIONS, group=TRT)
+    kv_cache_dtype: str = setting("auto", choices=trtllm.KV_CACHE_DTYPES, group=TRT)
+    max_num_tokens: int = setting(8192, "tokens per engine step (prefill budget)", group=TRT)
+    kv_cache_free_gpu_mem_fraction: float = setting(0.9, "share of the GPU memory left after the weights that the KV "
+                                                    "cache takes", group=TRT)
+    batch_scheduler_policy: str = setting("guaranteed_no_evict", choices=trtllm.BATCH_SCHEDULER_POLICIES, group=TRT)
+    enable_kv_cache_reuse: bool = setting(True, "disable KV-cache (prefix) reuse", flag="--no-kv-cache-reuse",
+                                          group=TRT)
+    enable_chunked_context: bool = setting(False, "enable chunked prefill", flag="--chunked-context", group=TRT)
+    cuda_graphs: bool = setting(False, "run decoding steps as CUDA graphs", group=TRT)
+    gpu_memory_gib: float | None = setting(None, "plan for this GPU size without a GPU", parse=float, group=TRT)
+    examples_dir: str = setting(trtllm.EXAMPLES_DIR, "TensorRT-LLM's examples/ folder (convert_checkpoint.py, "
+                                "quantize.py) at the pinned release", group=TRT)
+    calib_dataset: str | None = setting(None, "fp8 / int8_sq / int4_awq: local calibration dataset folder (a "
+                                        "'train' split with a 'text' column, e.g. train.jsonl); nothing is "
+                                        "downloaded", parse=str, group=TRT)
+    repository_mount: str = setting("/models", "repository path inside the server container", group=TRT)
+    target_triton: tuple[int, int] | None = setting(None, "Triton version the configs are for (default: the pinned "
+                                                    "image's), e.g. 2.51", parse=version, group=TRT)
+    dry_run: bool = setting(False, "print the plan and commands, write configs, build nothing", group=TRT)
+    planned_instances: bool = True  # TensorRT-LLM: pre/post/BLS instance counts from the plan unless set
 
     def __post_init__(self):
         if self.engine not in configs.ENGINES:
@@ -77,9 +93,28 @@ class BuildOptions:
         if self.serving.engine_instances > 1 and self.engine != "replay":
             raise ValueError(f"--engine-instances > 1 is for the replay engine only; the {self.engine} engine runs "
                              f"as one instance that batches in flight")
-        if self.batch_scheduler_policy not in ("guaranteed_no_evict", "max_utilization"):
-            raise ValueError(f"--batch-scheduler-policy must be guaranteed_no_evict or max_utilization, got "
-                             f"{self.batch_scheduler_policy!r}")
+        if self.engine == "tensorrtllm":
+            self._check_tensorrtllm()
+
+    def _check_tensorrtllm(self) -> None:
+        def one_of(flag: str, value, allowed) -> None:
+            if value not in allowed:
+                raise ValueError(f"{flag} must be one of {allowed}, got {value!r}")
+
+        one_of("--quantization", self.quantization, trtllm.QUANTIZATIONS)
+        one_of("--kv-cache-dtype", self.kv_cache_dtype, trtllm.KV_CACHE_DTYPES)
+        one_of("--batch-scheduler-policy", self.batch_scheduler_policy, trtllm.BATCH_SCHEDULER_POLICIES)
+        one_of("--dtype", self.dtype, ("auto", "float16", "bfloat16"))
+        if self.quantization in trtllm.CALIBRATED and not self.calib_dataset:
+            raise ValueError(f"--quantization {self.quantization} calibrates on a dataset: pass --calib-dataset DIR, "
+                             f"a local folder that datasets.load_dataset reads with a 'train' split and a 'text' "
+                             f"column (e.g. one train.jsonl of {{\"text\": ...}} lines); the scripts' default "
+                             f"downloads cnn_dailymail from the hub")
+        if self.tp_size < 1 or self.pp_size < 1:
+            raise ValueError("--tp-size and --pp-size must be >= 1")
+        if self.max_num_tokens < self.max_input_len and not self.enable_chunked_context:
+            raise ValueError(f"--max-num-tokens ({self.max_num_tokens}) must be >= --max-input-len "
+                             f"({self.max_input_len}) unless --chunked-context splits prompts")
 
 
 def read_checkpoint_config(model: Path) -> dict:
@@ -154,31 +189,34 @@ def _gpu_memory_gib(options: BuildOptions) -> float:
     return memory
 
 
-def build_tensorrtllm(options: BuildOptions, checkpoint_config: dict, limits, progress=print) -> Path:
-    """Plan, print the exact commands, and (unless --dry-run) convert and build the engine; then write configs."""
+def trt_build_spec(options: BuildOptions, checkpoint_config: dict) -> trtllm.TrtBuildSpec:
+    """The engine build of these options: paths beside the output, dtype resolved from the checkpoint."""
     dtype = options.dtype if options.dtype != "auto" else (
         "bfloat16" if checkpoint_config.get("torch_dtype", checkpoint_config.get("dtype")) == "bfloat16"
         else "float16")
-    gpu_memory_gib = _gpu_memory_gib(options)
-    plan = plan_memory(ModelShape.from_hf_config(checkpoint_config), gpu_memory_gib=gpu_memory_gib, dtype=dtype,
-                       quantization=options.quantization, kv_cache_dtype=options.kv_cache_dtype,
-                       tp_size=options.tp_size, pp_size=options.pp_size, max_seq_len=options.max_seq_len,
-                       max_batch_size=options.max_batch_size,
-                       kv_cache_free_gpu_mem_fraction=options.kv_cache_free_gpu_mem_fraction)
-    progress(f"memory plan (tp={options.tp_size}, pp={options.pp_size}, {dtype}, quantization "
-             f"{options.quantization}, KV {options.kv_cache_dtype}):")
-    progress(plan.table(gpu_memory_gib=gpu_memory_gib, fraction=options.kv_cache_free_gpu_mem_fraction,
-                        max_seq_len=options.max_seq_len, max_batch_size=options.max_batch_size))
-    work_dir = options.output.parent / f"{options.output.name}.build"
-    spec = trtllm.TrtBuildSpec(
-        checkpoint=options.model.resolve(), work_dir=work_dir.resolve(),
+    return trtllm.TrtBuildSpec(
+        checkpoint=options.model.resolve(), work_dir=(options.output.parent / f"{options.output.name}.build").resolve(),
         engine_dir=(options.output / configs.ENGINE_MODEL / "1" / ENGINE_SUBDIR).resolve(),
         architecture=(checkpoint_config.get("architectures") or ["LlamaForCausalLM"])[0], dtype=dtype,
         tp_size=options.tp_size, pp_size=options.pp_size, quantization=options.quantization,
         kv_cache_dtype=options.kv_cache_dtype, max_batch_size=options.max_batch_size,
         max_input_len=options.max_input_len, max_seq_len=options.max_seq_len, max_num_tokens=options.max_num_tokens,
-        workers=options.tp_size * options.pp_size, examples_dir=options.examples_dir,
-        calib_dataset=options.calib_dataset)
+        examples_dir=options.examples_dir, calib_dataset=options.calib_dataset)
+
+
+def build_tensorrtllm(options: BuildOptions, checkpoint_config: dict, limits, progress=print) -> Path:
+    """Plan, print the exact commands, and (unless --dry-run) convert and build the engine; then write configs."""
+    spec = trt_build_spec(options, checkpoint_config)
+    gpu_memory_gib = _gpu_memory_gib(options)
+    plan = plan_memory(ModelShape.from_hf_config(checkpoint_config), gpu_memory_gib=gpu_memory_gib, dtype=spec.dtype,
+                       quantization=options.quantization, kv_cache_dtype=options.kv_cache_dtype,
+                       tp_size=options.tp_size, pp_size=options.pp_size, max_seq_len=options.max_seq_len,
+                       max_batch_size=options.max_batch_size,
+                       kv_cache_free_gpu_mem_fraction=options.kv_cache_free_gpu_mem_fraction)
+    progress(f"memory plan (tp={options.tp_size}, pp={options.pp_size}, {spec.dtype}, quantization "
+             f"{options.quantization}, KV {options.kv_cache_dtype}):")
+    progress(plan.table(gpu_memory_gib=gpu_memory_gib, fraction=options.kv_cache_free_gpu_mem_fraction,
+                        max_seq_len=options.max_seq_len, max_batch_size=options.max_batch_size))
     commands = [trtllm.convert_command(spec), trtllm.build_command(spec)]
     progress("commands:")
     for command in commands:
@@ -199,9 +237,9 @@ def build_tensorrtllm(options: BuildOptions, checkpoint_config: dict, limits, pr
                                 engine_parameters=tensorrtllm_engine_parameters(options))
     existing = prepare_output(options.output, force=options.force, checkpoint=options.model)
     if not options.dry_run:
-        work_dir.mkdir(parents=True, exist_ok=True)
+        spec.work_dir.mkdir(parents=True, exist_ok=True)
         spec.engine_dir.mkdir(parents=True, exist_ok=True)
-        trtllm.run_build(spec, work_dir / "build.log", progress)
+        trtllm.run_build(spec, spec.work_dir / "build.log", progress)
         trtllm.write_engine_info(spec, commands, trtllm.runtime_facts())
     write_repository(repository, tokenizer_source=options.model, checkpoint=None, existing=existing,
                      manifest={"tritonforge_build": _options_record(options), **plan_record,

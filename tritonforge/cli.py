@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 import sys
@@ -11,8 +12,9 @@ import threading
 from pathlib import Path
 
 from . import model_configs as configs
-from .build import AccuracyGateFailed
-from .trtllm import EXAMPLES_DIR, KV_CACHE_DTYPES, QUANTIZATIONS, EngineMismatch, TensorRTLLMMissing
+from .build import AccuracyGateFailed, BuildOptions
+from .settings import add_arguments, given
+from .trtllm import EngineMismatch, TensorRTLLMMissing
 
 
 def _whole_numbers(text: str, minimum: int) -> list[int]:
@@ -35,106 +37,34 @@ def non_negative_ints(text: str) -> list[int]:
     return _whole_numbers(text, 0)
 
 
+SERVING = "serving."  # where the ServingConfig options land in `args`
+INSTANCE_COUNTS = ("preprocessing_instances", "postprocessing_instances", "bls_instances")
+
+
 def _add_build_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", type=Path, required=True, help="Hugging Face checkpoint directory")
-    parser.add_argument("--output", type=Path, default=Path("model_repository"), help="repository to write")
-    parser.add_argument("--engine", choices=configs.ENGINES, default="transformers")
-    parser.add_argument("--frontends", default="ensemble,bls",
-                        help="client-facing models, comma-separated: ensemble, bls")
-    parser.add_argument("--max-batch-size", type=int, default=8, help="sequences the engine runs at once")
-    parser.add_argument("--max-input-len", type=int, default=1024)
-    parser.add_argument("--max-seq-len", type=int, default=2048, help="prompt + generated tokens")
-    parser.add_argument("--dtype", default="auto", help="auto | float32 | float16 | bfloat16")
-    parser.add_argument("--device", default="auto", help="transformers engine: auto | cpu | cuda")
-    parser.add_argument("--no-streaming", action="store_true",
-                        help="deploy the engine non-decoupled (no streaming; allows unary gRPC/HTTP infer)")
-    parser.add_argument("--triton-max-batch-size", type=int, default=64)
-    parser.add_argument("--preprocessing-instances", type=int, default=None)
-    parser.add_argument("--postprocessing-instances", type=int, default=None)
-    parser.add_argument("--bls-instances", type=int, default=None)
-    parser.add_argument("--engine-instances", type=int, default=1,
-                        help="--engine replay only: Python stubs sharing --max-batch-size, to send a real engine's "
-                             "response rate")
-    parser.add_argument("--max-queue-delay-us", type=int, default=0, help="preprocessing and engine queue delay")
-    parser.add_argument("--postprocessing-delay-us", type=int, default=0,
-                        help="postprocessing queue delay: gathers streamed chunks into fewer executions")
-    parser.add_argument("--postprocessing-unordered", action="store_true",
-                        help="let postprocessing instances answer out of arrival order (NVIDIA's setting): "
-                             "faster, but a stream's chunks may swap under overload (README, Performance)")
-    parser.add_argument("--max-queue-size", type=int, default=0, help="engine queue limit (0 = unbounded)")
-    parser.add_argument("--include-input-in-output", action="store_true",
-                        help="echo the prompt in non-streamed output by default")
-    parser.add_argument("--nvidia-wiring", action="store_true",
-                        help="wire the ensemble exactly as NVIDIA's (no `messages` input), so that NVIDIA's "
-                             "preprocessing, postprocessing, BLS and ensemble config can each replace ours")
-    parser.add_argument("--force", action="store_true",
-                        help="replace the files an earlier build recorded writing in the output folder")
-    parser.add_argument("--accuracy-gate", type=Path, default=None, metavar="PROMPTS.jsonl",
-                        help="after the build, serve the repository and compare it with the checkpoint "
-                             "(tritonforge eval); a failing engine leaves the repository marked not ready")
-    parser.add_argument("--accuracy-reference", type=Path, default=None,
-                        help="the checkpoint the gate compares with (default: --model), e.g. the original of a "
-                             "pre-quantized checkpoint")
-    parser.add_argument("--replay-step-ms", type=float, default=8.5,
-                        help="--engine replay (benchmarking only): ms per step, one token per running request")
-    trt = parser.add_argument_group("TensorRT-LLM (--engine tensorrtllm)")
-    trt.add_argument("--tp-size", type=int, default=1, help="tensor parallel size")
-    trt.add_argument("--pp-size", type=int, default=1, help="pipeline parallel size")
-    trt.add_argument("--quantization", choices=QUANTIZATIONS, default="none")
-    trt.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
-    trt.add_argument("--max-num-tokens", type=int, default=8192, help="tokens per engine step (prefill budget)")
-    trt.add_argument("--kv-cache-free-gpu-mem-fraction", type=float, default=0.9)
-    trt.add_argument("--batch-scheduler-policy", choices=("guaranteed_no_evict", "max_utilization"),
-                     default="guaranteed_no_evict")
-    trt.add_argument("--no-kv-cache-reuse", action="store_true", help="disable KV-cache (prefix) reuse")
-    trt.add_argument("--chunked-context", action="store_true", help="enable chunked prefill")
-    trt.add_argument("--cuda-graphs", action="store_true")
-    trt.add_argument("--gpu-memory-gib", type=float, default=None, help="plan for this GPU size without a GPU")
-    trt.add_argument("--calib-dataset", default=None,
-                     help="fp8 / int8_sq / int4_awq: local calibration dataset folder (a 'train' split with a 'text' "
-                          "column, e.g. train.jsonl); nothing is downloaded")
-    trt.add_argument("--examples-dir", default=EXAMPLES_DIR,
-                     help="TensorRT-LLM's examples/ folder (convert_checkpoint.py, quantize.py) at the pinned release")
-    trt.add_argument("--repository-mount", default="/models", help="repository path inside the server container")
-    trt.add_argument("--target-triton", default=None,
-                     help="Triton version the configs are for (default: the pinned image's), e.g. 2.51")
-    trt.add_argument("--dry-run", action="store_true", help="print the plan and commands, write configs, build nothing")
+    add_arguments(parser, BuildOptions)
+    add_arguments(parser.add_argument_group("serving (Triton's batching, instances and queues)"),
+                  configs.ServingConfig, prefix=SERVING)
+
+
+def build_options(args: argparse.Namespace):
+    """BuildOptions from the flags the user gave; every other value is the dataclasses' default."""
+    options, serving = given(args, BuildOptions), given(args, configs.ServingConfig, prefix=SERVING)
+    engine_batch = options.get("max_batch_size", _default(BuildOptions, "max_batch_size"))
+    serving["max_batch_size"] = max(serving.get("max_batch_size", _default(configs.ServingConfig, "max_batch_size")),
+                                    engine_batch)
+    return BuildOptions(**options, serving=configs.ServingConfig(**serving),
+                        planned_instances=not any(name in serving for name in INSTANCE_COUNTS))
+
+
+def _default(cls, name: str):
+    return next(field.default for field in dataclasses.fields(cls) if field.name == name)
 
 
 def build_command(args: argparse.Namespace) -> int:
-    from .build import BuildOptions, build
+    from .build import build
 
-    serving = configs.ServingConfig(
-        max_batch_size=max(args.triton_max_batch_size, args.max_batch_size),
-        decoupled=not args.no_streaming,
-        preprocessing_instances=args.preprocessing_instances or 2,
-        postprocessing_instances=args.postprocessing_instances or 2,
-        bls_instances=args.bls_instances or 1,
-        engine_instances=args.engine_instances,
-        max_queue_delay_microseconds=args.max_queue_delay_us,
-        postprocessing_delay_microseconds=args.postprocessing_delay_us,
-        postprocessing_preserve_ordering=not args.postprocessing_unordered,
-        max_queue_size=args.max_queue_size,
-        exclude_input_in_output=not args.include_input_in_output,
-        messages_input=not args.nvidia_wiring,
-    )
-    options = BuildOptions(
-        model=args.model, output=args.output, engine=args.engine,
-        frontends=tuple(f.strip() for f in args.frontends.split(",") if f.strip()),
-        max_batch_size=args.max_batch_size, max_input_len=args.max_input_len, max_seq_len=args.max_seq_len,
-        dtype=args.dtype, device=args.device, serving=serving, force=args.force,
-        tp_size=args.tp_size, pp_size=args.pp_size, quantization=args.quantization,
-        kv_cache_dtype=args.kv_cache_dtype, max_num_tokens=args.max_num_tokens,
-        kv_cache_free_gpu_mem_fraction=args.kv_cache_free_gpu_mem_fraction,
-        batch_scheduler_policy=args.batch_scheduler_policy, enable_kv_cache_reuse=not args.no_kv_cache_reuse,
-        enable_chunked_context=args.chunked_context, cuda_graphs=args.cuda_graphs,
-        gpu_memory_gib=args.gpu_memory_gib, examples_dir=args.examples_dir, calib_dataset=args.calib_dataset,
-        repository_mount=args.repository_mount, dry_run=args.dry_run,
-        target_triton=tuple(int(part) for part in args.target_triton.split(".")[:2]) if args.target_triton else None,
-        planned_instances=all(count is None for count in (args.preprocessing_instances,
-                                                          args.postprocessing_instances, args.bls_instances)),
-        replay_step_ms=args.replay_step_ms, accuracy_gate=args.accuracy_gate,
-        accuracy_reference=args.accuracy_reference)
+    options = build_options(args)
     output = build(options)
     print(f"repository ready: {output}")
     return 0
@@ -367,7 +297,7 @@ def _demo_serve(args: argparse.Namespace, repository: Path) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tritonforge", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -482,8 +412,11 @@ def main(argv: list[str] | None = None) -> int:
                       help="repository folder (default: inside the demo's work folder)")
     demo.add_argument("--work-dir", default=None, help="keep the tiny model and repository here")
     demo.set_defaults(func=demo_command)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -16,6 +16,7 @@ from . import contract
 from .contract import ENGINE_MODEL, Tensor
 from .limits import EngineLimits
 from .model_parameters import BlsParameters, PostprocessingParameters, PreprocessingParameters
+from .settings import setting
 
 # "replay" is for benchmarking only: it streams pre-set tokens (tritonforge/replay_engine.py).
 ENGINES = ("transformers", "tensorrtllm", "replay")
@@ -27,30 +28,42 @@ ENSEMBLE_MAX_INFLIGHT = 64
 
 @dataclass(frozen=True, kw_only=True)
 class ServingConfig:
-    """What Triton decides at serve time: batching, instances, queues, streaming. Validated on construction."""
+    """What Triton decides at serve time: batching, instances, queues, streaming. Validated on construction;
+    each field that `tritonforge build` exposes declares its flag here (tritonforge/settings.py)."""
 
-    max_batch_size: int = 64  # Triton's batch limit per model; the engine batches on its own
-    decoupled: bool = True  # streaming needs a decoupled engine (and then ensemble / BLS)
-    preprocessing_instances: int = 2
-    postprocessing_instances: int = 2
-    bls_instances: int = 1
+    max_batch_size: int = setting(64, "Triton's batch limit per model (at least the engine's --max-batch-size); "
+                                  "the engine batches on its own", flag="--triton-max-batch-size")
+    decoupled: bool = setting(True, "deploy the engine non-decoupled (no streaming; allows unary gRPC/HTTP infer)",
+                              flag="--no-streaming")
+    # Instance counts: a TensorRT-LLM build plans all three from the GPU's batch unless one is given.
+    preprocessing_instances: int = setting(2, "preprocessing model instances; TensorRT-LLM: planned unless given")
+    postprocessing_instances: int = setting(2, "postprocessing model instances; TensorRT-LLM: planned unless given")
+    bls_instances: int = setting(1, "BLS model instances; TensorRT-LLM: planned unless given")
     # Python engine-step instances (the replay engine only: it stands in for an engine that answers from C++,
     # and one Python stub cannot send a real engine's ~15k responses/s). The real engines run as one.
-    engine_instances: int = 1
-    bls_max_concurrency: int = 256  # requests one BLS instance runs at once
-    max_queue_delay_microseconds: int = 0
+    engine_instances: int = setting(1, "--engine replay only: Python stubs sharing --max-batch-size, to send a real "
+                                    "engine's response rate")
+    bls_max_concurrency: int = setting(256, "requests one BLS instance runs at once")
+    max_queue_delay_microseconds: int = setting(0, "preprocessing and engine queue delay",
+                                                flag="--max-queue-delay-us")
     # Postprocessing's own: a short delay gathers more streamed chunks into one execution (`tritonforge tune`).
-    postprocessing_delay_microseconds: int = 0
+    postprocessing_delay_microseconds: int = setting(0, "postprocessing queue delay: gathers streamed chunks into "
+                                                     "fewer executions", flag="--postprocessing-delay-us")
     # Responses in arrival order across postprocessing instances, so a stream's chunks can never swap.
     # Triton sends such responses one at a time under one lock for the whole model, which caps the ensemble
-    # near 11k chunks/s on 16 cores (README, Performance); NVIDIA's config leaves it off.
-    postprocessing_preserve_ordering: bool = True
-    max_queue_size: int = 0  # engine queue limit; 0 = unbounded
-    exclude_input_in_output: bool = True
+    # near 14k chunks/s on 16 cores (README, Performance); NVIDIA's config leaves it off.
+    postprocessing_preserve_ordering: bool = setting(
+        True, "let postprocessing instances answer out of arrival order (NVIDIA's setting): faster, but a stream's "
+        "chunks may swap under overload (README, Performance)", flag="--postprocessing-unordered")
+    max_queue_size: int = setting(0, "engine queue limit (0 = unbounded)")
+    exclude_input_in_output: bool = setting(True, "echo the prompt in non-streamed output by default",
+                                            flag="--include-input-in-output")
     add_special_tokens: bool = True
     # Our `messages` input on the ensemble, the BLS and preprocessing. False: the wiring is exactly NVIDIA's,
     # so NVIDIA's preprocessing, postprocessing, BLS and ensemble config can each replace ours.
-    messages_input: bool = True
+    messages_input: bool = setting(True, "wire the ensemble exactly as NVIDIA's (no `messages` input), so that "
+                                   "NVIDIA's preprocessing, postprocessing, BLS and ensemble config can each replace "
+                                   "ours", flag="--nvidia-wiring")
     target_triton: tuple[int, int] = TESTED_TRITON
 
     def __post_init__(self):

@@ -59,6 +59,7 @@ TOKENS_PER_BLOCK = 32  # trtllm-build's default KV-cache block
 QUANTIZATIONS = ("none", "fp8", "int8_sq", "int4_awq", "int8_wo", "int4_wo")
 CALIBRATED = ("fp8", "int8_sq", "int4_awq")  # quantize.py runs the model over a calibration set
 KV_CACHE_DTYPES = ("auto", "fp8", "int8")
+BATCH_SCHEDULER_POLICIES = ("guaranteed_no_evict", "max_utilization")
 # Bytes per weight of the quantized linear layers; embeddings and lm_head stay in the model dtype.
 WEIGHT_BYTES = {"none": None, "fp8": 1.0, "int8_sq": 1.0, "int8_wo": 1.0, "int4_awq": 0.5, "int4_wo": 0.5}
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
@@ -79,41 +80,29 @@ def require_trtllm() -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class TrtBuildSpec:
+    """One engine build: the paths, and the settings of `BuildOptions` that reach TensorRT-LLM's commands
+    (validated there; `build.trt_build_spec` makes this)."""
+
     checkpoint: Path
     work_dir: Path  # converted TensorRT-LLM checkpoint goes here
     engine_dir: Path
     architecture: str
-    dtype: str = "float16"
-    tp_size: int = 1
-    pp_size: int = 1
-    quantization: str = "none"
-    kv_cache_dtype: str = "auto"
-    max_batch_size: int = 64
-    max_input_len: int = 1024
-    max_seq_len: int = 2048
-    max_num_tokens: int = 8192
+    dtype: str  # float16 | bfloat16, resolved from the checkpoint when the build says auto
+    tp_size: int
+    pp_size: int
+    quantization: str
+    kv_cache_dtype: str
+    max_batch_size: int
+    max_input_len: int
+    max_seq_len: int
+    max_num_tokens: int
+    examples_dir: str
+    calib_dataset: str | None
     use_paged_context_fmha: bool = True  # needed by KV-cache reuse and chunked context
-    workers: int = 1
-    examples_dir: str = EXAMPLES_DIR
-    calib_dataset: str | None = None  # local dataset folder with a train split and a text column
 
-    def __post_init__(self):
-        if self.quantization in CALIBRATED and not self.calib_dataset:
-            raise ValueError(f"--quantization {self.quantization} calibrates on a dataset: pass --calib-dataset DIR, "
-                             f"a local folder that datasets.load_dataset reads with a 'train' split and a 'text' "
-                             f"column (e.g. one train.jsonl of {{\"text\": ...}} lines); the scripts' default "
-                             f"downloads cnn_dailymail from the hub")
-        if self.quantization not in QUANTIZATIONS:
-            raise ValueError(f"--quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"--kv-cache-dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
-        if self.dtype not in ("float16", "bfloat16"):
-            raise ValueError(f"--dtype for TensorRT-LLM must be float16 or bfloat16, got {self.dtype!r}")
-        if self.tp_size < 1 or self.pp_size < 1:
-            raise ValueError("tensor and pipeline parallel sizes must be >= 1")
-        if self.max_num_tokens < self.max_input_len:
-            raise ValueError(f"--max-num-tokens ({self.max_num_tokens}) must be >= --max-input-len "
-                             f"({self.max_input_len}) unless chunked context is used")
+    @property
+    def workers(self) -> int:
+        return self.world_size
 
     @property
     def world_size(self) -> int:

@@ -5,14 +5,13 @@ import json
 import pytest
 
 from tritonforge import model_configs as configs
-from tritonforge.build import BuildOptions, build
+from tritonforge.build import BuildOptions, build, trt_build_spec
 from tritonforge.cli import main
 from tritonforge.trtllm import (
     ENGINE_INFO,
     TRITON_IMAGE,
     EngineMismatch,
     TensorRTLLMMissing,
-    TrtBuildSpec,
     build_command,
     check_engine,
     check_inputs,
@@ -81,9 +80,14 @@ def test_missing_tensorrt_llm_raises_from_the_library(tiny_models, tmp_path):
         build(options(tiny_models["bpe"], tmp_path / "repo"))
 
 
+def spec_of(tmp_path, **settings):
+    """The engine build of these settings, for a Llama checkpoint."""
+    options = BuildOptions(model=tmp_path / "hf", output=tmp_path / "repo", engine="tensorrtllm", **settings)
+    return trt_build_spec(options, {"architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16"})
+
+
 def test_commands_use_the_pinned_release_flags(tmp_path):
-    spec = TrtBuildSpec(checkpoint=tmp_path / "hf", work_dir=tmp_path / "w", engine_dir=tmp_path / "e",
-                        architecture="LlamaForCausalLM", tp_size=2, quantization="int4_wo", kv_cache_dtype="fp8")
+    spec = spec_of(tmp_path, tp_size=2, quantization="int4_wo", kv_cache_dtype="fp8")
     convert = convert_command(spec)
     assert convert[1].endswith("models/core/llama/convert_checkpoint.py")
     assert convert[convert.index("--tp_size") + 1] == "2" and "--use_weight_only" in convert
@@ -92,6 +96,7 @@ def test_commands_use_the_pinned_release_flags(tmp_path):
     assert trt[trt.index("--kv_cache_type") + 1] == "paged"  # --paged_kv_cache is deprecated in 1.x
     assert "--max_output_len" not in trt and "--paged_kv_cache" not in trt
     assert convert[0] == "python3"  # the image's Python, not the one that planned the build
+    assert convert[convert.index("--dtype") + 1] == "bfloat16"  # "auto": the checkpoint's own dtype
 
 
 def test_impossible_plan_is_refused_before_anything_is_written(tiny_models, tmp_path):
@@ -131,8 +136,7 @@ def test_pinning_guard_refuses_an_engine_without_info(tmp_path):
 
 @pytest.mark.parametrize("quantization", ["fp8", "int8_sq", "int4_awq"])
 def test_calibrated_formats_calibrate_on_a_local_folder(tmp_path, quantization):
-    spec = TrtBuildSpec(checkpoint=tmp_path, work_dir=tmp_path, engine_dir=tmp_path, architecture="LlamaForCausalLM",
-                        quantization=quantization, calib_dataset="/data/calib")
+    spec = spec_of(tmp_path, quantization=quantization, calib_dataset="/data/calib")
     command = convert_command(spec)
     assert command[1].endswith("quantization/quantize.py") and command[command.index("--qformat") + 1] == quantization
     assert command[command.index("--calib_dataset") + 1] == "/data/calib"
@@ -140,14 +144,12 @@ def test_calibrated_formats_calibrate_on_a_local_folder(tmp_path, quantization):
 
 def test_calibrated_format_without_a_calibration_folder_is_refused(tmp_path):
     with pytest.raises(ValueError, match="--calib-dataset"):
-        TrtBuildSpec(checkpoint=tmp_path, work_dir=tmp_path, engine_dir=tmp_path, architecture="LlamaForCausalLM",
-                     quantization="fp8")
+        spec_of(tmp_path, quantization="fp8")
 
 
 def test_missing_examples_or_calibration_folder_is_named_before_building(tmp_path):
     examples = tmp_path / "examples"
-    spec = TrtBuildSpec(checkpoint=tmp_path, work_dir=tmp_path, engine_dir=tmp_path, architecture="LlamaForCausalLM",
-                        quantization="fp8", calib_dataset=str(tmp_path / "calib"), examples_dir=str(examples))
+    spec = spec_of(tmp_path, quantization="fp8", calib_dataset=str(tmp_path / "calib"), examples_dir=str(examples))
     with pytest.raises(FileNotFoundError, match="--examples-dir"):
         check_inputs(spec)
     (examples / "quantization").mkdir(parents=True)

@@ -1,0 +1,63 @@
+"""`tritonforge build`'s flags are generated from BuildOptions and ServingConfig: defaults come from the
+dataclasses alone, and each flag lands on its field."""
+
+from pathlib import Path
+
+import pytest
+
+from tritonforge import model_configs as configs
+from tritonforge.build import BuildOptions
+from tritonforge.cli import build_options, make_parser
+
+
+def options_of(*flags: str) -> BuildOptions:
+    return build_options(make_parser().parse_args(["build", "--model", "ckpt", *flags]))
+
+
+def test_no_flags_give_the_dataclasses_defaults():
+    assert options_of() == BuildOptions(model=Path("ckpt"))
+
+
+def test_each_flag_lands_on_its_field():
+    options = options_of("--output", "out", "--engine", "replay", "--frontends", "bls", "--max-batch-size", "4",
+                         "--max-input-len", "64", "--max-seq-len", "128", "--no-kv-cache-reuse", "--chunked-context",
+                         "--cuda-graphs", "--gpu-memory-gib", "79.6", "--target-triton", "2.51", "--dry-run",
+                         "--replay-step-ms", "20", "--calib-dataset", "calib", "--accuracy-gate", "prompts.jsonl")
+    assert options == BuildOptions(
+        model=Path("ckpt"), output=Path("out"), engine="replay", frontends=("bls",), max_batch_size=4,
+        max_input_len=64, max_seq_len=128, enable_kv_cache_reuse=False, enable_chunked_context=True, cuda_graphs=True,
+        gpu_memory_gib=79.6, target_triton=(2, 51), dry_run=True, replay_step_ms=20.0, calib_dataset="calib",
+        accuracy_gate=Path("prompts.jsonl"))
+
+
+def test_serving_flags_land_on_the_serving_config_and_given_counts_are_not_planned():
+    options = options_of("--no-streaming", "--preprocessing-instances", "3", "--postprocessing-unordered",
+                         "--nvidia-wiring", "--include-input-in-output", "--max-queue-delay-us", "100",
+                         "--postprocessing-delay-us", "50", "--max-queue-size", "9", "--bls-max-concurrency", "32")
+    assert options.serving == configs.ServingConfig(
+        decoupled=False, preprocessing_instances=3, postprocessing_preserve_ordering=False, messages_input=False,
+        exclude_input_in_output=False, max_queue_delay_microseconds=100, postprocessing_delay_microseconds=50,
+        max_queue_size=9, bls_max_concurrency=32)
+    assert not options.planned_instances
+    assert options_of().planned_instances
+
+
+def test_triton_batch_limit_is_at_least_the_engine_batch():
+    assert options_of("--max-batch-size", "256").serving.max_batch_size == 256
+    assert options_of("--triton-max-batch-size", "512", "--max-batch-size", "8").serving.max_batch_size == 512
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--engine", "tensorrtllm", "--quantization", "fp8"], "--calib-dataset"),
+    (["--engine", "tensorrtllm", "--dtype", "float32"], "--dtype"),
+    (["--engine", "tensorrtllm", "--max-num-tokens", "512"], "--max-num-tokens"),
+    (["--engine", "tensorrtllm", "--tp-size", "0"], "--tp-size"),
+    (["--max-input-len", "2048"], "--max-seq-len"),
+])
+def test_settings_are_validated_where_they_are_declared(flags, message):
+    with pytest.raises(ValueError, match=message):
+        options_of(*flags)
+
+
+def test_chunked_context_lets_prompts_exceed_one_step():
+    options_of("--engine", "tensorrtllm", "--max-num-tokens", "512", "--chunked-context")

@@ -1,0 +1,76 @@
+"""Settings declared once: the dataclass field of a setting holds its default, its help and its command-line
+flag, and the command line is generated from the fields.
+
+`setting(...)` declares a field that is also an option (`--field-name`, or `flag`); `add_arguments` adds a
+dataclass's options to a parser; `given` returns only the options the user gave, so that every default
+comes from the dataclass and nowhere else. A bool option flips its default: `--no-...` for one that is on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Option:
+    help: str
+    flag: str | None = None
+    parse: Callable[[str], Any] | None = None  # default: the type of the field's default
+    choices: tuple | None = None
+    group: str | None = None  # an argument group's title
+    metavar: str | None = None
+
+
+def setting(default: Any = dataclasses.MISSING, help: str = "", **option) -> Any:
+    """A dataclass field that is also a command-line option; without a default the option is required."""
+    return dataclasses.field(default=default, metadata={"option": Option(help, **option)})
+
+
+def _options(cls) -> list[tuple[dataclasses.Field, Option]]:
+    return [(field, field.metadata["option"]) for field in dataclasses.fields(cls) if "option" in field.metadata]
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str = "") -> None:
+    """Add `cls`'s options; their values land in `args` as PREFIX + field name, and only when given."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for field, option in _options(cls):
+        target = parser
+        if option.group:
+            target = groups.setdefault(option.group, parser.add_argument_group(option.group))
+        flag = option.flag or "--" + field.name.replace("_", "-")
+        common = {"dest": prefix + field.name, "default": argparse.SUPPRESS}
+        if field.default is dataclasses.MISSING:
+            target.add_argument(flag, required=True, type=option.parse, help=option.help, metavar=option.metavar,
+                                dest=prefix + field.name)
+        elif isinstance(field.default, bool):
+            target.add_argument(flag, action="store_false" if field.default else "store_true", help=option.help,
+                                **common)
+        else:
+            parse = option.parse or type(field.default)
+            shown = field.default if not isinstance(field.default, tuple) else ",".join(map(str, field.default))
+            text = option.help if field.default is None else f"{option.help} (default: {shown})".lstrip()
+            metavar = option.metavar or (None if option.choices else field.name.upper())
+            target.add_argument(flag, type=parse, choices=option.choices, metavar=metavar, help=text, **common)
+
+
+def given(args: argparse.Namespace, cls, prefix: str = "") -> dict[str, Any]:
+    """The options of `cls` that the user gave, by field name."""
+    return {field.name: getattr(args, prefix + field.name) for field, _ in _options(cls)
+            if hasattr(args, prefix + field.name)}
+
+
+def comma_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def version(text: str) -> tuple[int, int]:
+    """"2.51" → (2, 51)."""
+    try:
+        major, minor = (int(part) for part in text.split(".")[:2])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a version like 2.51, got {text!r}") from None
+    return major, minor
