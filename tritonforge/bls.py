@@ -29,12 +29,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .contract import ENGINE_FROM_CLIENT, ENGINE_PASSTHROUGH_OUTPUTS, MESSAGES_WIRING, PREPROCESSING_FROM_CLIENT
+from .contract import ENGINE_FROM_CLIENT, ENGINE_PASSTHROUGH_OUTPUTS
 from .detokenization import IncrementalDetokenizer, TokenBytes
 from .errors import RequestError
 from .limits import EngineLimits
 from .model_parameters import CANCELLATION_CHECK_PERIOD_MS
-from .preprocess import Preprocessor
+from .preprocess import CLIENT_TENSORS, EncodedRequest, Preprocessor
 from .stop_phrases import StopPhraseFilter
 from .tokenization import decode_utf8
 from .triton_adapter import CancellationCheck, output_tensors, request_inputs, requested_outputs, to_triton_error
@@ -46,7 +46,6 @@ ENGINE_OUTPUTS = ["output_ids", "sequence_length", "cum_log_probs", "output_log_
 ENGINE_STATISTICS = [t.name for t in ENGINE_PASSTHROUGH_OUTPUTS
                      if t.name not in {"cum_log_probs", "output_log_probs", "batch_index", "sequence_index",
                                        "num_output_tokens"}]
-CLIENT_TO_PREPROCESSING = {client: model for model, client in {**PREPROCESSING_FROM_CLIENT, **MESSAGES_WIRING}.items()}
 CLIENT_TO_ENGINE = {client: engine for engine, client in ENGINE_FROM_CLIENT.items()}
 # Inputs the BLS sets itself on every engine request.
 FORCED_ENGINE_INPUTS = {"streaming", "exclude_input_in_output"}
@@ -209,9 +208,8 @@ class BlsOrchestrator:
         sender = request.get_response_sender()
         try:
             inputs = request_inputs(request)
-            tokens = self.preprocessor({CLIENT_TO_PREPROCESSING[name]: value for name, value in inputs.items()
-                                        if name in CLIENT_TO_PREPROCESSING})
-            batch = tokens["INPUT_ID"].shape[0]
+            encoded = self.preprocessor.encode(inputs, CLIENT_TENSORS)
+            batch = encoded.batch
             stop_phrases = self._stop_phrases(inputs, batch)
             stream = _flag(inputs, "stream")
             exclude_input = _flag(inputs, "exclude_input_in_output", default=True)
@@ -225,7 +223,7 @@ class BlsOrchestrator:
             return
         completion = _Completion(pb_utils, sender, batch, requested_outputs(request))
         for row in range(batch):
-            self.pool.submit(self._run_row, inputs, tokens, row, stop_phrases[row], stream, exclude_input,
+            self.pool.submit(self._run_row, inputs, encoded, row, stop_phrases[row], stream, exclude_input,
                              completion)
 
     def _stop_phrases(self, inputs: dict[str, np.ndarray], batch: int) -> list[list[str]]:
@@ -235,26 +233,10 @@ class BlsOrchestrator:
         rows = value.reshape(value.shape[0], -1)
         return [[decode_utf8("stop_words", item) for item in rows[row]] for row in range(batch)]
 
-    def _engine_inputs(self, inputs: dict[str, np.ndarray], tokens: dict[str, np.ndarray], row: int) -> list:
+    def _engine_inputs(self, inputs: dict[str, np.ndarray], encoded: EncodedRequest, row: int) -> list:
         pb_utils = self.pb_utils
-        length = int(tokens["REQUEST_INPUT_LEN"][row, 0])
-        tensors = {
-            "input_ids": tokens["INPUT_ID"][row:row + 1, :length],
-            "input_lengths": tokens["REQUEST_INPUT_LEN"][row:row + 1],
-            "request_output_len": tokens["REQUEST_OUTPUT_LEN"][row:row + 1],
-            "end_id": tokens["OUT_END_ID"][row:row + 1],
-            "pad_id": tokens["OUT_PAD_ID"][row:row + 1],
-            "stop_words_list": tokens["STOP_WORDS_IDS"][row:row + 1],
-            "bad_words_list": tokens["BAD_WORDS_IDS"][row:row + 1],
-            "streaming": np.array([[self.settings.decoupled]]),
-            "exclude_input_in_output": np.array([[True]]),
-        }
-        if tensors["stop_words_list"].shape[-1] == 0:
-            del tensors["stop_words_list"]
-        if tensors["bad_words_list"].shape[-1] == 0:
-            del tensors["bad_words_list"]
-        if tokens["EMBEDDING_BIAS"].shape[-1]:
-            tensors["embedding_bias"] = tokens["EMBEDDING_BIAS"][row:row + 1]
+        tensors = {**encoded.engine_inputs(row), "streaming": np.array([[self.settings.decoupled]]),
+                   "exclude_input_in_output": np.array([[True]])}
         for client_name, engine_name in CLIENT_TO_ENGINE.items():
             value = inputs.get(client_name)
             if value is not None and engine_name not in FORCED_ENGINE_INPUTS:
@@ -279,11 +261,11 @@ class BlsOrchestrator:
             pass
         self.graveyard.keep(responses)
 
-    def _run_row(self, inputs, tokens, row: int, stop_phrases: list[str], stream: bool, exclude_input: bool,
-                 completion: _Completion) -> None:
+    def _run_row(self, inputs, encoded: EncodedRequest, row: int, stop_phrases: list[str], stream: bool,
+                 exclude_input: bool, completion: _Completion) -> None:
         pb_utils = self.pb_utils
         request_id = uuid.uuid4().hex
-        batch = tokens["INPUT_ID"].shape[0]
+        batch = encoded.batch
         detokenizer = IncrementalDetokenizer(self.token_bytes)
         stop_filter = StopPhraseFilter(stop_phrases)
         return_log_probs = _flag(inputs, "return_log_probs")
@@ -303,7 +285,7 @@ class BlsOrchestrator:
         try:
             engine_request = pb_utils.InferenceRequest(
                 model_name=self.settings.engine_model, request_id=request_id,
-                inputs=self._engine_inputs(inputs, tokens, row),
+                inputs=self._engine_inputs(inputs, encoded, row),
                 requested_output_names=[*ENGINE_OUTPUTS, *wanted_statistics])
             # A non-decoupled engine answers once, with every token; a decoupled one streams.
             responses = engine_request.exec(decoupled=True) if self.settings.decoupled else [engine_request.exec()]
@@ -342,8 +324,8 @@ class BlsOrchestrator:
             tokens_unsent += unsent_tokens
             tail = unsent + stop_filter.push(detokenizer.flush()) + stop_filter.flush()
             if not exclude_input and not stream:
-                prompt_ids = tokens["INPUT_ID"][row, : int(tokens["REQUEST_INPUT_LEN"][row, 0])].tolist()
-                pieces.insert(0, self.token_bytes.decode_sequence(prompt_ids).decode("utf-8", errors="replace"))
+                prompt = self.token_bytes.decode_sequence(encoded.prompt_ids[row])
+                pieces.insert(0, prompt.decode("utf-8", errors="replace"))
             if not stream:
                 completion.row_done(self._response(completion, "".join(pieces) + tail, row, batch,
                                                log_probs if return_log_probs else None, statistics,

@@ -5,9 +5,10 @@ import json
 import numpy as np
 import pytest
 
+from tritonforge.contract import ENGINE_FROM_PREPROCESSING, PREPROCESSING_TO_ENSEMBLE
 from tritonforge.errors import RequestError
 from tritonforge.limits import EngineLimits
-from tritonforge.preprocess import Preprocessor
+from tritonforge.preprocess import CLIENT_TENSORS, PREPROCESSING_TENSORS, Preprocessor
 from tritonforge.tokenization import from_word_list, to_word_list
 
 LIMITS = EngineLimits(max_input_len=32, max_seq_len=101)
@@ -163,3 +164,20 @@ def test_phrase_lists_are_sized_before_they_are_tokenized(preprocessor, name, fi
                        **{name: np.array([["x"] * (MAX_WORDS + 1)], dtype=object)})
     with pytest.raises(RequestError, match=f"{field}.*phrases"):
         preprocessor(too_many)
+
+
+def test_the_bls_sends_the_engine_what_the_ensemble_sends(preprocessor):
+    """One encoding for both paths: the preprocessing model's outputs wired to the engine by the ensemble, and
+    the BLS's engine inputs read from the same request under the client's names."""
+    client = {"text_input": strings("Hello world"), "max_tokens": np.array([[8]], dtype=np.int32),
+              "stop_words": strings("world", "the end"), "bad_words": strings("Hello"),
+              "embedding_bias_words": strings("server"), "embedding_bias_weights": np.array([[1.5]], dtype=np.float32),
+              "prompt_table_extra_id": np.array([[7]], dtype=np.uint64)}
+    ensemble_tensors = {PREPROCESSING_TO_ENSEMBLE[name]: value for name, value in preprocessor(
+        {tensor: client[field] for field, tensor in PREPROCESSING_TENSORS.items() if field in client}).items()}
+    through_ensemble = {engine: ensemble_tensors[tensor] for engine, tensor in ENGINE_FROM_PREPROCESSING.items()
+                        if tensor in ensemble_tensors}
+    through_bls = preprocessor.encode(client, CLIENT_TENSORS).engine_inputs(0)
+    assert set(through_bls) <= set(through_ensemble)
+    for name, value in through_bls.items():
+        np.testing.assert_array_equal(value, through_ensemble[name], err_msg=name)
