@@ -172,12 +172,14 @@ def test_the_bls_sends_the_engine_what_the_ensemble_sends(preprocessor):
     client = {"text_input": strings("Hello world"), "max_tokens": np.array([[8]], dtype=np.int32),
               "stop_words": strings("world", "the end"), "bad_words": strings("Hello"),
               "embedding_bias_words": strings("server"), "embedding_bias_weights": np.array([[1.5]], dtype=np.float32),
-              "prompt_table_extra_id": np.array([[7]], dtype=np.uint64)}
+              "prompt_table_extra_id": np.array([[7]], dtype=np.uint64), "end_id": np.array([[5]], dtype=np.int32),
+              "pad_id": np.array([[3]], dtype=np.int32)}
     ensemble_tensors = {PREPROCESSING_TO_ENSEMBLE[name]: value for name, value in preprocessor(
         {tensor: client[field] for field, tensor in PREPROCESSING_TENSORS.items() if field in client}).items()}
     through_ensemble = {engine: ensemble_tensors[tensor] for engine, tensor in ENGINE_FROM_PREPROCESSING.items()
                         if tensor in ensemble_tensors}
     through_bls = preprocessor.encode(client, CLIENT_TENSORS).engine_inputs(0)
-    assert set(through_bls) <= set(through_ensemble)
+    # Every tensor but the decoder prompt, which a decoder-only engine does not read.
+    assert set(through_bls) == set(through_ensemble) - {"decoder_input_ids", "decoder_input_lengths"}
     for name, value in through_bls.items():
         np.testing.assert_array_equal(value, through_ensemble[name], err_msg=name)
