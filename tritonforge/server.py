@@ -97,6 +97,11 @@ def _supports_option(binary: ServerBinary, option: str) -> bool:
     return f"{option} " in _help_text(binary.executable, binary.library_path)
 
 
+def redacted(command: list[str]) -> str:
+    """A command line fit for a log: the restricted APIs' key hidden."""
+    return " ".join(re.sub(r"admin-key=\S+", "admin-key=<hidden>", part) for part in command)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -204,7 +209,7 @@ class TritonServer:
         self.metrics_port = self.metrics_port or free_port()
         self.log_path = Path(self.log_file) if self.log_file else self._work_dir / "tritonserver.log"
         command = self.mpi_command(binary)
-        logger.info("starting %s", " ".join(re.sub(r"admin-key=\S+", "admin-key=<hidden>", part) for part in command))
+        logger.info("starting %s", redacted(command))
         with open(self.log_path, "wb") as log:
             self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                              env=self.environment(binary), start_new_session=True)
@@ -289,8 +294,6 @@ class TritonServer:
         if self.log_path is not None and self._work_dir in self.log_path.parents:
             self.log_path = None
         self._work_dir = None
-
-
 
     def __enter__(self) -> TritonServer:
         return self.start()

@@ -1,0 +1,84 @@
+"""The pure parts of the server launcher: its command lines (one server, one per MPI rank), its environment
+and what it logs, with a stand-in `tritonserver` script that only answers `--help`."""
+
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from tritonforge.server import ServerBinary, TritonServer, redacted
+
+
+def fake_binary(tmp_path: Path, help_text: str) -> ServerBinary:
+    """A `tritonserver` stand-in: the launcher runs the real binary only for `--help` before starting it."""
+    executable = tmp_path / "bin" / "tritonserver"
+    executable.parent.mkdir(parents=True)
+    executable.write_text(f"#!/bin/sh\necho '{help_text}'\n")
+    executable.chmod(executable.stat().st_mode | stat.S_IEXEC)
+    return ServerBinary(executable, tmp_path / "backends")
+
+
+@pytest.fixture
+def server(tmp_path):
+    return TritonServer(tmp_path / "repo", http_port=1, grpc_port=2, metrics_port=3, extra_args=["--extra"])
+
+
+def option(command: list[str], name: str) -> str:
+    values = [part.split("=", 1)[1] for part in command if part.startswith(f"{name}=")]
+    assert len(values) == 1, (name, command)
+    return values[0]
+
+
+def test_the_command_serves_the_repository_on_the_given_ports_and_stops_on_load_errors(server, tmp_path):
+    binary = fake_binary(tmp_path, "--http-port <int>")
+    command = server.command(binary)
+    assert command[0] == str(binary.executable) and command[-1] == "--extra"
+    assert option(command, "--model-repository") == str((tmp_path / "repo").resolve())
+    assert option(command, "--backend-directory") == str(tmp_path / "backends")
+    assert [option(command, f"--{name}-port") for name in ("http", "grpc", "metrics")] == ["1", "2", "3"]
+    assert option(command, "--exit-on-error") == "true" and option(command, "--strict-readiness") == "true"
+    assert option(command, "--exit-timeout-secs") == str(server.exit_timeout_s)
+
+
+def test_restricted_apis_need_a_fresh_random_key_that_logs_never_show(server, tmp_path):
+    binary = fake_binary(tmp_path, "")
+    first, second = server.command(binary), server.command(binary)
+    key = option(first, "--http-restricted-api").rsplit("admin-key=", 1)[1]
+    assert len(key) == 32 and key != option(second, "--http-restricted-api").rsplit("admin-key=", 1)[1]
+    assert option(first, "--grpc-restricted-protocol").endswith(f"admin-key={key}")
+    assert key not in redacted(first) and "admin-key=<hidden>" in redacted(first)
+
+
+def test_the_http_body_cap_is_passed_only_to_a_server_that_has_the_option(tmp_path):
+    old = TritonServer(tmp_path / "repo").command(fake_binary(tmp_path / "old", "--http-port <int>"))
+    new = TritonServer(tmp_path / "repo").command(fake_binary(tmp_path / "new", "--http-max-input-size <int>"))
+    assert not any(part.startswith("--http-max-input-size") for part in old)
+    assert option(new, "--http-max-input-size") == str(8 * 1024 * 1024)
+
+
+def test_one_server_per_mpi_rank_rank_zero_serves_everything(tmp_path):
+    binary = fake_binary(tmp_path, "")
+    single = TritonServer(tmp_path / "repo", world_size=1)
+    assert single.mpi_command(binary)[0] == str(binary.executable)
+    command = TritonServer(tmp_path / "repo", world_size=2).mpi_command(binary)
+    assert command[:2] == ["mpirun", "--allow-run-as-root"]
+    ranks = " ".join(command[2:]).split(" : ")
+    assert len(ranks) == 2 and all(rank.startswith("-n 1 ") for rank in ranks)
+    assert "shm-region-prefix-name=prefix0_" in ranks[0] and "--model-control-mode" not in ranks[0]
+    assert "shm-region-prefix-name=prefix1_" in ranks[1]
+    assert "--model-control-mode=explicit" in ranks[1] and "--load-model=tensorrt_llm" in ranks[1]
+
+
+def test_the_stub_finds_this_interpreter_first_on_path(server, tmp_path):
+    env = server.environment(fake_binary(tmp_path, ""))
+    assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+
+
+def test_a_failure_summary_puts_the_model_that_failed_to_load_first(server, tmp_path):
+    server.log_path = tmp_path / "log"
+    server.log_path.write_text("I1 starting\nE1 some error\nE2 failed to load 'preprocessing': bad config\nI2 end\n")
+    assert server.failure_summary() == "E2 failed to load 'preprocessing': bad config"
+    server.log_path.write_text("I1 starting\nE1 some error\nI2 end\n")
+    assert server.failure_summary() == "E1 some error"
