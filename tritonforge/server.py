@@ -24,6 +24,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,10 @@ logger = logging.getLogger(__name__)
 # APIs a client of an LLM server never needs; restricted behind a header that only an operator knows.
 RESTRICTED_APIS = "model-repository,model-config,shared-memory,statistics,trace,logging"
 HTTP_MAX_INPUT_BYTES = 8 * 1024 * 1024  # a prompt of max_input_len tokens is far smaller
+# Where the Python backend keeps each stub's shared-memory region. A stub that is killed (a crash, the
+# supervisor's restart, a stop that had to SIGKILL) leaves its region there, a file of RAM: each server names
+# its regions with a prefix of its own, and removes what is left under that prefix once it has exited.
+SHARED_MEMORY_DIR = Path("/dev/shm")
 
 
 class ServerError(RuntimeError):
@@ -138,6 +143,7 @@ class TritonServer:
         self._work_dir: Path | None = None  # ours: the log (unless log_file) and an unpacked server; removed at stop
         self._final_log = ""
         self.log_path: Path | None = None
+        self.shm_prefix = f"tritonforge_{uuid.uuid4().hex[:12]}_"  # renewed at each start
 
     @property
     def http_url(self) -> str:
@@ -147,7 +153,7 @@ class TritonServer:
     def grpc_url(self) -> str:
         return f"{self.address}:{self.grpc_port}"
 
-    def command(self, binary: ServerBinary) -> list[str]:
+    def command(self, binary: ServerBinary, rank: int = 0) -> list[str]:
         key = self.restricted_api_key or os.urandom(16).hex()
         restricted = []
         if self.restricted_apis:
@@ -167,6 +173,7 @@ class TritonServer:
             f"--strict-readiness={str(self.require_all_models).lower()}",
             f"--exit-timeout-secs={self.exit_timeout_s}",
             f"--log-verbose={self.log_verbose}",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}{rank}_",
             *self.extra_args,
         ]
 
@@ -179,16 +186,15 @@ class TritonServer:
 
     def mpi_command(self, binary: ServerBinary) -> list[str]:
         """One tritonserver per MPI rank: rank 0 loads everything and serves the ports; the other ranks load
-        only the engine model (whose executor never returns to them) with their own shared-memory prefix."""
+        only the engine model (whose executor never returns to them), each with its own shared-memory prefix."""
         if self.world_size == 1:
             return self.command(binary)
         command = ["mpirun", "--allow-run-as-root"]
         for rank in range(self.world_size):
-            rank_args = [f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
-                         "--disable-auto-complete-config"]
+            rank_args = ["--disable-auto-complete-config"]
             if rank > 0:
                 rank_args += ["--model-control-mode=explicit", "--load-model=tensorrt_llm"]
-            command += [*([":"] if rank else []), "-n", "1", *self.command(binary), *rank_args]
+            command += [*([":"] if rank else []), "-n", "1", *self.command(binary, rank), *rank_args]
         return command
 
     def environment(self, binary: ServerBinary) -> dict[str, str]:
@@ -202,6 +208,7 @@ class TritonServer:
         return env
 
     def start(self) -> TritonServer:
+        self.shm_prefix = f"tritonforge_{uuid.uuid4().hex[:12]}_"
         self._work_dir = Path(tempfile.mkdtemp(prefix="tritonforge-server-"))
         binary = locate_server(self._work_dir, self.executable)
         self.http_port = self.http_port or free_port()
@@ -261,6 +268,7 @@ class TritonServer:
         a Python stub busy in a generation can outlive a server that exited cleanly."""
         if self._process is None:
             self._remove_work_dir()
+            self._remove_shared_memory()
             return None
         if self._process.poll() is None:
             os.killpg(self._process.pid, signal.SIGTERM)
@@ -274,6 +282,7 @@ class TritonServer:
             pass
         self._process.wait()
         self._remove_work_dir()
+        self._remove_shared_memory()
         return self._process.returncode
 
     def kill(self) -> None:
@@ -294,6 +303,11 @@ class TritonServer:
         if self.log_path is not None and self._work_dir in self.log_path.parents:
             self.log_path = None
         self._work_dir = None
+
+    def _remove_shared_memory(self) -> None:
+        """The regions of this server's stubs that outlived them (only after the whole group is gone)."""
+        for region in SHARED_MEMORY_DIR.glob(f"{self.shm_prefix}*"):
+            region.unlink(missing_ok=True)
 
     def __enter__(self) -> TritonServer:
         return self.start()

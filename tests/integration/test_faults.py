@@ -14,7 +14,7 @@ from tritonforge import model_configs as configs
 from tritonforge.build import BuildOptions, build
 from tritonforge.client import GrpcClient
 from tritonforge.profiling import all_stub_pids
-from tritonforge.server import TritonServer
+from tritonforge.server import SHARED_MEMORY_DIR, TritonServer
 from tritonforge.supervisor import Supervisor
 
 STREAMS = 4
@@ -73,6 +73,7 @@ def test_a_killed_stub_ends_every_stream_with_an_error_and_the_server_comes_back
     outcomes = open_streams(server.grpc_url, model, first_chunk)
     first_chunk.wait(timeout=120)  # every stream is generating
     pid = next(pid for pid, name in all_stub_pids(server.pid).items() if name == victim)
+    killed_server_regions = server.shm_prefix
     os.kill(pid, signal.SIGKILL)
     killed = time.monotonic()
 
@@ -95,6 +96,7 @@ def test_a_killed_stub_ends_every_stream_with_an_error_and_the_server_comes_back
     finally:
         client.close()
     assert supervised.restarts == restarts + 1
+    assert not list(SHARED_MEMORY_DIR.glob(f"{killed_server_regions}*")), "the killed server's stubs left memory"
 
 
 def test_a_clean_shutdown_ends_open_streams_with_an_error_within_the_exit_timeout(supervised, tmp_path):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tritonforge import server as launcher
 from tritonforge.server import ServerBinary, TritonServer, redacted
 
 
@@ -62,12 +63,13 @@ def test_one_server_per_mpi_rank_rank_zero_serves_everything(tmp_path):
     binary = fake_binary(tmp_path, "")
     single = TritonServer(tmp_path / "repo", world_size=1)
     assert single.mpi_command(binary)[0] == str(binary.executable)
-    command = TritonServer(tmp_path / "repo", world_size=2).mpi_command(binary)
+    server = TritonServer(tmp_path / "repo", world_size=2)
+    command = server.mpi_command(binary)
     assert command[:2] == ["mpirun", "--allow-run-as-root"]
     ranks = " ".join(command[2:]).split(" : ")
     assert len(ranks) == 2 and all(rank.startswith("-n 1 ") for rank in ranks)
-    assert "shm-region-prefix-name=prefix0_" in ranks[0] and "--model-control-mode" not in ranks[0]
-    assert "shm-region-prefix-name=prefix1_" in ranks[1]
+    assert f"shm-region-prefix-name={server.shm_prefix}0_" in ranks[0] and "--model-control-mode" not in ranks[0]
+    assert f"shm-region-prefix-name={server.shm_prefix}1_" in ranks[1]
     assert "--model-control-mode=explicit" in ranks[1] and "--load-model=tensorrt_llm" in ranks[1]
 
 
@@ -82,3 +84,17 @@ def test_a_failure_summary_puts_the_model_that_failed_to_load_first(server, tmp_
     assert server.failure_summary() == "E2 failed to load 'preprocessing': bad config"
     server.log_path.write_text("I1 starting\nE1 some error\nI2 end\n")
     assert server.failure_summary() == "E1 some error"
+
+
+def test_each_server_names_its_stubs_shared_memory_and_removes_only_its_own(tmp_path, monkeypatch):
+    monkeypatch.setattr(launcher, "SHARED_MEMORY_DIR", tmp_path)
+    ours, other = TritonServer(tmp_path / "repo"), TritonServer(tmp_path / "repo")
+    assert ours.shm_prefix != other.shm_prefix
+    prefix = option(ours.command(fake_binary(tmp_path, "")), "--backend-config")
+    assert prefix == f"python,shm-region-prefix-name={ours.shm_prefix}0_"
+    left_by_a_killed_stub = tmp_path / f"{ours.shm_prefix}0_region"
+    not_ours = [tmp_path / f"{other.shm_prefix}0_region", tmp_path / "triton_python_backend_shm_region_x"]
+    for region in [left_by_a_killed_stub, *not_ours]:
+        region.write_bytes(b"")
+    ours.stop()  # never started: nothing to wait for, only its leftovers to remove
+    assert not left_by_a_killed_stub.exists() and all(region.exists() for region in not_ours)
