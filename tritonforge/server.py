@@ -281,6 +281,7 @@ class TritonServer:
         except ProcessLookupError:
             pass
         self._process.wait()
+        self._wait_group_gone()
         self._remove_work_dir()
         self._remove_shared_memory()
         return self._process.returncode
@@ -303,6 +304,19 @@ class TritonServer:
         if self.log_path is not None and self._work_dir in self.log_path.parents:
             self.log_path = None
         self._work_dir = None
+
+    def _wait_group_gone(self, timeout_s: float = 5.0) -> None:
+        """Until no process of the server's group is left: stubs killed with their server die a moment later,
+        and until then they hold its ports and their shared memory."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self._process.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.02)
+        logger.warning("processes of tritonserver's group (%d) still exist %.0f s after SIGKILL",
+                       self._process.pid, timeout_s)
 
     def _remove_shared_memory(self) -> None:
         """The regions of this server's stubs that outlived them (only after the whole group is gone)."""

@@ -4,6 +4,7 @@ carries the logs of the servers up at the time."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 
 import numpy as np
@@ -25,11 +26,25 @@ LIVE_SERVERS: list[TritonServer] = []
 
 
 def serve_tiny(model_dir, repo_dir, **serving) -> TritonServer:
+    """A server on a tiny model's repository; end it with `kill()` (see `running`)."""
     build(BuildOptions(model=model_dir, output=repo_dir, max_input_len=MAX_INPUT_LEN, max_seq_len=MAX_SEQ_LEN,
                        max_batch_size=ENGINE_BATCH, serving=configs.ServingConfig(**serving)))
     server = TritonServer(repo_dir).start()
     LIVE_SERVERS.append(server)
     return server
+
+
+@contextlib.contextmanager
+def running(repository, **options):
+    """A started server, killed at the end. Tests end their servers at once (SIGKILL, which also removes the
+    stubs' leftovers) instead of waiting seconds for every stub to finalize; test_faults tests the graceful
+    shutdown."""
+    server = TritonServer(repository, **options).start()
+    LIVE_SERVERS.append(server)
+    try:
+        yield server
+    finally:
+        server.kill()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -50,7 +65,7 @@ def served(request, tiny_models, tmp_path_factory):
     server = serve_tiny(model_dir, tmp_path_factory.mktemp("repo") / "model_repository", postprocessing_instances=2)
     yield server, model_dir
     work_dir, group = server._work_dir, server.pid
-    server.stop()
+    server.kill()
     assert work_dir is not None and not work_dir.exists(), "the server's work folder outlived it"
     with pytest.raises(ProcessLookupError):  # no stub of it outlives the server
         os.killpg(group, 0)

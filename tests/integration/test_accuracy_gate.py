@@ -5,8 +5,9 @@ import pytest
 
 from tritonforge.accuracy import DEFAULT_PROMPTS, Thresholds, run_eval
 from tritonforge.build import BuildOptions, build
-from tritonforge.server import TritonServer
 from tritonforge.tiny_model import degraded_copy
+
+from .conftest import running
 
 TOKENS = 16
 
@@ -17,7 +18,7 @@ def served_eval(checkpoint, reference, tmp_path, name):
     # Six of the built-in prompts keep the four servers of this module short.
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(DEFAULT_PROMPTS.read_text().splitlines(keepends=True)[:6]))
-    with TritonServer(repository) as server:
+    with running(repository) as server:
         return run_eval(server.grpc_url, reference, repository / "preprocessing" / "tokenizer", tokens=TOKENS,
                         prompts_path=prompts)
 

@@ -14,7 +14,7 @@ def served(tiny_models, tmp_path_factory):
     repository = tmp_path_factory.mktemp("repo") / "model_repository"
     server = serve_tiny(tiny_models["bpe"], repository)
     yield server, repository
-    server.stop()
+    server.kill()
 
 
 def test_every_path_completes_fixed_length_streams(served, tmp_path):

@@ -9,10 +9,9 @@ import pytest
 from tritonforge import model_configs as configs
 from tritonforge.build import BuildOptions, build
 from tritonforge.client import GenerateRequest, GenerationError, GrpcClient
-from tritonforge.server import TritonServer
 from tritonforge.tokenization import load_tokenizer
 
-from .conftest import ascii_only, serve_tiny, stream_concurrently
+from .conftest import ascii_only, running, serve_tiny, stream_concurrently
 
 MULTILINGUAL = ["The server reads a request", "你好，世界。模型正在生成文本。", "café naïve 🚀 👍🏽",
                 "Привет, мир!", "こんにちは"]
@@ -25,7 +24,7 @@ def served(request, tiny_models, tmp_path_factory):
     server = serve_tiny(tiny_models[request.param], tmp_path_factory.mktemp("repo") / "model_repository",
                         bls_instances=1, postprocessing_instances=3)
     yield server, tiny_models[request.param]
-    server.stop()
+    server.kill()
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +66,7 @@ def replay_served(tiny_models, tmp_path_factory):
                                     output=tmp_path_factory.mktemp("replay") / "repo", max_input_len=64,
                                     max_seq_len=256, max_batch_size=STREAMS_ON_ONE_INSTANCE,
                                     serving=configs.ServingConfig(bls_instances=1)), progress=lambda _: None)
-    with TritonServer(repository) as server:
+    with running(repository) as server:
         yield server
 
 

@@ -13,10 +13,10 @@ from tritonforge import model_configs as configs
 from tritonforge.build import BuildOptions, build
 from tritonforge.client import AsyncGrpcClient, GenerateRequest, GrpcClient
 from tritonforge.openai_gateway import GatewayThread
-from tritonforge.server import TritonServer, free_port
+from tritonforge.server import free_port
 from tritonforge.tokenization import load_tokenizer
 
-from .conftest import engine_stream
+from .conftest import engine_stream, running
 
 STEP_MS = 50
 LONG_GENERATION = 900  # 45 s at one token every 50 ms: never reached by a request a test stops
@@ -29,7 +29,7 @@ def served(tiny_models, tmp_path_factory):
     repository = build(BuildOptions(model=tiny_models["bpe"], output=tmp_path_factory.mktemp("cancel") / "repo",
                                     engine="replay", replay_step_ms=STEP_MS, max_batch_size=BATCH, max_input_len=64,
                                     max_seq_len=1024, serving=configs.ServingConfig()), progress=lambda _: None)
-    with TritonServer(repository) as server:
+    with running(repository) as server:
         yield server, repository
 
 

@@ -22,7 +22,7 @@ def gateway(request, tiny_models, tmp_path_factory):
     gateway = GatewayThread(server.grpc_url, port=free_port(), model=request.param, served_model_name=MODEL).start()
     yield gateway
     gateway.stop()
-    server.stop()
+    server.kill()
 
 
 @pytest.fixture

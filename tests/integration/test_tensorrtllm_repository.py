@@ -10,6 +10,8 @@ import urllib.request
 from tritonforge.build import BuildOptions, build
 from tritonforge.server import TritonServer
 
+from .conftest import running
+
 
 def model_ready(server: TritonServer, model: str) -> bool:
     try:
@@ -23,7 +25,7 @@ def test_everything_but_the_engine_loads_in_triton_2_51(tiny_models, tmp_path):
     repo = build(BuildOptions(model=tiny_models["sentencepiece"], output=tmp_path / "repo", engine="tensorrtllm",
                               gpu_memory_gib=80, max_input_len=64, max_seq_len=256, dry_run=True,
                               target_triton=(2, 51)))
-    with TritonServer(repo, require_all_models=False) as server:
+    with running(repo, require_all_models=False) as server:
         assert model_ready(server, "preprocessing")
         assert model_ready(server, "postprocessing")
         assert model_ready(server, "tensorrt_llm_bls")
