@@ -1,5 +1,5 @@
-"""A real tritonserver per test module, on a repository built from a tiny model; a failing test's report
-carries the logs of the servers up at the time."""
+"""Real tritonservers on repositories built from tiny models, shared across modules where tests only send them
+requests; a failing test's report carries the logs of the servers up at the time."""
 
 from __future__ import annotations
 
@@ -58,17 +58,32 @@ def pytest_runtest_makereport(item, call):
                 report.sections.append((f"tritonserver log ({server.grpc_url})", server.failure_summary(60)))
 
 
+@pytest.fixture(scope="session")
+def tiny_servers(tiny_models, tmp_path_factory):
+    """`tiny_servers(family)`: one server per tokenizer family for the whole session, started on first use and
+    shared by the modules that only send it requests (ensemble, BLS, gateway). Several postprocessing
+    instances, so that the ordering of streamed chunks is exercised; one BLS instance, so that its concurrency is."""
+    servers: dict[str, TritonServer] = {}
+
+    def server_of(family: str) -> TritonServer:
+        if family not in servers:
+            servers[family] = serve_tiny(tiny_models[family], tmp_path_factory.mktemp(f"repo-{family}") / "repo",
+                                         postprocessing_instances=3, bls_instances=1)
+        return servers[family]
+
+    yield server_of
+    for server in servers.values():
+        work_dir, group = server._work_dir, server.pid
+        server.kill()
+        assert work_dir is not None and not work_dir.exists(), "the server's work folder outlived it"
+        with pytest.raises(ProcessLookupError):  # no stub of it outlives the server
+            os.killpg(group, 0)
+
+
 @pytest.fixture(scope="module", params=["bpe", "sentencepiece"])
-def served(request, tiny_models, tmp_path_factory):
-    """(server, model_dir) for each tokenizer family, with two postprocessing instances."""
-    model_dir = tiny_models[request.param]
-    server = serve_tiny(model_dir, tmp_path_factory.mktemp("repo") / "model_repository", postprocessing_instances=2)
-    yield server, model_dir
-    work_dir, group = server._work_dir, server.pid
-    server.kill()
-    assert work_dir is not None and not work_dir.exists(), "the server's work folder outlived it"
-    with pytest.raises(ProcessLookupError):  # no stub of it outlives the server
-        os.killpg(group, 0)
+def served(request, tiny_models, tiny_servers):
+    """(server, model_dir) for each tokenizer family."""
+    return tiny_servers(request.param), tiny_models[request.param]
 
 
 def engine_stream(url: str, inputs: dict[str, np.ndarray], request_id: str = "", timeout_s: float = 120):

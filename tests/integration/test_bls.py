@@ -11,20 +11,12 @@ from tritonforge.build import BuildOptions, build
 from tritonforge.client import GenerateRequest, GenerationError, GrpcClient
 from tritonforge.tokenization import load_tokenizer
 
-from .conftest import ascii_only, running, serve_tiny, stream_concurrently
+from .conftest import ascii_only, running, stream_concurrently
 
 MULTILINGUAL = ["The server reads a request", "你好，世界。模型正在生成文本。", "café naïve 🚀 👍🏽",
                 "Привет, мир!", "こんにちは"]
 MAX_TOKENS = 24
 STREAMS_ON_ONE_INSTANCE = 64
-
-
-@pytest.fixture(scope="module", params=["bpe", "sentencepiece"])
-def served(request, tiny_models, tmp_path_factory):
-    server = serve_tiny(tiny_models[request.param], tmp_path_factory.mktemp("repo") / "model_repository",
-                        bls_instances=1, postprocessing_instances=3)
-    yield server, tiny_models[request.param]
-    server.kill()
 
 
 @pytest.fixture(scope="module")

@@ -11,18 +11,15 @@ import pytest
 from tritonforge.openai_gateway import GatewayThread
 from tritonforge.server import free_port
 
-from .conftest import serve_tiny
-
 MODEL = "tiny"
 
 
 @pytest.fixture(scope="module", params=["ensemble", "tensorrt_llm_bls"])
-def gateway(request, tiny_models, tmp_path_factory):
-    server = serve_tiny(tiny_models["bpe"], tmp_path_factory.mktemp("repo") / "model_repository")
+def gateway(request, tiny_servers):
+    server = tiny_servers("bpe")
     gateway = GatewayThread(server.grpc_url, port=free_port(), model=request.param, served_model_name=MODEL).start()
     yield gateway
     gateway.stop()
-    server.kill()
 
 
 @pytest.fixture
