@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import model_configs as configs
 from .build import AccuracyGateFailed, BuildOptions
+from .liveness import DEFAULT_WEDGED_AFTER_S
 from .settings import add_arguments, given
 from .trtllm import EngineMismatch, TensorRTLLMMissing
 
@@ -98,7 +99,7 @@ def serve_command(args: argparse.Namespace) -> int:
                           grpc_port=args.grpc_port, metrics_port=args.metrics_port, address=args.address,
                           log_verbose=args.log_verbose, world_size=world_size,
                           restricted_apis="" if args.open_apis else RESTRICTED_APIS, log_file=args.log_file)
-    supervisor = Supervisor(server)
+    supervisor = Supervisor(server, wedged_after_s=args.wedged_after_s)
     supervisor.start()
     print(f"serving {args.repository}: HTTP {server.http_url}, gRPC {server.grpc_url}; log {server.log_path}")
     gateway = None
@@ -314,6 +315,9 @@ def make_parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-port", type=int, default=8001)
     serve.add_argument("--metrics-port", type=int, default=8002)
     serve.add_argument("--log-verbose", type=int, default=0)
+    serve.add_argument("--wedged-after-s", type=float, default=DEFAULT_WEDGED_AFTER_S,
+                       help="restart the server when a Python model has answered no liveness probe for this long "
+                            "(0: no probes)")
     serve.add_argument("--openai-port", type=int, default=None,
                        help="also serve OpenAI's API (/v1/completions, /v1/chat/completions) on this port")
     serve.add_argument("--openai-model", default="ensemble", help="what the OpenAI API calls: ensemble or "

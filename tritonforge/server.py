@@ -28,6 +28,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .triton_adapter import HEARTBEAT_DIR_ENV
+
 logger = logging.getLogger(__name__)
 
 # APIs a client of an LLM server never needs; restricted behind a header that only an operator knows.
@@ -144,6 +146,7 @@ class TritonServer:
         self._final_log = ""
         self.log_path: Path | None = None
         self.shm_prefix = f"tritonforge_{uuid.uuid4().hex[:12]}_"  # renewed at each start
+        self.heartbeat_dir: Path | None = None  # where the stubs write their heartbeats (triton_adapter)
 
     @property
     def http_url(self) -> str:
@@ -200,6 +203,8 @@ class TritonServer:
     def environment(self, binary: ServerBinary) -> dict[str, str]:
         env = dict(os.environ)
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        if self.heartbeat_dir is not None:
+            env[HEARTBEAT_DIR_ENV] = str(self.heartbeat_dir)
         # The stub links libpython by soname: make it find this interpreter's, not another build's
         # (a mismatch fails at import time with undefined symbols).
         libdir = sysconfig.get_config_var("LIBDIR") if sysconfig.get_config_var("Py_ENABLE_SHARED") else None
@@ -210,6 +215,8 @@ class TritonServer:
     def start(self) -> TritonServer:
         self.shm_prefix = f"tritonforge_{uuid.uuid4().hex[:12]}_"
         self._work_dir = Path(tempfile.mkdtemp(prefix="tritonforge-server-"))
+        self.heartbeat_dir = self._work_dir / "heartbeats"
+        self.heartbeat_dir.mkdir()
         binary = locate_server(self._work_dir, self.executable)
         self.http_port = self.http_port or free_port()
         self.grpc_port = self.grpc_port or free_port()

@@ -6,6 +6,11 @@ fresh server. So `tritonforge serve` runs the server under this supervisor:
 
 - every `period_s` it checks that tritonserver runs and that every Python stub it started at load is alive
   (a killed stub stays a zombie until the server reaps it, and counts as dead);
+- a stub that is alive but runs nothing is wedged, and counts as dead too (`wedged_after_s`; 0 turns these
+  checks off): every stub writes a heartbeat each second from a thread of its own (triton_adapter), and one
+  silent for `wedged_after_s` is wedged, whichever instance of its model it is; and liveness probes
+  (tritonforge/liveness.py) ask each Python model for a cheap answer every few seconds, so that a model
+  none of whose instances answers is wedged even while its threads still beat;
 - on a death it kills the server's whole process group at once (SIGKILL: a clean shutdown would wait for
   requests that can never finish), so every open stream ends with a connection error within a second and
   readiness stops answering;
@@ -20,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 
+from .liveness import DEFAULT_PERIOD_S, DEFAULT_WEDGED_AFTER_S, LivenessProbes, probed_models
 from .profiling import all_stub_pids
 from .server import ServerError, TritonServer
 
@@ -36,18 +42,31 @@ def _alive(pid: int) -> bool:
 
 class Supervisor:
     def __init__(self, server: TritonServer, *, period_s: float = 0.5, max_backoff_s: float = 60.0,
-                 stable_s: float = 60.0):
+                 stable_s: float = 60.0, wedged_after_s: float = DEFAULT_WEDGED_AFTER_S,
+                 probe_period_s: float = DEFAULT_PERIOD_S):
         self.server = server
         self.period_s = period_s
         self.max_backoff_s = max_backoff_s
         self.stable_s = stable_s  # a server up this long resets the backoff
+        self.wedged_after_s = wedged_after_s
+        self.probe_period_s = probe_period_s
         self.stubs: dict[int, str] = {}
+        self.probes: LivenessProbes | None = None
         self.restarts = 0
 
     def start(self) -> None:
         self.server.start()
         self.stubs = all_stub_pids(self.server.pid)
+        if self.wedged_after_s > 0:
+            models = probed_models(self.server.repository, self.stubs.values())
+            self.probes = LivenessProbes(self.server.grpc_url, models, period_s=self.probe_period_s,
+                                         wedged_after_s=self.wedged_after_s).start()
         logger.info("supervising tritonserver (pid %s) and %d Python stubs", self.server.pid, len(self.stubs))
+
+    def _stop_probes(self) -> None:
+        if self.probes is not None:
+            self.probes.stop()
+            self.probes = None
 
     def problem(self) -> str | None:
         """Why the server must be restarted, or None."""
@@ -56,7 +75,28 @@ class Supervisor:
         dead = sorted({model for pid, model in self.stubs.items() if not _alive(pid)})
         if dead:
             return f"the Python stub of {', '.join(dead)} died"
+        silent = sorted(set(self._silent_stubs()))
+        if silent:
+            return f"the Python stub of {', '.join(silent)} wrote no heartbeat for {self.wedged_after_s:.0f} s (wedged)"
+        wedged = self.probes.wedged() if self.probes is not None else []
+        if wedged:
+            return f"{', '.join(wedged)} answered no liveness probe in {self.wedged_after_s:.0f} s (wedged)"
         return None
+
+    def _silent_stubs(self) -> list[str]:
+        """The models of stubs whose heartbeat is older than `wedged_after_s` (stubs that never wrote one, as
+        models without the heartbeat, are not judged)."""
+        if self.wedged_after_s <= 0 or self.server.heartbeat_dir is None:
+            return []
+        silent = []
+        for pid, model in self.stubs.items():
+            try:
+                beat = float((self.server.heartbeat_dir / str(pid)).read_text())
+            except (OSError, ValueError):
+                continue
+            if time.monotonic() - beat > self.wedged_after_s:
+                silent.append(model)
+        return silent
 
     def run(self, stop: threading.Event) -> None:
         """Supervise until `stop` is set; the server is stopped on the way out."""
@@ -70,6 +110,7 @@ class Supervisor:
                         backoff = 1.0
                     continue
                 logger.error("%s; restarting tritonserver (restart %d)", problem, self.restarts + 1)
+                self._stop_probes()
                 self.server.kill()
                 while not stop.is_set():
                     try:
@@ -83,4 +124,5 @@ class Supervisor:
                 started = time.monotonic()
                 logger.warning("tritonserver is serving again (restart %d)", self.restarts)
         finally:
+            self._stop_probes()
             self.server.stop()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
 import time
 from pathlib import Path
 
@@ -99,3 +101,31 @@ def resolve_path(args: dict, value: str) -> str:
     """A path parameter; a relative one is relative to the model's directory, so a repository mounts anywhere."""
     path = Path(value)
     return str(path if path.is_absolute() else (Path(args["model_repository"]) / path).resolve())
+
+
+# Set by `tritonforge serve` in the server's environment, which the stubs inherit (tritonforge/supervisor.py).
+HEARTBEAT_DIR_ENV = "TRITONFORGE_HEARTBEAT_DIR"
+HEARTBEAT_PERIOD_S = 1.0
+
+
+def start_heartbeat() -> None:
+    """Write this stub's clock (time.monotonic, one clock for the whole machine) into the supervisor's folder
+    every second, from a thread that needs the GIL: a stub that stops running Python (a stopped process, a
+    call stuck holding the GIL) stops writing, even where other instances of its model still answer. Nothing
+    happens where no supervisor asked for it (no folder in the environment)."""
+    folder = os.environ.get(HEARTBEAT_DIR_ENV)
+    if not folder:
+        return
+    path = Path(folder) / str(os.getpid())
+
+    def beat() -> None:
+        fresh = path.with_suffix(".tmp")
+        while True:
+            try:
+                fresh.write_text(repr(time.monotonic()))
+                os.replace(fresh, path)  # readers never see a half-written time
+            except OSError:  # the folder went with its server
+                return
+            time.sleep(HEARTBEAT_PERIOD_S)
+
+    threading.Thread(target=beat, daemon=True, name="tritonforge-heartbeat").start()

@@ -16,11 +16,12 @@ import triton_python_backend_utils as pb_utils
 
 from tritonforge.model_parameters import PostprocessingParameters
 from tritonforge.postprocess import Postprocessor
-from tritonforge.triton_adapter import answer_each, resolve_path
+from tritonforge.triton_adapter import answer_each, resolve_path, start_heartbeat
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        start_heartbeat()
         parameters = PostprocessingParameters.from_model_args(args)
         self.postprocessor = Postprocessor(resolve_path(args, parameters.tokenizer_dir))
 

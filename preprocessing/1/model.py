@@ -23,11 +23,12 @@ import triton_python_backend_utils as pb_utils
 from tritonforge.limits import EngineLimits
 from tritonforge.model_parameters import PreprocessingParameters
 from tritonforge.preprocess import Preprocessor
-from tritonforge.triton_adapter import answer_each, resolve_path
+from tritonforge.triton_adapter import answer_each, resolve_path, start_heartbeat
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        start_heartbeat()
         parameters = PreprocessingParameters.from_model_args(args)
         self.preprocessor = Preprocessor(
             resolve_path(args, parameters.tokenizer_dir),

@@ -12,11 +12,12 @@ import triton_python_backend_utils as pb_utils
 from tritonforge.bls import BlsOrchestrator, BlsSettings
 from tritonforge.limits import EngineLimits
 from tritonforge.model_parameters import BlsParameters
-from tritonforge.triton_adapter import is_decoupled, resolve_path
+from tritonforge.triton_adapter import is_decoupled, resolve_path, start_heartbeat
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        start_heartbeat()
         parameters = BlsParameters.from_model_args(args)
         self.orchestrator = BlsOrchestrator(pb_utils, BlsSettings(
             tokenizer_dir=resolve_path(args, parameters.tokenizer_dir),

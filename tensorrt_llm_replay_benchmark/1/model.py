@@ -14,11 +14,12 @@ import triton_python_backend_utils as pb_utils
 from tritonforge.engine_service import EngineService, EngineSettings
 from tritonforge.model_parameters import ReplayEngineParameters
 from tritonforge.replay_engine import ReplayEngine, SharedBatch
-from tritonforge.triton_adapter import resolve_path
+from tritonforge.triton_adapter import resolve_path, start_heartbeat
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        start_heartbeat()
         parameters = ReplayEngineParameters.from_model_args(args)
         settings = EngineSettings.from_model_args(args, parameters)
         with open(resolve_path(args, parameters.replay_tokens), encoding="utf-8") as file:

@@ -25,10 +25,12 @@ import triton_python_backend_utils as pb_utils
 
 from tritonforge.engine_service import EngineService, EngineSettings
 from tritonforge.model_parameters import TransformersEngineParameters
+from tritonforge.triton_adapter import start_heartbeat
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        start_heartbeat()
         settings = EngineSettings.from_model_args(args, TransformersEngineParameters.from_model_args(args))
         self.service = EngineService(pb_utils, settings)
         self.service.publish_metrics(args["model_name"], args["model_version"])

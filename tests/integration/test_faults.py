@@ -18,6 +18,7 @@ from tritonforge.server import SHARED_MEMORY_DIR, TritonServer
 from tritonforge.supervisor import Supervisor
 
 STREAMS = 4
+WEDGED_AFTER_S = 5
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,7 @@ def supervised(tiny_models, tmp_path_factory):
     repository = build(BuildOptions(model=tiny_models["bpe"], output=tmp_path_factory.mktemp("faults") / "repo",
                                     max_input_len=64, max_seq_len=1024, max_batch_size=STREAMS,
                                     serving=configs.ServingConfig(postprocessing_instances=2)))
-    supervisor = Supervisor(TritonServer(repository), period_s=0.2)
+    supervisor = Supervisor(TritonServer(repository), period_s=0.2, probe_period_s=0.5, wedged_after_s=WEDGED_AFTER_S)
     supervisor.start()
     stop = threading.Event()
     thread = threading.Thread(target=supervisor.run, args=(stop,), daemon=True)
@@ -97,6 +98,23 @@ def test_a_killed_stub_ends_every_stream_with_an_error_and_the_server_comes_back
         client.close()
     assert supervised.restarts == restarts + 1
     assert not list(SHARED_MEMORY_DIR.glob(f"{killed_server_regions}*")), "the killed server's stubs left memory"
+
+
+@pytest.mark.parametrize("victim", ["preprocessing", "tensorrt_llm_bls"])
+def test_a_stub_that_is_alive_but_answers_nothing_is_found_by_its_probe_and_the_server_comes_back(supervised, victim):
+    server = supervised.server
+    restarts = supervised.restarts
+    pid = next(pid for pid, name in all_stub_pids(server.pid).items() if name == victim)
+    os.kill(pid, signal.SIGSTOP)  # alive to every process check, answering nothing
+    stopped = time.monotonic()
+    while supervised.restarts == restarts:
+        assert time.monotonic() - stopped < WEDGED_AFTER_S + 30, "the wedged stub was never noticed"
+        time.sleep(0.1)
+    client = GrpcClient(server.grpc_url, model="tensorrt_llm_bls" if victim == "tensorrt_llm_bls" else "ensemble")
+    try:
+        assert client.generate("Hello", max_tokens=4)
+    finally:
+        client.close()
 
 
 def test_a_clean_shutdown_ends_open_streams_with_an_error_within_the_exit_timeout(supervised, tmp_path):

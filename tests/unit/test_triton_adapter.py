@@ -25,3 +25,20 @@ def test_every_output_is_sent_when_the_caller_names_none():
     request = SimpleNamespace(requested_output_names=lambda: [])
     tensors = output_tensors(PB_UTILS_STAND_IN, OUTPUTS, requested_outputs(request))
     assert [name for name, _ in tensors] == list(OUTPUTS)
+
+
+def test_a_stub_beats_into_the_supervisors_folder_only_when_asked(tmp_path, monkeypatch):
+    import os
+    import time
+
+    from tritonforge.triton_adapter import HEARTBEAT_DIR_ENV, start_heartbeat
+
+    monkeypatch.delenv(HEARTBEAT_DIR_ENV, raising=False)
+    start_heartbeat()  # no supervisor: nothing is written anywhere
+    monkeypatch.setenv(HEARTBEAT_DIR_ENV, str(tmp_path))
+    start_heartbeat()
+    beat = tmp_path / str(os.getpid())
+    deadline = time.monotonic() + 5
+    while not beat.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert abs(float(beat.read_text()) - time.monotonic()) < 5

@@ -1,0 +1,38 @@
+"""Liveness probes: which models get one, and a model that never answers is called wedged (a listening socket
+that accepts and answers nothing stands in for a wedged server: the real one is tested in test_faults)."""
+
+import socket
+import time
+from pathlib import Path
+
+from tritonforge.liveness import LivenessProbes, probed_models
+
+SOURCE_REPOSITORY = Path(__file__).resolve().parents[2]  # the committed config.pbtxt of every model
+MODELS = ["ensemble", "postprocessing", "preprocessing", "tensorrt_llm_bls"]
+
+
+def test_each_python_model_with_a_probe_of_its_own_transaction_policy_is_probed(tmp_path):
+    for model in MODELS:
+        (tmp_path / model).mkdir()
+        (tmp_path / model / "config.pbtxt").write_text((SOURCE_REPOSITORY / model / "config.pbtxt").read_text())
+    assert probed_models(tmp_path, MODELS) == ["postprocessing", "preprocessing", "tensorrt_llm_bls"]
+    # deployed non-decoupled (--no-streaming), the BLS has no stream to probe it with
+    bls = tmp_path / "tensorrt_llm_bls" / "config.pbtxt"
+    bls.write_text(bls.read_text().replace("decoupled: true", "decoupled: false"))
+    assert probed_models(tmp_path, MODELS) == ["postprocessing", "preprocessing"]
+
+
+def test_a_model_that_never_answers_is_wedged_once_its_probe_is_older_than_the_limit():
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        probes = LivenessProbes(f"127.0.0.1:{silent.getsockname()[1]}", ["preprocessing", "tensorrt_llm_bls"],
+                                period_s=0.1, wedged_after_s=1).start()
+        try:
+            assert probes.wedged() == []
+            deadline = time.monotonic() + 10
+            while len(probes.wedged()) < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert probes.wedged() == ["preprocessing", "tensorrt_llm_bls"]
+        finally:
+            probes.stop()
