@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .contract import ENGINE_FROM_CLIENT, ENGINE_PASSTHROUGH_OUTPUTS
+from .contract import ENGINE_FROM_CLIENT, ENGINE_PASSTHROUGH_OUTPUTS, stop_request_inputs
 from .detokenization import IncrementalDetokenizer, TokenBytes
 from .errors import RequestError
 from .limits import EngineLimits
@@ -253,9 +253,7 @@ class BlsOrchestrator:
         pb_utils = self.pb_utils
         stop = pb_utils.InferenceRequest(
             model_name=self.settings.engine_model, request_id=request_id, requested_output_names=[],
-            inputs=output_tensors(pb_utils, {"stop": np.array([[True]]),
-                                             "input_lengths": np.array([[1]], dtype=np.int32),
-                                             "request_output_len": np.array([[1]], dtype=np.int32)}))
+            inputs=output_tensors(pb_utils, stop_request_inputs()))
         responses = stop.exec(decoupled=True)
         for _ in responses:
             pass

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from .contract import ENGINE_MODEL, client_inputs
+from .contract import ENGINE_MODEL, client_inputs, stop_request_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -89,26 +89,18 @@ class TextAssembler:
 def _grpc_inputs(request: GenerateRequest, stream: bool) -> list:
     import tritonclient.grpc as grpcclient
 
-    inputs = []
-    for name, array in request.tensors(stream).items():
-        tensor = grpcclient.InferInput(name, list(array.shape), INPUT_DTYPES[name])
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    return inputs
+    return grpc_tensors(grpcclient, request.tensors(stream))
 
 
-# The tensorrt_llm contract's stop request: the required inputs, and `stop`. It ends the running request that
-# has the same request id; the engine answers it with an empty final response.
-_STOP_REQUEST = {"input_lengths": (np.array([[1]], dtype=np.int32), "INT32"),
-                 "request_output_len": (np.array([[1]], dtype=np.int32), "INT32"),
-                 "stop": (np.array([[True]]), "BOOL")}
 STOP_TIMEOUT_S = 5.0
+_TRITON_DTYPE_OF = {np.dtype(numpy_dtype): triton for triton, numpy_dtype in NUMPY_DTYPES.items()}
 
 
-def _stop_inputs(module) -> list:
+def grpc_tensors(module, arrays: dict[str, np.ndarray]) -> list:
+    """tritonclient inputs (`module`: tritonclient.grpc or its aio) from named arrays, typed by their dtype."""
     inputs = []
-    for name, (array, dtype) in _STOP_REQUEST.items():
-        tensor = module.InferInput(name, list(array.shape), dtype)
+    for name, array in arrays.items():
+        tensor = module.InferInput(name, list(array.shape), _TRITON_DTYPE_OF[array.dtype])
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     return inputs
@@ -124,8 +116,8 @@ def stop_engine_request(url: str, request_id: str, engine_model: str = ENGINE_MO
         client = grpcclient.InferenceServerClient(url)
         try:
             client.start_stream(callback=lambda result, error: answered.put(error))
-            client.async_stream_infer(engine_model, _stop_inputs(grpcclient), request_id=request_id,
-                                      enable_empty_final_response=True)
+            client.async_stream_infer(engine_model, grpc_tensors(grpcclient, stop_request_inputs()),
+                                      request_id=request_id, enable_empty_final_response=True)
             error = answered.get(timeout=STOP_TIMEOUT_S)
             if error is not None:
                 logger.warning("stopping request %s on %s failed: %s", request_id, engine_model, error)
@@ -255,8 +247,8 @@ class AsyncGrpcClient:
         import tritonclient.grpc.aio as aioclient
 
         async def stop():
-            yield {"model_name": self.engine_model, "inputs": _stop_inputs(aioclient), "request_id": request_id,
-                   "enable_empty_final_response": True}
+            yield {"model_name": self.engine_model, "inputs": grpc_tensors(aioclient, stop_request_inputs()),
+                   "request_id": request_id, "enable_empty_final_response": True}
 
         try:
             async with asyncio.timeout(STOP_TIMEOUT_S):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 S = mc.TYPE_STRING
@@ -222,6 +223,15 @@ ENGINE_OUTPUTS = [
     Tensor("context_phase_params", U8, (-1,)),
     *ENGINE_PASSTHROUGH_OUTPUTS[6:],  # KV-cache and timing statistics, draft counts, token counts
 ]
+
+
+
+def stop_request_inputs() -> dict[str, np.ndarray]:
+    """A request to the engine that stops its running request with the same request id (the tensorrtllm
+    backend's `stop`): the required inputs, and `stop`. The engine answers it with an empty final response."""
+    return {"input_lengths": np.array([[1]], dtype=np.int32), "request_output_len": np.array([[1]], dtype=np.int32),
+            "stop": np.array([[True]])}
+
 
 # --- postprocessing --------------------------------------------------------------------------------------------
 POSTPROCESSING_INPUTS = [Tensor("TOKENS_BATCH", I32, (-1, -1)), Tensor("SEQUENCE_LENGTH", I32, (-1,))]

@@ -25,25 +25,24 @@ import numpy as np
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from .contract import ENGINE_MODEL
+from .client import grpc_tensors
+from .contract import ENGINE_MODEL, stop_request_inputs
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PERIOD_S = 5.0
 DEFAULT_WEDGED_AFTER_S = 30.0
 
-# model → (decoupled, inputs as name → array); the arrays' dtypes give the tensors' Triton types.
+# model → (decoupled, inputs as name → array)
 _PROBES = {
     "preprocessing": (False, {"QUERY": np.array([[b"ping"]], dtype=np.object_),
                               "REQUEST_OUTPUT_LEN": np.array([[1]], dtype=np.int32)}),
     "postprocessing": (False, {"TOKENS_BATCH": np.zeros((1, 1, 1), dtype=np.int32),
                                "SEQUENCE_LENGTH": np.ones((1, 1), dtype=np.int32)}),
-    ENGINE_MODEL: (True, {"stop": np.array([[True]]), "input_lengths": np.array([[1]], dtype=np.int32),
-                          "request_output_len": np.array([[1]], dtype=np.int32)}),
+    ENGINE_MODEL: (True, stop_request_inputs()),
     "tensorrt_llm_bls": (True, {"text_input": np.array([[b"ping"]], dtype=np.object_),
                                 "max_tokens": np.array([[0]], dtype=np.int32)}),
 }
-_TRITON_TYPES = {np.dtype(np.object_): "BYTES", np.dtype(np.int32): "INT32", np.dtype(np.bool_): "BOOL"}
 
 
 def probed_models(repository, models) -> list[str]:
@@ -68,11 +67,7 @@ def probe(url: str, model: str, timeout_s: float) -> None:
     from tritonclient.utils import InferenceServerException
 
     decoupled, arrays = _PROBES[model]
-    inputs = []
-    for name, array in arrays.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), _TRITON_TYPES[array.dtype])
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
+    inputs = grpc_tensors(grpcclient, arrays)
     client = grpcclient.InferenceServerClient(url)
     try:
         if not decoupled:
