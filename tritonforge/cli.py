@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 from . import model_configs as configs
-from .build import AccuracyGateFailed, BuildOptions
+from .build import AccuracyGateFailed, BuildOptions, build
 from .liveness import DEFAULT_WEDGED_AFTER_S
 from .settings import add_arguments, given
 from .trtllm import EngineMismatch, TensorRTLLMMissing
@@ -63,10 +63,7 @@ def _default(cls, name: str):
 
 
 def build_command(args: argparse.Namespace) -> int:
-    from .build import build
-
-    options = build_options(args)
-    output = build(options)
+    output = build(build_options(args))
     print(f"repository ready: {output}")
     return 0
 
@@ -262,7 +259,6 @@ def make_tiny_model_command(args: argparse.Namespace) -> int:
 
 def demo_command(args: argparse.Namespace) -> int:
     """Build a tiny model and its repository, serve it, answer a prompt over gRPC and HTTP."""
-    from .build import BuildOptions, build
     from .tiny_model import make_tiny_model
 
     # Its own work folder: a temporary one, removed at exit, unless --work-dir names one to keep.
