@@ -9,6 +9,8 @@ from tritonforge.liveness import LivenessProbes, probed_models
 
 SOURCE_REPOSITORY = Path(__file__).resolve().parents[2]  # the committed config.pbtxt of every model
 MODELS = ["ensemble", "postprocessing", "preprocessing", "tensorrt_llm_bls"]
+WEDGED_AFTER_S = 1
+NOTICE_S = 9  # a probe is wedged exactly WEDGED_AFTER_S after it was sent; the rest absorbs a loaded machine
 
 
 def test_each_python_model_with_a_probe_of_its_own_transaction_policy_is_probed(tmp_path):
@@ -27,10 +29,10 @@ def test_a_model_that_never_answers_is_wedged_once_its_probe_is_older_than_the_l
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         probes = LivenessProbes(f"127.0.0.1:{silent.getsockname()[1]}", ["preprocessing", "tensorrt_llm_bls"],
-                                period_s=0.1, wedged_after_s=1).start()
+                                period_s=0.1, wedged_after_s=WEDGED_AFTER_S).start()
         try:
             assert probes.wedged() == []
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + WEDGED_AFTER_S + NOTICE_S
             while len(probes.wedged()) < 2 and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert probes.wedged() == ["preprocessing", "tensorrt_llm_bls"]

@@ -27,6 +27,9 @@ def test_every_output_is_sent_when_the_caller_names_none():
     assert [name for name, _ in tensors] == list(OUTPUTS)
 
 
+FIRST_BEAT_S = 5  # the first beat is written at once; 5 s only absorbs a loaded machine
+
+
 def test_a_stub_beats_into_the_supervisors_folder_only_when_asked(tmp_path, monkeypatch):
     import os
     import time
@@ -38,7 +41,7 @@ def test_a_stub_beats_into_the_supervisors_folder_only_when_asked(tmp_path, monk
     monkeypatch.setenv(HEARTBEAT_DIR_ENV, str(tmp_path))
     start_heartbeat()
     beat = tmp_path / str(os.getpid())
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + FIRST_BEAT_S
     while not beat.exists() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert abs(float(beat.read_text()) - time.monotonic()) < 5
+    assert 0 <= time.monotonic() - float(beat.read_text()) < FIRST_BEAT_S  # the stub's clock is this clock
