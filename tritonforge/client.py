@@ -288,19 +288,33 @@ class AsyncGrpcClient:
 
 
 class HttpClient:
-    """HTTP client of Triton's generate extension (`/generate`, and `/generate_stream` as server-sent events)."""
+    """HTTP client of Triton's generate extension (`/generate`, and `/generate_stream` as server-sent events).
 
-    def __init__(self, url: str, model: str = "ensemble", timeout_s: float = 300):
+    Triton does not cancel a request whose HTTP client went away, so a stream abandoned before its end sends
+    the engine a `stop` with the stream's request id (`id`), as the gRPC clients do."""
+
+    def __init__(self, url: str, model: str = "ensemble", timeout_s: float = 300, engine_model: str = ENGINE_MODEL):
         host, _, port = url.replace("http://", "").partition(":")
         self.host, self.port = host, int(port or 8000)
         self.model = model
+        self.engine_model = engine_model
         self.timeout_s = timeout_s
 
-    def _post(self, path: str, body: dict) -> http.client.HTTPResponse:
+    def _post(self, path: str, body: dict, model: str | None = None) -> http.client.HTTPResponse:
         connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
-        connection.request("POST", f"/v2/models/{self.model}/{path}", body=json.dumps(body),
+        connection.request("POST", f"/v2/models/{model or self.model}/{path}", body=json.dumps(body),
                            headers={"Content-Type": "application/json"})
         return connection.getresponse()
+
+    def _stop_engine_request(self, request_id: str) -> None:
+        scalars = {name: value.reshape(-1)[0].item() for name, value in stop_request_inputs().items()}
+        body = {"id": request_id, **scalars}
+        try:
+            response = self._post("generate_stream", body, model=self.engine_model)
+            response.read()
+            response.close()
+        except OSError as error:  # a stop that fails (server gone) must not hide the caller's error
+            logger.warning("stopping request %s on %s failed: %r", request_id, self.engine_model, error)
 
     def generate(self, prompt: str | GenerateRequest, **parameters) -> str:
         request = prompt if isinstance(prompt, GenerateRequest) else _request(prompt, parameters)
@@ -311,7 +325,9 @@ class HttpClient:
         return _event_bytes(payload).decode("utf-8", errors="replace")
 
     def stream_bytes(self, request: GenerateRequest) -> Iterator[bytes]:
-        response = self._post("generate_stream", request.values(stream=True))
+        request_id = uuid.uuid4().hex
+        response = self._post("generate_stream", {"id": request_id, **request.values(stream=True)})
+        finished = False
         try:
             for line in response:
                 if not line.startswith(b"data:"):
@@ -320,8 +336,11 @@ class HttpClient:
                 if "error" in payload:
                     raise GenerationError(payload["error"])
                 yield _event_bytes(payload)
+            finished = True  # the server ended the stream after its final response
         finally:
             response.close()
+            if not finished:
+                self._stop_engine_request(request_id)
 
     def stream(self, prompt: str | GenerateRequest, **parameters) -> Iterator[str]:
         request = prompt if isinstance(prompt, GenerateRequest) else _request(prompt, parameters)

@@ -11,7 +11,7 @@ import tritonclient.grpc as grpcclient
 
 from tritonforge import model_configs as configs
 from tritonforge.build import BuildOptions, build
-from tritonforge.client import AsyncGrpcClient, GenerateRequest, GrpcClient
+from tritonforge.client import AsyncGrpcClient, GenerateRequest, GrpcClient, HttpClient
 from tritonforge.openai_gateway import GatewayThread
 from tritonforge.server import free_port
 from tritonforge.tokenization import load_tokenizer
@@ -93,6 +93,21 @@ def test_an_abandoned_ensemble_stream_frees_its_engine_slot(served):
     for client, stream in zip(clients, streams):
         stream.close()  # the caller stops reading: the client cancels its stream and stops the engine's request
         client.close()
+    assert answer_within(server.grpc_url, ANSWER_S), "the abandoned generations kept their slots"
+
+
+def test_an_abandoned_http_ensemble_stream_frees_its_engine_slot(served):
+    """Triton does not cancel a request whose HTTP client went away; our HTTP client's stop does."""
+    server, _ = served
+    streams = []
+    for _ in range(BATCH):
+        stream = HttpClient(server.http_url).stream_bytes(GenerateRequest(text_input="The server",
+                                                                          max_tokens=LONG_GENERATION))
+        next(stream)
+        streams.append(stream)
+    assert answer_within(server.grpc_url, 3) is None  # every slot is taken: a new request waits
+    for stream in streams:
+        stream.close()
     assert answer_within(server.grpc_url, ANSWER_S), "the abandoned generations kept their slots"
 
 
