@@ -290,8 +290,9 @@ class AsyncGrpcClient:
 class HttpClient:
     """HTTP client of Triton's generate extension (`/generate`, and `/generate_stream` as server-sent events).
 
-    Triton does not cancel a request whose HTTP client went away, so a stream abandoned before its end sends
-    the engine a `stop` with the stream's request id (`id`), as the gRPC clients do."""
+    An HTTP client that goes away cancels its request, which, as a gRPC cancel, does not reach an ensemble's
+    running engine step: a stream abandoned before its end sends the engine a `stop` with the stream's
+    request id (`id`), as the gRPC clients do."""
 
     def __init__(self, url: str, model: str = "ensemble", timeout_s: float = 300, engine_model: str = ENGINE_MODEL):
         host, _, port = url.replace("http://", "").partition(":")

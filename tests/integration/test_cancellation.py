@@ -97,7 +97,7 @@ def test_an_abandoned_ensemble_stream_frees_its_engine_slot(served):
 
 
 def test_an_abandoned_http_ensemble_stream_frees_its_engine_slot(served):
-    """Triton does not cancel a request whose HTTP client went away; our HTTP client's stop does."""
+    """An HTTP disconnect, as a gRPC cancel, does not reach the ensemble's running engine step; our stop does."""
     server, _ = served
     streams = []
     for _ in range(BATCH):
