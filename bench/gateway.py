@@ -87,6 +87,7 @@ def main() -> int:
     parser.add_argument("--engine-instances", type=int, default=2)
     parser.add_argument("--engine-max-batch-size", type=int, default=128)
     parser.add_argument("--postprocessing-instances", type=int, default=2)
+    parser.add_argument("--gateway-workers", type=int, default=1, help="tritonforge openai --workers")
     parser.add_argument("--name", default="gateway-cpu")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
@@ -106,7 +107,8 @@ def main() -> int:
             # Its own process, as in production: sharing the load generator's GIL would measure that instead.
             port = free_port()
             gateway = subprocess.Popen([sys.executable, "-m", "tritonforge.cli", "openai", "--url", server.grpc_url,
-                                        "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                        "--port", str(port), "--workers", str(args.gateway_workers)],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             base_url = f"http://127.0.0.1:{port}"
             wait_healthy(base_url)
             try:
@@ -132,6 +134,7 @@ def main() -> int:
         row["ratio"] = round(row["output_tokens_per_s"] / base, 3) if base else None
     meta = {"machine": machine_description(), "date": datetime.date.today().isoformat(),
             "replay_step_ms": args.replay_step_ms, "output_tokens": args.output_tokens,
+            "gateway_workers": args.gateway_workers,
             "duration_s": args.duration_s}
     lines = [f"OpenAI gateway vs the ensemble over gRPC — {meta['machine']}, {meta['date']}, replay engine "
              f"{args.replay_step_ms} ms a step, {args.output_tokens} tokens a request", "",

@@ -139,7 +139,8 @@ def openai_command(args: argparse.Namespace) -> int:
     from .openai_gateway import run
 
     print(f"OpenAI API on http://{args.host}:{args.port}/v1 → {args.model} at {args.url}", file=sys.stderr)
-    run(args.url, host=args.host, port=args.port, model=args.model, served_model_name=args.served_model_name)
+    run(args.url, host=args.host, port=args.port, model=args.model, served_model_name=args.served_model_name,
+        workers=args.workers)
     return 0
 
 
@@ -402,6 +403,9 @@ def make_parser() -> argparse.ArgumentParser:
     gateway.add_argument("--port", type=int, default=9000)
     gateway.add_argument("--model", default="ensemble", help="ensemble or tensorrt_llm_bls")
     gateway.add_argument("--served-model-name", default="tritonforge", help="the model name /v1/models shows")
+    gateway.add_argument("--workers", type=int, default=1,
+                         help="gateway processes sharing the port: one handles a few thousand streamed chunks a "
+                              "second")
     gateway.set_defaults(func=openai_command)
 
     demo = commands.add_parser("demo", help="tiny model → repository → tritonserver → a prompt over gRPC and HTTP")

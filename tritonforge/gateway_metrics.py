@@ -9,11 +9,17 @@
 | `tritonforge_prompt_tokens_total` / `tritonforge_completion_tokens_total` | counter | tokens in and out |
 
 Triton 2.51 itself has no time-to-first-token histogram; these are measured where the client sees them.
+With several gateway worker processes (`tritonforge openai --workers N`), each writes its values into the
+folder named by `PROMETHEUS_MULTIPROC_DIR` (prometheus_client's multiprocess mode) and `/metrics`, whichever
+worker answers it, reports the sum over all of them.
 """
 
 from __future__ import annotations
 
+import os
 import time
+
+MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own name for it
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
@@ -27,7 +33,7 @@ class GatewayMetrics:
         self.requests = Counter("tritonforge_requests", "Finished requests by endpoint and HTTP status",
                                 ["endpoint", "status"], registry=self.registry)
         self.in_flight = Gauge("tritonforge_requests_in_flight", "Requests being answered now",
-                               registry=self.registry)
+                               registry=self.registry, multiprocess_mode="livesum")
         self.ttft = Histogram("tritonforge_time_to_first_token_seconds", "Request received to first text chunk",
                               buckets=TTFT_BUCKETS, registry=self.registry)
         self.itl = Histogram("tritonforge_inter_token_latency_seconds", "Time between text chunks of a stream",
@@ -44,9 +50,13 @@ class GatewayMetrics:
         return CONTENT_TYPE_LATEST
 
     def render(self) -> bytes:
-        from prometheus_client import generate_latest
+        from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
-        return generate_latest(self.registry)
+        if not os.environ.get(MULTIPROCESS_DIR_ENV):
+            return generate_latest(self.registry)
+        every_worker = CollectorRegistry()
+        multiprocess.MultiProcessCollector(every_worker)
+        return generate_latest(every_worker)
 
     def timer(self) -> _ChunkTimer:
         """A request starts generating: it is in flight until `request_done(..., started=True)`."""

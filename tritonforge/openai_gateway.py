@@ -17,6 +17,8 @@ cancels its gRPC stream.
 # runtime, and they are imported inside create_app so that this module imports without FastAPI.
 import asyncio
 import json
+import os
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -24,6 +26,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from .client import AsyncGrpcClient, GenerateRequest, GenerationError, TextAssembler, _chunk_bytes
+from .gateway_metrics import MULTIPROCESS_DIR_ENV
 
 # OpenAI's sampling fields → the ensemble's inputs (the BLS takes the same names).
 SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
@@ -333,12 +336,35 @@ def _whole(kind: str, ident: str, created: int, model: str, generation: Generati
             "usage": generation.usage()}
 
 
+# How `run` hands its settings to worker processes, which build their app in `app_from_environment`.
+_SETTINGS_ENV = {"url": "TRITONFORGE_GATEWAY_URL", "model": "TRITONFORGE_GATEWAY_MODEL",
+                 "served_model_name": "TRITONFORGE_GATEWAY_SERVED_MODEL_NAME"}
+
+
+def app_from_environment():
+    """The app of one worker process of `run(..., workers=N)`."""
+    return create_app(os.environ[_SETTINGS_ENV["url"]], model=os.environ[_SETTINGS_ENV["model"]],
+                      served_model_name=os.environ[_SETTINGS_ENV["served_model_name"]])
+
+
 def run(url: str, *, host: str = "127.0.0.1", port: int = 9000, model: str = "ensemble",
-        served_model_name: str = "tritonforge") -> None:
+        served_model_name: str = "tritonforge", workers: int = 1) -> None:
+    """Serve the gateway until interrupted. One process handles a few thousand streamed chunks a second;
+    `workers` processes share the port (uvicorn's workers) and their metrics."""
     import uvicorn
 
-    uvicorn.run(create_app(url, model=model, served_model_name=served_model_name), host=host, port=port,
-                log_level="warning")
+    if workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    if workers == 1:
+        uvicorn.run(create_app(url, model=model, served_model_name=served_model_name), host=host, port=port,
+                    log_level="warning")
+        return
+    with tempfile.TemporaryDirectory(prefix="tritonforge-gateway-metrics-") as metrics_dir:
+        os.environ.update({_SETTINGS_ENV["url"]: url, _SETTINGS_ENV["model"]: model,
+                           _SETTINGS_ENV["served_model_name"]: served_model_name,
+                           MULTIPROCESS_DIR_ENV: metrics_dir})
+        uvicorn.run("tritonforge.openai_gateway:app_from_environment", factory=True, workers=workers, host=host,
+                    port=port, log_level="warning")
 
 
 class GatewayThread:

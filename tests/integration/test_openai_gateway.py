@@ -123,3 +123,50 @@ def test_metrics_move_with_the_load(client, gateway):
     assert after["tritonforge_time_to_first_token_seconds_count"] > before.get(
         "tritonforge_time_to_first_token_seconds_count", 0)
     assert after["tritonforge_requests_in_flight"] == 0
+
+
+WORKERS = 2
+WORKER_REQUESTS = 8
+
+
+def test_gateway_workers_share_the_port_and_their_metrics(tiny_servers, tmp_path):
+    """`tritonforge openai --workers N`: every request answered, and /metrics (from whichever worker answers the
+    scrape) counts the requests of all workers."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    server, port = tiny_servers("bpe"), free_port()
+    gateway = subprocess.Popen([sys.executable, "-m", "tritonforge.cli", "openai", "--url", server.grpc_url,
+                                "--port", str(port), "--workers", str(WORKERS), "--served-model-name", MODEL],
+                               start_new_session=True, stderr=subprocess.DEVNULL)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                assert time.monotonic() < deadline, "the gateway workers did not start"
+                time.sleep(0.2)
+
+        async def many():
+            client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+            answers = await asyncio.gather(*[client.completions.create(model=MODEL, prompt="Count", max_tokens=3)
+                                             for _ in range(WORKER_REQUESTS)])
+            await client.close()
+            return answers
+
+        assert all(answer.choices[0].text for answer in asyncio.run(many()))
+        ok = 'tritonforge_requests_total{endpoint="/v1/completions",status="200"}'
+        for _ in range(2 * WORKERS):  # each scrape may reach another worker: every one must see the sum
+            with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as response:
+                lines = response.read().decode().splitlines()
+            assert f"{ok} {float(WORKER_REQUESTS)}" in lines
+    finally:
+        os.killpg(gateway.pid, signal.SIGTERM)
+        gateway.wait(timeout=30)
