@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
+import os
 import signal
 import sys
 import tempfile
@@ -98,23 +100,33 @@ def serve_command(args: argparse.Namespace) -> int:
                           restricted_apis="" if args.open_apis else RESTRICTED_APIS, log_file=args.log_file)
     supervisor = Supervisor(server, wedged_after_s=args.wedged_after_s)
     supervisor.start()
-    print(f"serving {args.repository}: HTTP {server.http_url}, gRPC {server.grpc_url}; log {server.log_path}")
-    gateway = None
-    if args.openai_port:
-        from .openai_gateway import GatewayThread
-
-        gateway = GatewayThread(server.grpc_url, host=args.address, port=args.openai_port,
-                                model=args.openai_model, served_model_name=args.served_model_name).start()
-        print(f"OpenAI API: {gateway.base_url}/v1 (model {args.served_model_name!r} → {args.openai_model})")
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def on_signal(*_) -> None:
+        # The first SIGINT / SIGTERM stops cleanly (open streams get the server's exit timeout); another one
+        # kills the server's process group at once. Neither interrupts the cleanup, so no stub is left behind.
+        if stop.is_set() and server.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.pid, signal.SIGKILL)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    gateway = None
     try:
+        if args.openai_port:
+            from .openai_gateway import GatewayThread
+
+            gateway = GatewayThread(server.grpc_url, host=args.address, port=args.openai_port,
+                                    model=args.openai_model, served_model_name=args.served_model_name).start()
+            print(f"OpenAI API: {gateway.base_url}/v1 (model {args.served_model_name!r} → {args.openai_model})")
+        print(f"serving {args.repository}: HTTP {server.http_url}, gRPC {server.grpc_url}; log {server.log_path}",
+              flush=True)
         supervisor.run(stop)  # restarts the server when it or a Python stub dies; stops it on the way out
-    except KeyboardInterrupt:
-        pass
     finally:
         if gateway is not None:
             gateway.stop()
+        server.stop()  # already stopped by run(), unless the gateway could not start
     return 0
 
 

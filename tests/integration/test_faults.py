@@ -1,12 +1,16 @@
 """Fault injection against a real tritonserver run by the supervisor: kill -9 of each Python stub kind
-under streaming load. Every open stream must end with an error within 5 s, readiness must stop saying
-ready within 5 s, and requests must succeed again within 60 s."""
+under streaming load (every open stream must end with an error within 5 s, readiness must stop saying
+ready within 5 s, and requests must succeed again within 60 s), stubs that are alive but run nothing, and
+shutdowns (a clean one under open streams; `tritonforge serve` under Ctrl-C, twice)."""
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +18,7 @@ from tritonforge import model_configs as configs
 from tritonforge.build import BuildOptions, build
 from tritonforge.client import GrpcClient
 from tritonforge.profiling import all_stub_pids
-from tritonforge.server import SHARED_MEMORY_DIR, TritonServer
+from tritonforge.server import SHARED_MEMORY_DIR, TritonServer, free_port
 from tritonforge.supervisor import Supervisor
 
 STREAMS = 4
@@ -129,3 +133,41 @@ def test_a_clean_shutdown_ends_open_streams_with_an_error_within_the_exit_timeou
     while time.monotonic() < deadline and any("ended" not in o for o in outcomes):
         time.sleep(0.05)
     assert all("ended" in o and o["error"] for o in outcomes), outcomes
+
+
+def test_serve_stops_on_ctrl_c_and_a_second_one_leaves_nothing_behind(supervised):
+    """`tritonforge serve` under a first SIGINT stops cleanly; a second one, sent during that stop, kills the
+    server at once, and neither leaves a process, a work folder or shared memory behind."""
+    http_port = free_port()
+    serve = subprocess.Popen([sys.executable, "-m", "tritonforge.cli", "serve", str(supervised.server.repository),
+                              "--http-port", str(http_port), "--grpc-port", str(free_port()),
+                              "--metrics-port", str(free_port())], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert serve.stdout.readline().startswith(b"serving"), "serve did not start"  # and handles signals now
+        server_pid = next(pid for pid in children(serve.pid))
+        command = Path(f"/proc/{server_pid}/cmdline").read_bytes().decode().split("\0")
+        shm_prefix = next(part.rsplit("=", 1)[1] for part in command if "shm-region-prefix-name=" in part)
+        work_dir = Path(next(part.split("=", 1)[1] for part in command if part.startswith("--backend-directory")))
+        serve.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+        serve.send_signal(signal.SIGINT)
+        assert serve.wait(timeout=30) == 0
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(server_pid, 0)  # the server and every stub of it are gone
+    assert not work_dir.parent.exists(), "the server's work folder outlived it"
+    assert not list(SHARED_MEMORY_DIR.glob(f"{shm_prefix}*"))
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
