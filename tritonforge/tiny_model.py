@@ -83,6 +83,9 @@ def _train_bpe(vocab_size: int):
     return tokenizer, {"bos_token": bos, "eos_token": "<|end_of_text|>", "pad_token": "<|end_of_text|>"}
 
 
+ALPHABET_SIZE = 80  # characters of the SentencePiece-style alphabet; the rest fall back to bytes
+
+
 def _train_sentencepiece(vocab_size: int):
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
@@ -90,8 +93,16 @@ def _train_sentencepiece(vocab_size: int):
     # Train with word splitting so that no merge crosses a word marker, as SentencePiece does.
     trainer_tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     trainer_tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    # The 80 most frequent characters, ties broken by the character: left to the trainer, a tie at the cutoff
+    # is broken in hash order, and the vocabulary (so every test's expected tokens) changed from run to run.
+    counts: dict[str, int] = {}
+    for line in corpus_lines():
+        for character in "▁" + line.replace(" ", "▁"):  # the text as the trainer sees it, after Metaspace
+            counts[character] = counts.get(character, 0) + 1
+    alphabet = sorted(counts, key=lambda character: (-counts[character], character))[:ALPHABET_SIZE]
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - 256, special_tokens=specials, limit_alphabet=80, show_progress=False
+        vocab_size=vocab_size - 256, special_tokens=specials, limit_alphabet=ALPHABET_SIZE,
+        initial_alphabet=alphabet, show_progress=False
     )
     trainer_tokenizer.train_from_iterator(corpus_lines(), trainer)
     trained = json.loads(trainer_tokenizer.to_str())["model"]

@@ -118,14 +118,24 @@ def test_top_p_zero_means_unset_as_in_the_tensorrtllm_backend(grpc_client, refer
     assert grpc_client.generate(PROMPTS[0], max_tokens=MAX_TOKENS, top_p=0.0) == reference(PROMPTS[0])[1]
 
 
+def stop_phrase_among(tokenizer, ids: list[int]) -> str | None:
+    """Text of generated tokens (one or two, past the first few, where they first occur) that tokenizes back to
+    them: the engine matches stop phrases by token ids. The tiny tokenizer is trained anew each run, so which
+    tokens qualify changes: search them all."""
+    table = TokenBytes(tokenizer)
+    for width in (1, 2):
+        for start in range(3, len(ids) - width):
+            phrase = table.decode(ids[start:start + width]).decode("utf-8", errors="replace")
+            if ids.index(ids[start]) == start and ids[start:start + width] in phrase_token_variants(tokenizer, phrase):
+                return phrase
+    return None
+
+
 def test_stop_word_ends_generation(grpc_client, reference, served):
     tokenizer = load_tokenizer(served[1])
     ids, full = reference(PROMPTS[0])
-    # The engine matches token ids: pick two generated tokens whose text tokenizes back to them.
-    for start in range(3, len(ids) - 2):
-        stop_text = TokenBytes(tokenizer).decode(ids[start:start + 2]).decode("utf-8", errors="replace")
-        if ids[start:start + 2] in phrase_token_variants(tokenizer, stop_text) and ids.index(ids[start]) == start:
-            break
+    stop_text = stop_phrase_among(tokenizer, ids)
+    assert stop_text is not None, f"no generated token of {ids} tokenizes back to itself"
     text = grpc_client.generate(PROMPTS[0], max_tokens=MAX_TOKENS, stop_words=[stop_text])
     assert len(text) < len(full) and text.endswith(stop_text)
 
