@@ -26,6 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .client import grpc_tensors, is_final
+from .contract import ENGINE_MODEL
+
 DEFAULT_PROMPTS = Path(__file__).resolve().parent / "data" / "accuracy_prompts.jsonl"
 
 
@@ -131,7 +134,7 @@ class Reference:
 class Served:
     """The repository's `tensorrt_llm` model over gRPC: greedy tokens with their log-probs."""
 
-    def __init__(self, url: str, end_id: int, model: str = "tensorrt_llm"):
+    def __init__(self, url: str, end_id: int, model: str = ENGINE_MODEL):
         import tritonclient.grpc as grpcclient
 
         self.grpc = grpcclient
@@ -147,12 +150,7 @@ class Served:
                   "end_id": np.array([[self.end_id]], dtype=np.int32),  # as preprocessing sends it
                   "runtime_top_k": np.array([[1]], dtype=np.int32),
                   "return_log_probs": np.array([[True]]), "streaming": np.array([[False]])}
-        dtypes = {np.int32: "INT32", np.bool_: "BOOL"}
-        inputs = []
-        for name, array in arrays.items():
-            tensor = self.grpc.InferInput(name, list(array.shape), dtypes[array.dtype.type])
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
+        inputs = grpc_tensors(self.grpc, arrays)
         client = self.grpc.InferenceServerClient(self.url)
         answers: queue.Queue = queue.Queue()
         client.start_stream(callback=lambda result, error: answers.put((result, error)))
@@ -171,7 +169,7 @@ class Served:
                     lp = result.as_numpy("output_log_probs")
                     if lp is not None:
                         log_probs += lp.reshape(-1)[:length].tolist()
-                if result.get_response().parameters["triton_final_response"].bool_param:
+                if is_final(result):
                     break
         finally:
             client.stop_stream()

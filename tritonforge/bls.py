@@ -159,12 +159,14 @@ class _StreamOutbox:
 
 @dataclass(frozen=True, kw_only=True)
 class BlsSettings:
+    """What the orchestrator needs, from the BLS model's typed parameters (their defaults) and its config."""
+
     tokenizer_dir: str
     limits: EngineLimits
-    engine_model: str = "tensorrt_llm"
-    max_concurrency: int = 256
-    add_special_tokens: bool = True
-    decoupled: bool = True
+    engine_model: str
+    max_concurrency: int
+    add_special_tokens: bool
+    decoupled: bool
 
 
 class _Completion:

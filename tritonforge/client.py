@@ -142,7 +142,7 @@ def _texts(chunks: Iterator[bytes]) -> Iterator[str]:
         yield tail
 
 
-def _is_final(result) -> bool:
+def is_final(result) -> bool:
     final = result.get_response().parameters.get("triton_final_response")
     return final is not None and final.bool_param
 
@@ -180,7 +180,7 @@ class GrpcClient:
                     raise GenerationError(str(error))
                 if result.as_numpy("text_output") is not None:
                     yield _chunk_bytes(result.as_numpy("text_output"))
-                if _is_final(result):
+                if is_final(result):
                     finished = True
                     return
         finally:
@@ -231,7 +231,7 @@ class AsyncGrpcClient:
                 if error is not None:
                     raise GenerationError(str(error))
                 yield result
-                if _is_final(result):
+                if is_final(result):
                     finished = True
                     return
         except InferenceServerException as error:

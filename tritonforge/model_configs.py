@@ -15,7 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from . import contract
 from .contract import ENGINE_MODEL, Tensor
 from .limits import EngineLimits
-from .model_parameters import BlsParameters, PostprocessingParameters, PreprocessingParameters
+from .model_parameters import BLS_MAX_CONCURRENCY, BlsParameters, PostprocessingParameters, PreprocessingParameters
 from .settings import setting
 
 # "replay" is for benchmarking only: it streams pre-set tokens (tritonforge/replay_engine.py).
@@ -43,7 +43,7 @@ class ServingConfig:
     # and one Python stub cannot send a real engine's ~15k responses/s). The real engines run as one.
     engine_instances: int = setting(1, "--engine replay only: Python stubs sharing --max-batch-size, to send a real "
                                     "engine's response rate")
-    bls_max_concurrency: int = setting(256, "requests one BLS instance runs at once")
+    bls_max_concurrency: int = setting(BLS_MAX_CONCURRENCY, "requests one BLS instance runs at once")
     max_queue_delay_microseconds: int = setting(0, "preprocessing and engine queue delay",
                                                 flag="--max-queue-delay-us")
     # Postprocessing's own: a short delay gathers more streamed chunks into one execution (`tritonforge tune`).

@@ -18,6 +18,7 @@ from .contract import ENGINE_MODEL
 # How often a request's cancellation is checked: each check is an IPC round trip (the tensorrtllm backend's
 # `cancellation_check_period_ms`, which the build sets to the same value).
 CANCELLATION_CHECK_PERIOD_MS = 100
+BLS_MAX_CONCURRENCY = 256  # requests one BLS instance runs at once (each in a worker thread)
 
 
 class ParameterError(ValueError):
@@ -83,7 +84,7 @@ class BlsParameters(ModelParameters):
     max_input_len: int
     max_seq_len: int
     tensorrt_llm_model_name: str = ENGINE_MODEL  # NVIDIA's BLS names its engine model with this key
-    max_concurrency: int = 256  # requests one instance runs at once
+    max_concurrency: int = BLS_MAX_CONCURRENCY
     add_special_tokens: bool = True
 
 

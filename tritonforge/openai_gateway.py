@@ -26,7 +26,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from .client import AsyncGrpcClient, GenerateRequest, GenerationError, TextAssembler, _chunk_bytes
-from .gateway_metrics import MULTIPROCESS_DIR_ENV
+from .gateway_metrics import MULTIPROCESS_DIR_ENV, GatewayMetrics
 
 # OpenAI's sampling fields → the ensemble's inputs (the BLS takes the same names).
 SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
@@ -197,8 +197,6 @@ def create_app(url: str, *, model: str = "ensemble", served_model_name: str = "t
     """The ASGI app: OpenAI's API over the repository served at `url` (gRPC)."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
-
-    from .gateway_metrics import GatewayMetrics
 
     backend_holder: dict[str, TritonBackend] = {}
     metrics = GatewayMetrics()
