@@ -48,6 +48,9 @@ class Supervisor:
         self.period_s = period_s
         self.max_backoff_s = max_backoff_s
         self.stable_s = stable_s  # a server up this long resets the backoff
+        if wedged_after_s < 0 or probe_period_s <= 0:
+            raise ValueError(f"--wedged-after-s must be >= 0 (0: no liveness checks), got {wedged_after_s}; the "
+                             f"probe period must be > 0, got {probe_period_s}")
         self.wedged_after_s = wedged_after_s
         self.probe_period_s = probe_period_s
         self.stubs: dict[int, str] = {}

@@ -5,7 +5,11 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
+
 from tritonforge.liveness import LivenessProbes, probed_models
+from tritonforge.server import TritonServer
+from tritonforge.supervisor import Supervisor
 
 SOURCE_REPOSITORY = Path(__file__).resolve().parents[2]  # the committed config.pbtxt of every model
 MODELS = ["ensemble", "postprocessing", "preprocessing", "tensorrt_llm_bls"]
@@ -38,3 +42,9 @@ def test_a_model_that_never_answers_is_wedged_once_its_probe_is_older_than_the_l
             assert probes.wedged() == ["preprocessing", "tensorrt_llm_bls"]
         finally:
             probes.stop()
+
+
+def test_a_negative_wedge_limit_is_refused_naming_the_flag(tmp_path):
+    with pytest.raises(ValueError, match="--wedged-after-s"):
+        Supervisor(TritonServer(tmp_path), wedged_after_s=-1)
+    Supervisor(TritonServer(tmp_path), wedged_after_s=0)  # 0 turns the checks off
