@@ -14,10 +14,12 @@ import argparse
 import asyncio
 import datetime
 import json
+import multiprocessing
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from tritonforge import model_configs as configs
@@ -62,6 +64,30 @@ async def _gateway_load(base_url: str, prompts, concurrency: int, output_tokens:
     return timings, end - start
 
 
+def _ensemble_share(url: str, prompts, concurrency: int, output_tokens: int, seconds: float, start_at: float):
+    time.sleep(max(0.0, start_at - time.monotonic()))
+    return asyncio_load(url, "ensemble", prompts, concurrency, output_tokens, seconds)
+
+
+def _gateway_share(base_url: str, prompts, concurrency: int, output_tokens: int, seconds: float, start_at: float):
+    time.sleep(max(0.0, start_at - time.monotonic()))
+    return asyncio.run(_gateway_load(base_url, prompts, concurrency, output_tokens, seconds))
+
+
+def spread_load(share, target: str, prompts, concurrency: int, output_tokens: int, seconds: float,
+                processes: int) -> tuple[list[Timing], float]:
+    """`concurrency` streams from `processes` load processes started together: one Python process is one core,
+    and at a real engine's rate a single load process would measure itself rather than the server."""
+    shares = [count for count in (concurrency // processes + (index < concurrency % processes)
+                                  for index in range(processes)) if count]
+    start_at = time.monotonic() + 5.0  # every process imported and waiting before the first request
+    with ProcessPoolExecutor(len(shares), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(share, target, prompts[index::len(shares)], count, output_tokens, seconds, start_at)
+                   for index, count in enumerate(shares)]
+        results = [future.result() for future in futures]
+    return [timing for timings, _ in results for timing in timings], max(wall for _, wall in results)
+
+
 def wait_healthy(base_url: str, timeout_s: float = 60) -> None:
     import urllib.request
 
@@ -88,6 +114,8 @@ def main() -> int:
     parser.add_argument("--engine-max-batch-size", type=int, default=128)
     parser.add_argument("--postprocessing-instances", type=int, default=2)
     parser.add_argument("--gateway-workers", type=int, default=1, help="tritonforge openai --workers")
+    parser.add_argument("--load-processes", type=int, default=1,
+                        help="processes generating the load, for both paths alike")
     parser.add_argument("--name", default="gateway-cpu")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
@@ -106,21 +134,25 @@ def main() -> int:
         with TritonServer(repository) as server:
             # Its own process, as in production: sharing the load generator's GIL would measure that instead.
             port = free_port()
-            gateway = subprocess.Popen([sys.executable, "-m", "tritonforge.cli", "openai", "--url", server.grpc_url,
-                                        "--port", str(port), "--workers", str(args.gateway_workers)],
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            gateway_log = work / "gateway.log"
+            with gateway_log.open("wb") as log:  # the gateway keeps its own copy of the file
+                gateway = subprocess.Popen([sys.executable, "-m", "tritonforge.cli", "openai", "--url",
+                                            server.grpc_url, "--port", str(port), "--workers",
+                                            str(args.gateway_workers)], stdout=subprocess.DEVNULL, stderr=log)
             base_url = f"http://127.0.0.1:{port}"
-            wait_healthy(base_url)
+            try:
+                wait_healthy(base_url)
+            except RuntimeError:
+                gateway.kill()
+                sys.exit(f"the gateway did not start; its log:\n{gateway_log.read_text()[-3000:]}")
             try:
                 asyncio_load(server.grpc_url, "ensemble", prompts, 4, args.output_tokens, 1)  # warm-up
                 for concurrency in args.concurrency:
                     for path in ("ensemble", "gateway"):
-                        if path == "ensemble":
-                            timings, wall = asyncio_load(server.grpc_url, "ensemble", prompts, concurrency,
-                                                         args.output_tokens, args.duration_s)
-                        else:
-                            timings, wall = asyncio.run(_gateway_load(base_url, prompts, concurrency,
-                                                                      args.output_tokens, args.duration_s))
+                        share, target = ((_ensemble_share, server.grpc_url) if path == "ensemble"
+                                         else (_gateway_share, base_url))
+                        timings, wall = spread_load(share, target, prompts, concurrency, args.output_tokens,
+                                                    args.duration_s, args.load_processes)
                         row = {"concurrency": concurrency, "path": path, **summarize(timings, wall)}
                         rows.append(row)
                         print(f"{concurrency:4} {path:9} {row['output_tokens_per_s']:9,.0f} tok/s  TTFT p50 "
@@ -134,7 +166,7 @@ def main() -> int:
         row["ratio"] = round(row["output_tokens_per_s"] / base, 3) if base else None
     meta = {"machine": machine_description(), "date": datetime.date.today().isoformat(),
             "replay_step_ms": args.replay_step_ms, "output_tokens": args.output_tokens,
-            "gateway_workers": args.gateway_workers,
+            "gateway_workers": args.gateway_workers, "load_processes": args.load_processes,
             "duration_s": args.duration_s}
     lines = [f"OpenAI gateway vs the ensemble over gRPC — {meta['machine']}, {meta['date']}, replay engine "
              f"{args.replay_step_ms} ms a step, {args.output_tokens} tokens a request", "",
