@@ -22,13 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import model_configs as configs
+from .contract import BLS_MODEL, ENGINE_MODEL, ENSEMBLE_MODEL, POSTPROCESSING_MODEL, PREPROCESSING_MODEL
 from .profiling import cpu_cores, cpu_snapshot, model_statistics, record_stubs, statistics_delta
 from .tiny_model import corpus_lines
 from .tokenization import load_tokenizer
 
 PATHS = ("direct", "ensemble", "bls")
-PATH_MODELS = {"direct": configs.ENGINE_MODEL, "ensemble": "ensemble", "bls": "tensorrt_llm_bls"}
+PATH_MODELS = {"direct": ENGINE_MODEL, "ensemble": ENSEMBLE_MODEL, "bls": BLS_MODEL}
 DEFINITIONS = [
     "output tokens/s: tokens of the completed requests / wall time of the run (first send to last response)",
     "TTFT: time to first token, from sending a request to its first streamed response",
@@ -260,8 +260,9 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-PROFILE_GROUPS = {"tritonserver": "tritonserver", "engine stubs": f"stub:{configs.ENGINE_MODEL}",
-                  "pre": "stub:preprocessing", "post": "stub:postprocessing", "BLS": "stub:tensorrt_llm_bls",
+PROFILE_GROUPS = {"tritonserver": "tritonserver", "engine stubs": f"stub:{ENGINE_MODEL}",
+                  "pre": f"stub:{PREPROCESSING_MODEL}", "post": f"stub:{POSTPROCESSING_MODEL}",
+                  "BLS": f"stub:{BLS_MODEL}",
                   "load gen.": "load generator"}
 
 
@@ -276,7 +277,7 @@ def profile_table(rows: list[dict]) -> list[str]:
              "|---|---:|---|" + "---:|" * (len(PROFILE_GROUPS) + 2)]
     for row in rows:
         cores = [row["cpu_cores"].get(group, 0.0) for group in PROFILE_GROUPS.values()]
-        post = row.get("server_stats", {}).get("postprocessing", {})
+        post = row.get("server_stats", {}).get(POSTPROCESSING_MODEL, {})
         lines.append(f"| {row['engine']} | {row['concurrency']} | {row['path']} | "
                      + " | ".join(f"{value:.2f}" for value in cores)
                      + f" | {post.get('batch', '')} | {post.get('queue_us', '')} |")

@@ -31,7 +31,12 @@ F32 = mc.TYPE_FP32
 BOOL = mc.TYPE_BOOL
 LOGITS = F32  # NVIDIA's `logits_datatype` as its docs fill it
 
+# The repository's model names, NVIDIA's (clients call them by these names).
 ENGINE_MODEL = "tensorrt_llm"
+PREPROCESSING_MODEL = "preprocessing"
+POSTPROCESSING_MODEL = "postprocessing"
+ENSEMBLE_MODEL = "ensemble"
+BLS_MODEL = "tensorrt_llm_bls"
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from .client import grpc_tensors
-from .contract import ENGINE_MODEL, stop_request_inputs
+from .contract import BLS_MODEL, ENGINE_MODEL, POSTPROCESSING_MODEL, PREPROCESSING_MODEL, stop_request_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -35,12 +35,12 @@ DEFAULT_WEDGED_AFTER_S = 30.0
 
 # model → (decoupled, inputs as name → array)
 _PROBES = {
-    "preprocessing": (False, {"QUERY": np.array([[b"ping"]], dtype=np.object_),
+    PREPROCESSING_MODEL: (False, {"QUERY": np.array([[b"ping"]], dtype=np.object_),
                               "REQUEST_OUTPUT_LEN": np.array([[1]], dtype=np.int32)}),
-    "postprocessing": (False, {"TOKENS_BATCH": np.zeros((1, 1, 1), dtype=np.int32),
+    POSTPROCESSING_MODEL: (False, {"TOKENS_BATCH": np.zeros((1, 1, 1), dtype=np.int32),
                                "SEQUENCE_LENGTH": np.ones((1, 1), dtype=np.int32)}),
     ENGINE_MODEL: (True, stop_request_inputs()),
-    "tensorrt_llm_bls": (True, {"text_input": np.array([[b"ping"]], dtype=np.object_),
+    BLS_MODEL: (True, {"text_input": np.array([[b"ping"]], dtype=np.object_),
                                 "max_tokens": np.array([[0]], dtype=np.int32)}),
 }
 

@@ -13,7 +13,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from . import contract
-from .contract import ENGINE_MODEL, Tensor
+from .contract import BLS_MODEL, ENGINE_MODEL, ENSEMBLE_MODEL, POSTPROCESSING_MODEL, PREPROCESSING_MODEL, Tensor
 from .limits import EngineLimits
 from .model_parameters import BLS_MAX_CONCURRENCY, BlsParameters, PostprocessingParameters, PreprocessingParameters
 from .settings import setting
@@ -106,7 +106,7 @@ def _cpu_instances(config: mc.ModelConfig, count: int) -> None:
 
 
 def preprocessing_config(serving: ServingConfig, limits: EngineLimits, tokenizer_dir: str) -> mc.ModelConfig:
-    config = _python_model("preprocessing", serving.max_batch_size)
+    config = _python_model(PREPROCESSING_MODEL, serving.max_batch_size)
     _add_tensors(config.input, contract.preprocessing_inputs(messages=serving.messages_input), is_input=True)
     _add_tensors(config.output, contract.PREPROCESSING_OUTPUTS, is_input=False)
     config.dynamic_batching.max_queue_delay_microseconds = serving.max_queue_delay_microseconds
@@ -118,7 +118,7 @@ def preprocessing_config(serving: ServingConfig, limits: EngineLimits, tokenizer
 
 
 def postprocessing_config(serving: ServingConfig, tokenizer_dir: str) -> mc.ModelConfig:
-    config = _python_model("postprocessing", serving.max_batch_size)
+    config = _python_model(POSTPROCESSING_MODEL, serving.max_batch_size)
     _add_tensors(config.input, contract.POSTPROCESSING_INPUTS, is_input=True)
     _add_tensors(config.output, contract.POSTPROCESSING_OUTPUTS, is_input=False)
     # No max_queue_size here: downstream of a decoupled step it hangs requests in Triton < 2.66.
@@ -145,14 +145,14 @@ def engine_config(serving: ServingConfig, *, backend: str, parameters: dict[str,
 
 
 def ensemble_config(serving: ServingConfig) -> mc.ModelConfig:
-    config = mc.ModelConfig(name="ensemble", platform="ensemble", max_batch_size=serving.max_batch_size)
+    config = mc.ModelConfig(name=ENSEMBLE_MODEL, platform="ensemble", max_batch_size=serving.max_batch_size)
     if serving.target_triton >= MAX_INFLIGHT_SINCE:
         # Backpressure between steps (2.63+): without it a slow detokenizer lets responses pile up unbounded.
         config.ensemble_scheduling.max_inflight_requests = ENSEMBLE_MAX_INFLIGHT
     _add_tensors(config.input, contract.client_inputs(messages=serving.messages_input), is_input=True)
     _add_tensors(config.output, contract.CLIENT_OUTPUTS, is_input=False)
 
-    pre = config.ensemble_scheduling.step.add(model_name="preprocessing", model_version=-1)
+    pre = config.ensemble_scheduling.step.add(model_name=PREPROCESSING_MODEL, model_version=-1)
     wiring = {**contract.PREPROCESSING_FROM_CLIENT, **(contract.MESSAGES_WIRING if serving.messages_input else {})}
     pre.input_map.update(wiring)
     pre.output_map.update(contract.PREPROCESSING_TO_ENSEMBLE)
@@ -162,14 +162,14 @@ def ensemble_config(serving: ServingConfig) -> mc.ModelConfig:
     engine.output_map.update(contract.ENGINE_TOKEN_OUTPUTS)
     engine.output_map.update({tensor.name: tensor.name for tensor in contract.ENGINE_PASSTHROUGH_OUTPUTS})
 
-    post = config.ensemble_scheduling.step.add(model_name="postprocessing", model_version=-1)
+    post = config.ensemble_scheduling.step.add(model_name=POSTPROCESSING_MODEL, model_version=-1)
     post.input_map.update(contract.POSTPROCESSING_FROM_ENSEMBLE)
     post.output_map.update(contract.POSTPROCESSING_TO_CLIENT)
     return config
 
 
 def bls_config(serving: ServingConfig, limits: EngineLimits, tokenizer_dir: str) -> mc.ModelConfig:
-    config = _python_model("tensorrt_llm_bls", serving.max_batch_size)
+    config = _python_model(BLS_MODEL, serving.max_batch_size)
     # Non-decoupled, it answers one response per request through its response sender (Triton >= 23.10).
     config.model_transaction_policy.decoupled = serving.decoupled
     _add_tensors(config.input, contract.bls_inputs(messages=serving.messages_input), is_input=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 from . import model_configs as configs
+from .contract import BLS_MODEL, ENGINE_MODEL, ENSEMBLE_MODEL, POSTPROCESSING_MODEL, PREPROCESSING_MODEL
 from .limits import EngineLimits
 
 logger = logging.getLogger(__name__)
@@ -24,11 +25,11 @@ MANIFEST = "tritonforge.json"
 # The Triton model sources live at the top of the project (see README, "Layout").
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
 MODEL_SOURCES = {
-    "preprocessing": "preprocessing",
-    "postprocessing": "postprocessing",
-    "tensorrt_llm_bls": "tensorrt_llm_bls",
-    "tensorrt_llm:transformers": "tensorrt_llm_transformers",
-    "tensorrt_llm:replay": "tensorrt_llm_replay_benchmark",
+    PREPROCESSING_MODEL: "preprocessing",
+    POSTPROCESSING_MODEL: "postprocessing",
+    BLS_MODEL: "tensorrt_llm_bls",
+    f"{ENGINE_MODEL}:transformers": "tensorrt_llm_transformers",
+    f"{ENGINE_MODEL}:replay": "tensorrt_llm_replay_benchmark",
 }
 TOKENIZER_SUBDIR = "tokenizer"  # under preprocessing/
 CHECKPOINT_SUBDIR = "checkpoint"  # under tensorrt_llm/1/ for the transformers engine
@@ -72,16 +73,16 @@ def build_configs(plan: RepositoryPlan) -> dict[str, mc.ModelConfig]:
     tokenizer = TOKENIZER_SUBDIR
     shared_tokenizer = f"../preprocessing/{TOKENIZER_SUBDIR}"
     out = {
-        "preprocessing": configs.preprocessing_config(plan.serving, plan.limits, tokenizer),
-        "postprocessing": configs.postprocessing_config(plan.serving, shared_tokenizer),
-        configs.ENGINE_MODEL: configs.engine_config(
+        PREPROCESSING_MODEL: configs.preprocessing_config(plan.serving, plan.limits, tokenizer),
+        POSTPROCESSING_MODEL: configs.postprocessing_config(plan.serving, shared_tokenizer),
+        ENGINE_MODEL: configs.engine_config(
             plan.serving, backend="tensorrtllm" if plan.engine == "tensorrtllm" else "python",
             parameters=plan.engine_parameters),
     }
     if "ensemble" in plan.frontends:
-        out["ensemble"] = configs.ensemble_config(plan.serving)
+        out[ENSEMBLE_MODEL] = configs.ensemble_config(plan.serving)
     if "bls" in plan.frontends:
-        out["tensorrt_llm_bls"] = configs.bls_config(plan.serving, plan.limits, shared_tokenizer)
+        out[BLS_MODEL] = configs.bls_config(plan.serving, plan.limits, shared_tokenizer)
     return out
 
 
@@ -168,19 +169,19 @@ def write_repository(plan: RepositoryPlan, *, tokenizer_source: Path, checkpoint
     for name, config in model_configs.items():
         version_dir = output / name / "1"
         version_dir.mkdir(parents=True, exist_ok=True)
-        source_key = f"{name}:{plan.engine}" if name == configs.ENGINE_MODEL else name
+        source_key = f"{name}:{plan.engine}" if name == ENGINE_MODEL else name
         if source_key in MODEL_SOURCES:
             shutil.copy2(model_source(source_key), version_dir / "model.py")
         (output / name / "config.pbtxt").write_text(configs.to_text(config))
 
-    tokenizer_dir = output / "preprocessing" / TOKENIZER_SUBDIR
+    tokenizer_dir = output / PREPROCESSING_MODEL / TOKENIZER_SUBDIR
     tokenizer_dir.mkdir(parents=True, exist_ok=True)
     for pattern in TOKENIZER_PATTERNS:
         for file in sorted(tokenizer_source.glob(pattern)):
             shutil.copy2(file, tokenizer_dir / file.name)
     load_tokenizer(tokenizer_dir)  # fails the build here, not at the server's load, if a file is missing
     if plan.engine == "transformers":
-        target = output / configs.ENGINE_MODEL / "1" / CHECKPOINT_SUBDIR
+        target = output / ENGINE_MODEL / "1" / CHECKPOINT_SUBDIR
         target.mkdir(parents=True, exist_ok=True)
         for pattern in CHECKPOINT_PATTERNS:
             for file in sorted(checkpoint.glob(pattern)):
@@ -188,7 +189,7 @@ def write_repository(plan: RepositoryPlan, *, tokenizer_source: Path, checkpoint
         if not any(target.glob("*.safetensors")):
             raise FileNotFoundError(f"no *.safetensors weights in {checkpoint}")
     elif plan.engine == "replay":
-        (output / configs.ENGINE_MODEL / "1" / REPLAY_TOKENS).write_text(json.dumps(replay_tokens(tokenizer_source)))
+        (output / ENGINE_MODEL / "1" / REPLAY_TOKENS).write_text(json.dumps(replay_tokens(tokenizer_source)))
     written = sorted(_files_under(output) - existing - {MANIFEST})
     (output / MANIFEST).write_text(json.dumps({**manifest, "files": written}, indent=2) + "\n")
     logger.info("wrote %s: %s", output, ", ".join(sorted(model_configs)))
