@@ -122,8 +122,9 @@ def main() -> int:
     parser.add_argument("--engine-max-batch-size", type=int, default=None,
                         help="requests the engine runs at once (default: the largest concurrency); 128 with the "
                              "replay engine's 8.5 ms step is a ~15k tokens/s engine")
-    parser.add_argument("--postprocessing-delay-us", type=int, default=0,
-                        help="postprocessing's dynamic-batching queue delay")
+    parser.add_argument("--postprocessing-delay-us", type=int,
+                        default=configs.ServingConfig.postprocessing_delay_microseconds,
+                        help="postprocessing's dynamic-batching queue delay (default: the build's)")
     parser.add_argument("--postprocessing-unordered", action="store_true",
                         help="postprocessing without preserve_ordering (NVIDIA's setting)")
     parser.add_argument("--bls-max-concurrency", type=int, default=256, help="requests one BLS instance runs")

@@ -370,7 +370,7 @@ def make_parser() -> argparse.ArgumentParser:
     tune_parser.add_argument("--preprocessing", type=positive_ints, default="2,4", help="instance counts to try")
     tune_parser.add_argument("--postprocessing", type=positive_ints, default="4,8", help="instance counts to try")
     tune_parser.add_argument("--bls", type=positive_ints, default="4,8", help="BLS instance counts to try")
-    tune_parser.add_argument("--postprocessing-delay-us", type=non_negative_ints, default="0,200",
+    tune_parser.add_argument("--postprocessing-delay-us", type=non_negative_ints, default="0,1000",
                              help="postprocessing max_queue_delay_microseconds values to try")
     tune_parser.add_argument("--results", type=Path, default=None,
                              help="write STEM.json and STEM.png (throughput against TTFT p99, chosen marked)")
