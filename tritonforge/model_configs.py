@@ -50,11 +50,12 @@ class ServingConfig:
     # fewer executions also mean fewer turns at Triton's ordered-send lock: on the H200 host at 128 streams
     # the ensemble kept 0.91 of the engine's rate with 0 µs, 0.89 with 300 µs and 0.97 with 1000 µs (README,
     # Performance); a chunk waits at most this long, against an engine step of several milliseconds.
-    postprocessing_delay_microseconds: int = setting(1000, "postprocessing queue delay: gathers streamed chunks into "
-                                                     "fewer executions", flag="--postprocessing-delay-us")
+    postprocessing_delay_microseconds: int = setting(
+        1000, "postprocessing queue delay: gathers streamed chunks into fewer executions",
+        flag="--postprocessing-delay-us")
     # Responses in arrival order across postprocessing instances, so a stream's chunks can never swap.
-    # Triton sends such responses one at a time under one lock for the whole model, which caps the ensemble
-    # near 14k chunks/s on 16 cores (README, Performance); NVIDIA's config leaves it off.
+    # Triton sends such responses one at a time under one lock for the whole model, which capped the ensemble
+    # near 14k chunks/s on 16 cores without the delay above (README, Performance); NVIDIA's config leaves it off.
     postprocessing_preserve_ordering: bool = setting(
         True, "let postprocessing instances answer out of arrival order (NVIDIA's setting): faster, but a stream's "
         "chunks may swap under overload (README, Performance)", flag="--postprocessing-unordered")
