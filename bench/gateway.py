@@ -26,6 +26,7 @@ from tritonforge import model_configs as configs
 from tritonforge.benchmark import Timing, asyncio_load, machine_description, make_prompts, summarize
 from tritonforge.build import BuildOptions, build
 from tritonforge.cli import positive_ints
+from tritonforge.profiling import tree_cpu_seconds
 from tritonforge.server import TritonServer, free_port
 from tritonforge.tiny_model import make_tiny_model
 
@@ -66,18 +67,23 @@ async def _gateway_load(base_url: str, prompts, concurrency: int, output_tokens:
 
 def _ensemble_share(url: str, prompts, concurrency: int, output_tokens: int, seconds: float, start_at: float):
     time.sleep(max(0.0, start_at - time.monotonic()))
-    return asyncio_load(url, "ensemble", prompts, concurrency, output_tokens, seconds)
+    cpu = time.process_time()
+    timings, wall = asyncio_load(url, "ensemble", prompts, concurrency, output_tokens, seconds)
+    return timings, wall, time.process_time() - cpu
 
 
 def _gateway_share(base_url: str, prompts, concurrency: int, output_tokens: int, seconds: float, start_at: float):
     time.sleep(max(0.0, start_at - time.monotonic()))
-    return asyncio.run(_gateway_load(base_url, prompts, concurrency, output_tokens, seconds))
+    cpu = time.process_time()
+    timings, wall = asyncio.run(_gateway_load(base_url, prompts, concurrency, output_tokens, seconds))
+    return timings, wall, time.process_time() - cpu
 
 
 def spread_load(share, target: str, prompts, concurrency: int, output_tokens: int, seconds: float,
-                processes: int) -> tuple[list[Timing], float]:
-    """`concurrency` streams from `processes` load processes started together: one Python process is one core,
-    and at a real engine's rate a single load process would measure itself rather than the server."""
+                processes: int) -> tuple[list[Timing], float, float]:
+    """`concurrency` streams from `processes` load processes started together (one Python process is one core,
+    and at a real engine's rate a single load process would measure itself rather than the server): the
+    timings, the longest wall time and the CPU seconds the processes spent on the load itself."""
     shares = [count for count in (concurrency // processes + (index < concurrency % processes)
                                   for index in range(processes)) if count]
     start_at = time.monotonic() + 5.0  # every process imported and waiting before the first request
@@ -85,7 +91,21 @@ def spread_load(share, target: str, prompts, concurrency: int, output_tokens: in
         futures = [pool.submit(share, target, prompts[index::len(shares)], count, output_tokens, seconds, start_at)
                    for index, count in enumerate(shares)]
         results = [future.result() for future in futures]
-    return [timing for timings, _ in results for timing in timings], max(wall for _, wall in results)
+    return ([timing for timings, _, _ in results for timing in timings], max(wall for _, wall, _ in results),
+            sum(cpu for _, _, cpu in results))
+
+
+def measure_point(path: str, concurrency: int, args, prompts, grpc_url: str, base_url: str, gateway_pid: int) -> dict:
+    """One path at one concurrency, with the CPU time the load generator and the gateway spent per chunk."""
+    share, target = (_ensemble_share, grpc_url) if path == "ensemble" else (_gateway_share, base_url)
+    gateway_cpu = tree_cpu_seconds(gateway_pid)
+    timings, wall, load_cpu = spread_load(share, target, prompts, concurrency, args.output_tokens, args.duration_s,
+                                          args.load_processes)
+    gateway_cpu = tree_cpu_seconds(gateway_pid) - gateway_cpu
+    chunks = max(1, sum(len(timing.arrivals) for timing in timings))
+    return {"concurrency": concurrency, "path": path, **summarize(timings, wall),
+            "load_cpu_us_per_chunk": round(load_cpu / chunks * 1e6),
+            "gateway_cpu_us_per_chunk": round(gateway_cpu / chunks * 1e6) if path == "gateway" else None}
 
 
 def wait_healthy(base_url: str, timeout_s: float = 60) -> None:
@@ -149,11 +169,8 @@ def main() -> int:
                 asyncio_load(server.grpc_url, "ensemble", prompts, 4, args.output_tokens, 1)  # warm-up
                 for concurrency in args.concurrency:
                     for path in ("ensemble", "gateway"):
-                        share, target = ((_ensemble_share, server.grpc_url) if path == "ensemble"
-                                         else (_gateway_share, base_url))
-                        timings, wall = spread_load(share, target, prompts, concurrency, args.output_tokens,
-                                                    args.duration_s, args.load_processes)
-                        row = {"concurrency": concurrency, "path": path, **summarize(timings, wall)}
+                        row = measure_point(path, concurrency, args, prompts, server.grpc_url, base_url,
+                                            gateway.pid)
                         rows.append(row)
                         print(f"{concurrency:4} {path:9} {row['output_tokens_per_s']:9,.0f} tok/s  TTFT p50 "
                               f"{row['ttft_ms_p50']} ms  errors {row['errors']}", file=sys.stderr, flush=True)
@@ -170,11 +187,16 @@ def main() -> int:
             "duration_s": args.duration_s}
     lines = [f"OpenAI gateway vs the ensemble over gRPC — {meta['machine']}, {meta['date']}, replay engine "
              f"{args.replay_step_ms} ms a step, {args.output_tokens} tokens a request", "",
-             "| streams | path | output tokens/s | vs ensemble | TTFT p50 / p99 ms | errors |",
-             "|---:|---|---:|---:|---:|---:|"]
+             "| streams | path | output tokens/s | vs ensemble | TTFT p50 / p99 ms | errors "
+             "| CPU µs a chunk: load generator / gateway |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
     for row in rows:
+        gateway_cpu = "" if row["gateway_cpu_us_per_chunk"] is None else f" / {row['gateway_cpu_us_per_chunk']}"
         lines.append(f"| {row['concurrency']} | {row['path']} | {row['output_tokens_per_s']:,.0f} | {row['ratio']} | "
-                     f"{row['ttft_ms_p50']} / {row['ttft_ms_p99']} | {row['errors']} |")
+                     f"{row['ttft_ms_p50']} / {row['ttft_ms_p99']} | {row['errors']} | "
+                     f"{row['load_cpu_us_per_chunk']}{gateway_cpu} |")
+    lines += ["", "- CPU µs a chunk: CPU time over the point of the load generator's processes (and of the gateway "
+              "with its workers) / streamed chunks received"]
     stem = args.results_dir / args.name
     stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")

@@ -41,19 +41,34 @@ def _group(pid: int) -> str:
     return f"stub:{match.group(1)}" if match else Path(command.split(" ", 1)[0]).name or str(pid)
 
 
+def _tree_cpu(root: int) -> dict[int, float]:
+    """CPU seconds used so far by `root` and each of its descendants that is still running, by pid."""
+    used: dict[int, float] = {}
+    pending = [root] if Path(f"/proc/{root}").exists() else []
+    while pending:
+        pid = pending.pop()
+        try:
+            used[pid] = _cpu_seconds(pid)
+        except OSError:  # exited between the listing and the read
+            continue
+        pending.extend(_children(pid))
+    return used
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds used so far by a process and its running descendants (e.g. a server and its workers)."""
+    return sum(_tree_cpu(root).values())
+
+
 def cpu_snapshot(server_pid: int | None) -> dict[str, float]:
     """CPU seconds used so far, by part: the server's process tree, and this process with its waited children."""
     totals: dict[str, float] = {}
-    if server_pid is not None and Path(f"/proc/{server_pid}").exists():
-        pending = [server_pid]
-        while pending:
-            pid = pending.pop()
-            try:
-                name = "tritonserver" if pid == server_pid else _group(pid)
-                totals[name] = totals.get(name, 0.0) + _cpu_seconds(pid)
-            except OSError:  # exited between the listing and the read
-                continue
-            pending.extend(_children(pid))
+    for pid, seconds in (_tree_cpu(server_pid) if server_pid is not None else {}).items():
+        try:
+            name = "tritonserver" if pid == server_pid else _group(pid)
+        except OSError:  # exited since
+            continue
+        totals[name] = totals.get(name, 0.0) + seconds
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     totals["load generator"] = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
     return totals
