@@ -420,7 +420,8 @@ def make_parser() -> argparse.ArgumentParser:
                               "second")
     gateway.set_defaults(func=openai_command)
 
-    demo = commands.add_parser("demo", help="tiny model → repository → tritonserver → a prompt over gRPC and HTTP")
+    demo = commands.add_parser("demo",
+                               help="tiny model → repository → tritonserver → a prompt over gRPC and HTTP")
     demo.add_argument("--prompt", default="The server reads a request")
     demo.add_argument("--max-tokens", type=int, default=32)
     demo.add_argument("--tokenizer", choices=("bpe", "sentencepiece"), default="sentencepiece")
