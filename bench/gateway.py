@@ -103,7 +103,7 @@ def measure_point(path: str, concurrency: int, args, prompts, grpc_url: str, bas
                                           args.load_processes)
     gateway_cpu = tree_cpu_seconds(gateway_pid) - gateway_cpu
     chunks = max(1, sum(len(timing.arrivals) for timing in timings))
-    return {"concurrency": concurrency, "path": path, **summarize(timings, wall),
+    return {"concurrency": concurrency, "path": path, **summarize(timings, wall, concurrency),
             "load_cpu_us_per_chunk": round(load_cpu / chunks * 1e6),
             "gateway_cpu_us_per_chunk": round(gateway_cpu / chunks * 1e6) if path == "gateway" else None}
 

@@ -35,6 +35,9 @@ DEFINITIONS = [
     "ITL: inter-token latency of one request, (last response - first response) / (tokens - 1)",
     "p50 / p99: percentiles over the run's requests (numpy.percentile)",
     "efficiency: output tokens/s of the path / output tokens/s of the engine model called directly",
+    "steady tokens/s (efficiency): tokens of the requests completed after as many requests as streams had "
+    "completed (the ramp is over) and by the last send (after it the run only drains) / that window; "
+    "'-' when the run is too short to hold one more round of completions in it",
 ]
 REQUEST_TIMEOUT_S = 120
 
@@ -219,7 +222,20 @@ def perf_analyzer_load(url: str, path: str, prompts, concurrency: int, output_to
 
 # ---- figures ------------------------------------------------------------------------------------------------
 
-def summarize(timings: list[Timing], wall_s: float) -> dict:
+def steady_tokens_per_s(done: list[Timing], concurrency: int) -> float | None:
+    """Tokens/s of a closed-loop run without its ramp and drain, which weigh on short runs with many streams
+    (at 256 streams and a 128-slot engine each takes about two request times)."""
+    completions = sorted((t.arrivals[-1], t.tokens) for t in done)
+    if len(completions) < 2 * concurrency:
+        return None
+    start, end = completions[concurrency - 1][0], max(t.sent for t in done)
+    counted = [tokens for finished, tokens in completions if start < finished <= end]
+    if len(counted) < concurrency:
+        return None
+    return round(sum(counted) / (end - start), 1)
+
+
+def summarize(timings: list[Timing], wall_s: float, concurrency: int | None = None) -> dict:
     done = [t for t in timings if t.error is None and t.arrivals]
     ttft = np.array([t.arrivals[0] - t.sent for t in done]) * 1000
     itl = np.array([(t.arrivals[-1] - t.arrivals[0]) / (t.tokens - 1) for t in done if t.tokens > 1]) * 1000
@@ -229,35 +245,45 @@ def summarize(timings: list[Timing], wall_s: float) -> dict:
 
     return {"requests": len(done), "errors": len(timings) - len(done),
             "output_tokens_per_s": round(sum(t.tokens for t in done) / wall_s, 1) if wall_s > 0 else 0.0,
+            "steady_output_tokens_per_s": steady_tokens_per_s(done, concurrency) if concurrency else None,
             "ttft_ms_p50": percentile(ttft, 50), "ttft_ms_p99": percentile(ttft, 99),
             "itl_ms_p50": percentile(itl, 50), "itl_ms_p99": percentile(itl, 99),
             "first_error": next((t.error for t in timings if t.error), None)}
 
 
 def add_efficiency(rows: list[dict]) -> None:
-    direct = {(r["engine"], r["concurrency"]): r["output_tokens_per_s"] for r in rows if r["path"] == "direct"}
-    for row in rows:
-        base = direct.get((row["engine"], row["concurrency"]))
-        row["efficiency"] = round(row["output_tokens_per_s"] / base, 3) if base else None
+    for measure, ratio in (("output_tokens_per_s", "efficiency"), ("steady_output_tokens_per_s", "steady_efficiency")):
+        direct = {(r["engine"], r["concurrency"]): r.get(measure) for r in rows if r["path"] == "direct"}
+        for row in rows:
+            base, value = direct.get((row["engine"], row["concurrency"])), row.get(measure)
+            row[ratio] = round(value / base, 3) if base and value is not None else None
 
 
 def markdown(result: dict) -> str:
     meta = result["meta"]
     lines = [f"Pipeline efficiency — {meta['machine']}, {meta['date']}, load: {meta['tool']}, "
              f"{meta['output_tokens']} output tokens per request, {meta['duration_s']} s per point",
-             "", "| engine | streams | path | output tokens/s | efficiency | TTFT p50 / p99 ms | "
-                 "ITL p50 / p99 ms | requests | errors |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "", "| engine | streams | path | output tokens/s | efficiency | steady tokens/s (efficiency) | "
+                 "TTFT p50 / p99 ms | ITL p50 / p99 ms | requests | errors |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in result["rows"]:
         efficiency = "" if row["path"] == "direct" else f"{row['efficiency']:.2f}" if row["efficiency"] else "-"
         lines.append(f"| {row['engine']} | {row['concurrency']} | {row['path']} | {row['output_tokens_per_s']:,.0f} | "
-                     f"{efficiency} | {row['ttft_ms_p50']} / {row['ttft_ms_p99']} | "
+                     f"{efficiency} | {_steady(row)} | {row['ttft_ms_p50']} / {row['ttft_ms_p99']} | "
                      f"{row['itl_ms_p50']} / {row['itl_ms_p99']} | {row['requests']} | {row['errors']} |")
     lines += ["", *(f"- {definition}" for definition in DEFINITIONS)]
     lines += profile_table(result["rows"])
     if meta.get("notes"):
         lines += ["", *(f"- {note}" for note in meta["notes"])]
     return "\n".join(lines) + "\n"
+
+
+def _steady(row: dict) -> str:
+    steady = row.get("steady_output_tokens_per_s")
+    if steady is None:
+        return "-"
+    ratio = row.get("steady_efficiency")
+    return f"{steady:,.0f}" + (f" ({ratio:.2f})" if row["path"] != "direct" and ratio is not None else "")
 
 
 PROFILE_GROUPS = {"tritonserver": "tritonserver", "engine stubs": f"stub:{ENGINE_MODEL}",
@@ -369,7 +395,7 @@ def measure_server(url: str, prompts, *, paths=PATHS, concurrencies=(1, 8, 32, 1
             for recorder in recorders:
                 recorder.wait(timeout=duration_s + 30)
             row = {"engine": label, "concurrency": concurrency, "path": path, "tool": tool,
-                   **summarize(timings, wall),
+                   **summarize(timings, wall, concurrency),
                    "cpu_cores": cpu_cores(cpu_before, cpu_snapshot(server_pid), elapsed),
                    "server_stats": statistics_delta(stats_before, model_statistics(url))}
             rows.append(row)
