@@ -7,8 +7,10 @@ directly, the ensemble and the BLS measured at the target concurrency (`tritonfo
 
 The choice (`choose`): among candidates whose ensemble and BLS both reach `target` of the direct path's
 output tokens/s with no errors, the one with the fewest Python instances (CPU left to everything else), then
-the lowest worst TTFT p99; if none reaches it, the best worst-path efficiency. The chosen settings are
-written back into the repository's configs. The engine step keeps its own settings: it batches itself.
+the lowest worst TTFT p99; if none reaches it, the best worst-path efficiency. Efficiency is the steady one
+(ramp and drain left out, `tritonforge.benchmark`) when every measured path has it, else the whole run's for
+all alike. The chosen settings are written back into the repository's configs. The engine step keeps its
+own settings: it batches itself.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from .benchmark import add_efficiency, make_prompts, measure_server
+from .contract import BLS_MODEL, POSTPROCESSING_MODEL, PREPROCESSING_MODEL
 from .server import TritonServer
 
-INSTANCE_MODELS = {"preprocessing": "preprocessing", "postprocessing": "postprocessing", "bls": "tensorrt_llm_bls"}
+INSTANCE_MODELS = {"preprocessing": PREPROCESSING_MODEL, "postprocessing": POSTPROCESSING_MODEL, "bls": BLS_MODEL}
 
 
 @dataclass(frozen=True)
@@ -94,9 +97,13 @@ def _path_rows(rows: list[dict], candidate: Candidate) -> dict[str, dict]:
 
 
 def choose(rows: list[dict], candidates: list[Candidate], target: float) -> tuple[Candidate, bool]:
+    measured = [row for row in rows if row["path"] != "direct"]
+    measure = ("steady_efficiency" if measured and all(row.get("steady_efficiency") is not None for row in measured)
+               else "efficiency")
+
     def worst_efficiency(candidate: Candidate) -> float:
         paths = _path_rows(rows, candidate)
-        return min((row["efficiency"] or 0.0) for path, row in paths.items() if path != "direct")
+        return min((row[measure] or 0.0) for path, row in paths.items() if path != "direct")
 
     def worst_ttft_p99(candidate: Candidate) -> float:
         return max(row["ttft_ms_p99"] or float("inf") for row in _path_rows(rows, candidate).values())
@@ -113,8 +120,8 @@ def choose(rows: list[dict], candidates: list[Candidate], target: float) -> tupl
 def tune(repository: Path, candidates: list[Candidate], *, concurrency: int = 128, target: float = 0.95,
          output_tokens: int = 64, duration_s: float = 10.0, tool: str = "asyncio",
          server_options: dict | None = None, progress=lambda message: None) -> TuneResult:
-    paths = ["direct", "ensemble"] + (["bls"] if (repository / "tensorrt_llm_bls").is_dir() else [])
-    prompts = make_prompts(repository / "preprocessing" / "tokenizer", 256, 32)
+    paths = ["direct", "ensemble"] + (["bls"] if (repository / BLS_MODEL).is_dir() else [])
+    prompts = make_prompts(repository / PREPROCESSING_MODEL / "tokenizer", 256, 32)
     rows: list[dict] = []
     for candidate in candidates:
         progress(f"measuring {candidate.label}")

@@ -36,6 +36,16 @@ def test_when_none_reaches_the_target_the_best_worst_path_is_kept():
     assert choose(rows, [SMALL, LARGE], 0.95) == (LARGE, False)
 
 
+def test_the_steady_efficiency_decides_when_every_path_has_one():
+    rows = rows_for(SMALL, 0.97, 0.96) + rows_for(LARGE, 0.97, 0.96)
+    steady = {(SMALL, "ensemble"): 0.90, (SMALL, "bls"): 0.96, (LARGE, "ensemble"): 0.97, (LARGE, "bls"): 0.96}
+    for row in rows:
+        row["steady_efficiency"] = steady.get((Candidate(**row["candidate"]), row["path"]))
+    assert choose(rows, [SMALL, LARGE], 0.95) == (LARGE, True)
+    rows[1]["steady_efficiency"] = None  # one path without a steady window: the whole runs decide, for all
+    assert choose(rows, [SMALL, LARGE], 0.95) == (SMALL, True)
+
+
 def test_grid_is_every_combination():
     assert len(grid([2, 4], [4, 8], [4], [0, 200])) == 8
 
