@@ -17,6 +17,7 @@ from pathlib import Path
 from tritonforge.accuracy import run_eval
 from tritonforge.benchmark import machine_description
 from tritonforge.build import BuildOptions, build
+from tritonforge.repository import tokenizer_dir
 from tritonforge.server import TritonServer
 from tritonforge.tiny_model import degraded_copy, make_tiny_model
 
@@ -41,7 +42,7 @@ def main() -> int:
             repository = build(BuildOptions(model=model, output=work / f"repo-{index}", max_input_len=64,
                                             max_seq_len=256), progress=lambda _: None)
             with TritonServer(repository) as server:
-                report = run_eval(server.grpc_url, reference, repository / "preprocessing" / "tokenizer",
+                report = run_eval(server.grpc_url, reference, tokenizer_dir(repository),
                                   tokens=args.tokens)
             rows.append({"variant": name, **degradation, **report.record()})
             print(f"{name:24} agreement {report.greedy_agreement:.3f}  first divergence "

@@ -27,6 +27,7 @@ from tritonforge.benchmark import Timing, asyncio_load, machine_description, mak
 from tritonforge.build import BuildOptions, build
 from tritonforge.cli import positive_ints
 from tritonforge.profiling import tree_cpu_seconds
+from tritonforge.repository import tokenizer_dir
 from tritonforge.server import TritonServer, free_port
 from tritonforge.tiny_model import make_tiny_model
 
@@ -150,7 +151,7 @@ def main() -> int:
                                         max_batch_size=args.engine_max_batch_size, max_input_len=64,
                                         max_seq_len=64 + args.output_tokens, serving=serving),
                            progress=lambda _: None)
-        prompts = make_prompts(repository / "preprocessing" / "tokenizer", 256, 24)
+        prompts = make_prompts(tokenizer_dir(repository), 256, 24)
         with TritonServer(repository) as server:
             # Its own process, as in production: sharing the load generator's GIL would measure that instead.
             port = free_port()

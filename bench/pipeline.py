@@ -39,6 +39,7 @@ from tritonforge.benchmark import (
 )
 from tritonforge.build import BuildOptions, build
 from tritonforge.cli import positive_ints
+from tritonforge.repository import tokenizer_dir
 from tritonforge.server import TritonServer
 from tritonforge.tiny_model import SHAPES, make_tiny_model
 
@@ -63,7 +64,7 @@ def build_repository(args, model_dir: Path, engine: str, output: Path) -> None:
 def measure_engine(args, model_dir: Path, engine: str, work: Path, rows: list[dict], save) -> None:
     repository = work / f"repository-{engine}"
     build_repository(args, model_dir, engine, repository)
-    prompts = make_prompts(repository / "preprocessing" / "tokenizer", 256, args.max_prompt_tokens)
+    prompts = make_prompts(tokenizer_dir(repository), 256, args.max_prompt_tokens)
     progress(f"{engine}: starting tritonserver")
     # Open APIs: perf_analyzer reads the model config and statistics; the ports are local to this run.
     server = TritonServer(repository, ready_timeout_s=300, restricted_apis="").start()

@@ -26,6 +26,7 @@ from tritonforge import model_configs as configs
 from tritonforge.benchmark import _one_request, machine_description, make_prompts, request_arrays
 from tritonforge.build import BuildOptions, build
 from tritonforge.profiling import all_stub_pids
+from tritonforge.repository import tokenizer_dir
 from tritonforge.server import TritonServer
 from tritonforge.tiny_model import make_tiny_model
 
@@ -97,7 +98,7 @@ def main() -> int:
                                         max_seq_len=256, max_batch_size=min(args.streams, 32),
                                         serving=configs.ServingConfig(max_batch_size=args.streams)),
                            progress=lambda _: None)
-        prompts = make_prompts(repository / "preprocessing" / "tokenizer", 256, 24)
+        prompts = make_prompts(tokenizer_dir(repository), 256, 24)
         with TritonServer(repository) as server:
             asyncio.run(soak(server.grpc_url, prompts, 4, 2, args.output_tokens))  # warm-up
             start_memory = memory(server)

@@ -284,9 +284,9 @@ def run_accuracy_gate(options: BuildOptions, progress=print) -> Path:
     ready only if the gate passes (`tritonforge serve` refuses one marked not ready)."""
     if options.accuracy_gate is None:
         return options.output
-    from .repository import MANIFEST, TOKENIZER_SUBDIR
+    from .repository import MANIFEST, tokenizer_dir
 
-    tokenizer = options.output / "preprocessing" / TOKENIZER_SUBDIR
+    tokenizer = tokenizer_dir(options.output)
     reference = options.accuracy_reference or options.model
     if options.dry_run:
         progress("accuracy gate (after the build):")

@@ -16,6 +16,7 @@ from pathlib import Path
 from . import model_configs as configs
 from .build import AccuracyGateFailed, BuildOptions, build
 from .liveness import DEFAULT_WEDGED_AFTER_S
+from .repository import tokenizer_dir
 from .settings import add_arguments, given
 from .trtllm import EngineMismatch, TensorRTLLMMissing
 
@@ -211,7 +212,7 @@ def bench_command(args: argparse.Namespace) -> int:
     unknown = set(paths) - set(PATH_MODELS)
     if unknown:
         raise ValueError(f"--paths: unknown {sorted(unknown)}; known: {sorted(PATH_MODELS)}")
-    prompts = make_prompts(args.repository / "preprocessing" / "tokenizer", 256, args.max_prompt_tokens)
+    prompts = make_prompts(tokenizer_dir(args.repository), 256, args.max_prompt_tokens)
     with tempfile.TemporaryDirectory() as work:
         rows = measure_server(args.url, prompts, paths=paths,
                               concurrencies=args.concurrency,

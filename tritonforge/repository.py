@@ -69,9 +69,14 @@ def model_source(key: str) -> Path:
     return path
 
 
+def tokenizer_dir(repository: Path) -> Path:
+    """Where a built repository keeps its tokenizer (preprocessing's; the other models point to it)."""
+    return repository / PREPROCESSING_MODEL / TOKENIZER_SUBDIR
+
+
 def build_configs(plan: RepositoryPlan) -> dict[str, mc.ModelConfig]:
     tokenizer = TOKENIZER_SUBDIR
-    shared_tokenizer = f"../preprocessing/{TOKENIZER_SUBDIR}"
+    shared_tokenizer = f"../{PREPROCESSING_MODEL}/{TOKENIZER_SUBDIR}"
     out = {
         PREPROCESSING_MODEL: configs.preprocessing_config(plan.serving, plan.limits, tokenizer),
         POSTPROCESSING_MODEL: configs.postprocessing_config(plan.serving, shared_tokenizer),
@@ -174,12 +179,12 @@ def write_repository(plan: RepositoryPlan, *, tokenizer_source: Path, checkpoint
             shutil.copy2(model_source(source_key), version_dir / "model.py")
         (output / name / "config.pbtxt").write_text(configs.to_text(config))
 
-    tokenizer_dir = output / PREPROCESSING_MODEL / TOKENIZER_SUBDIR
-    tokenizer_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = tokenizer_dir(output)
+    tokenizer.mkdir(parents=True, exist_ok=True)
     for pattern in TOKENIZER_PATTERNS:
         for file in sorted(tokenizer_source.glob(pattern)):
-            shutil.copy2(file, tokenizer_dir / file.name)
-    load_tokenizer(tokenizer_dir)  # fails the build here, not at the server's load, if a file is missing
+            shutil.copy2(file, tokenizer / file.name)
+    load_tokenizer(tokenizer)  # fails the build here, not at the server's load, if a file is missing
     if plan.engine == "transformers":
         target = output / ENGINE_MODEL / "1" / CHECKPOINT_SUBDIR
         target.mkdir(parents=True, exist_ok=True)

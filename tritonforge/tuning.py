@@ -25,6 +25,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from .benchmark import add_efficiency, make_prompts, measure_server
 from .contract import BLS_MODEL, POSTPROCESSING_MODEL, PREPROCESSING_MODEL
+from .repository import tokenizer_dir
 from .server import TritonServer
 
 INSTANCE_MODELS = {"preprocessing": PREPROCESSING_MODEL, "postprocessing": POSTPROCESSING_MODEL, "bls": BLS_MODEL}
@@ -121,7 +122,7 @@ def tune(repository: Path, candidates: list[Candidate], *, concurrency: int = 12
          output_tokens: int = 64, duration_s: float = 10.0, tool: str = "asyncio",
          server_options: dict | None = None, progress=lambda message: None) -> TuneResult:
     paths = ["direct", "ensemble"] + (["bls"] if (repository / BLS_MODEL).is_dir() else [])
-    prompts = make_prompts(repository / PREPROCESSING_MODEL / "tokenizer", 256, 32)
+    prompts = make_prompts(tokenizer_dir(repository), 256, 32)
     rows: list[dict] = []
     for candidate in candidates:
         progress(f"measuring {candidate.label}")
