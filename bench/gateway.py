@@ -140,6 +140,8 @@ def main() -> int:
     parser.add_argument("--name", default="gateway-cpu")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
+    if args.load_processes < 1:
+        parser.error(f"--load-processes must be at least 1, got {args.load_processes}")
     rows = []
     with tempfile.TemporaryDirectory() as temporary:
         work = Path(temporary)
