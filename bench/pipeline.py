@@ -77,7 +77,7 @@ def measure_engine(args, model_dir: Path, engine: str, work: Path, rows: list[di
         measured = measure_server(server.grpc_url, prompts, concurrencies=args.concurrency,
                                   output_tokens=args.output_tokens, duration_s=args.duration_s, tool=args.tool,
                                   work=work, label=engine, server_pid=server.pid, on_row=on_row,
-                                  stacks_dir=args.stacks_dir, paths=paths(args))
+                                  stacks_dir=args.stacks_dir, paths=args.paths)
         if any(row["errors"] for row in measured):
             print(f"--- tritonserver log ---\n{server.failure_summary(max_lines=40)}", file=sys.stderr)
     except BaseException:
@@ -87,11 +87,13 @@ def measure_engine(args, model_dir: Path, engine: str, work: Path, rows: list[di
         server.stop()
 
 
-def paths(args) -> tuple[str, ...]:
-    chosen = tuple(path.strip() for path in args.paths.split(",") if path.strip())
+def path_list(text: str) -> tuple[str, ...]:
+    """An argparse `type` for --paths, e.g. "direct,ensemble"."""
+    chosen = tuple(path.strip() for path in text.split(",") if path.strip())
     unknown = set(chosen) - set(PATHS)
-    if unknown:
-        raise SystemExit(f"--paths: unknown {sorted(unknown)}; choose from {', '.join(PATHS)}")
+    if unknown or not chosen:
+        found = f"unknown {sorted(unknown)}" if unknown else "none given"
+        raise argparse.ArgumentTypeError(f"{found}; choose from {', '.join(PATHS)}")
     return chosen
 
 
@@ -105,7 +107,7 @@ def main() -> int:
     parser.add_argument("--model-size", choices=sorted(SHAPES), default="tiny", help="size of the built model")
     parser.add_argument("--engines", default="transformers,replay", help="transformers, replay (comma-separated)")
     parser.add_argument("--concurrency", type=positive_ints, default="1,8,32,128")
-    parser.add_argument("--paths", default=",".join(PATHS),
+    parser.add_argument("--paths", type=path_list, default=PATHS,
                         help="paths to measure, comma-separated (efficiency needs direct)")
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--max-prompt-tokens", type=int, default=32)
