@@ -16,6 +16,7 @@ from pathlib import Path
 from . import model_configs as configs
 from .build import AccuracyGateFailed, BuildOptions, build
 from .liveness import DEFAULT_WEDGED_AFTER_S
+from .openai_gateway import SERVED_MODEL_NAME
 from .repository import tokenizer_dir
 from .settings import add_arguments, given
 from .trtllm import EngineMismatch, TensorRTLLMMissing
@@ -332,7 +333,7 @@ def make_parser() -> argparse.ArgumentParser:
                        help="also serve OpenAI's API (/v1/completions, /v1/chat/completions) on this port")
     serve.add_argument("--openai-model", default="ensemble", help="what the OpenAI API calls: ensemble or "
                                                                    "tensorrt_llm_bls")
-    serve.add_argument("--served-model-name", default="tritonforge", help="the model name the OpenAI API shows")
+    serve.add_argument("--served-model-name", default=SERVED_MODEL_NAME, help="the model name the OpenAI API shows")
     serve.add_argument("--log-file", type=Path, default=None,
                        help="tritonserver's log, kept after exit (default: a temporary file removed at exit)")
     serve.add_argument("--open-apis", action="store_true",
@@ -371,7 +372,7 @@ def make_parser() -> argparse.ArgumentParser:
     tune_parser.add_argument("--preprocessing", type=positive_ints, default="2,4", help="instance counts to try")
     tune_parser.add_argument("--postprocessing", type=positive_ints, default="4,8", help="instance counts to try")
     tune_parser.add_argument("--bls", type=positive_ints, default="4,8", help="BLS instance counts to try")
-    tune_parser.add_argument("--postprocessing-delay-us", type=non_negative_ints, default="0,1000",
+    tune_parser.add_argument("--postprocessing-delay-us", type=non_negative_ints, default="0,1000,3000",
                              help="postprocessing max_queue_delay_microseconds values to try")
     tune_parser.add_argument("--results", type=Path, default=None,
                              help="write STEM.json and STEM.png (throughput against TTFT p99, chosen marked)")
@@ -415,7 +416,7 @@ def make_parser() -> argparse.ArgumentParser:
     gateway.add_argument("--host", default="127.0.0.1")
     gateway.add_argument("--port", type=int, default=9000)
     gateway.add_argument("--model", default="ensemble", help="ensemble or tensorrt_llm_bls")
-    gateway.add_argument("--served-model-name", default="tritonforge", help="the model name /v1/models shows")
+    gateway.add_argument("--served-model-name", default=SERVED_MODEL_NAME, help="the model name /v1/models shows")
     gateway.add_argument("--workers", type=int, default=1,
                          help="gateway processes sharing the port: one handles a few thousand streamed chunks a "
                               "second")
