@@ -1,11 +1,15 @@
-"""The OpenAI gateway's overhead: tokens/s and time to first token through the gateway (the real `openai`
-client, streaming /v1/completions) against the ensemble over gRPC (tritonclient asyncio), side by side on
-one server with the replay engine, at 1, 32 and 128 streams. Every request asks for exactly
---output-tokens tokens (min_tokens = max_tokens), so both paths do equal work.
+"""The OpenAI gateway's overhead: tokens/s and time to first token through the gateway (streaming
+/v1/completions) against the ensemble over gRPC, side by side on one server with the replay engine, at 1, 32
+and 128 streams. Every request asks for exactly --output-tokens tokens (min_tokens = max_tokens), so both
+paths do equal work. The load: Python clients (`--tool python`: the real `openai` client against the
+gateway, tritonclient asyncio against the ensemble) or perf_analyzer for both (`--tool perf_analyzer`: its
+OpenAI service kind against the gateway, gRPC against the ensemble), whose C++ load costs the shared host far
+less CPU a chunk than the Python clients.
 
   .venv/bin/python bench/gateway.py                          # writes bench/results/gateway-cpu.{json,md}
   python3 bench/gateway.py --replay-step-ms 8.5 --engine-instances 16 --engine-max-batch-size 128 \\
-      --name gateway-gpu                                     # the GPU machine, at a real engine's rate
+      --postprocessing-instances 8 --gateway-workers 4 --tool perf_analyzer \\
+      --name gateway-gpu-perf-analyzer                       # the GPU machine, at a real engine's rate
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import asyncio
 import datetime
 import json
 import multiprocessing
+import resource
 import subprocess
 import sys
 import tempfile
@@ -23,9 +28,19 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from tritonforge import model_configs as configs
-from tritonforge.benchmark import Timing, asyncio_load, machine_description, make_prompts, summarize
+from tritonforge.benchmark import (
+    Timing,
+    asyncio_load,
+    machine_description,
+    make_prompts,
+    perf_analyzer_load,
+    perf_analyzer_openai_load,
+    summarize,
+)
 from tritonforge.build import BuildOptions, build
 from tritonforge.cli import positive_ints
+from tritonforge.contract import BLS_MODEL, ENSEMBLE_MODEL
+from tritonforge.openai_gateway import SERVED_MODEL_NAME
 from tritonforge.profiling import tree_cpu_seconds
 from tritonforge.repository import tokenizer_dir
 from tritonforge.server import TritonServer, free_port
@@ -48,7 +63,7 @@ async def _gateway_load(base_url: str, prompts, concurrency: int, output_tokens:
             timing = Timing(sent=time.perf_counter(), arrivals=[], tokens=0)
             try:
                 stream = await client.completions.create(
-                    model="tritonforge", prompt=text, max_tokens=output_tokens, stream=True,
+                    model=SERVED_MODEL_NAME, prompt=text, max_tokens=output_tokens, stream=True,
                     extra_body={"min_tokens": output_tokens})
                 async for chunk in stream:
                     if chunk.choices and chunk.choices[0].text:
@@ -96,12 +111,37 @@ def spread_load(share, target: str, prompts, concurrency: int, output_tokens: in
             sum(cpu for _, _, cpu in results))
 
 
-def measure_point(path: str, concurrency: int, args, prompts, grpc_url: str, base_url: str, gateway_pid: int) -> dict:
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # the children waited for, perf_analyzer's runs
+    return usage.ru_utime + usage.ru_stime
+
+
+def perf_analyzer_point(path: str, concurrency: int, args, prompts, grpc_url: str, base_url: str,
+                        work: Path) -> tuple[list[Timing], float, float]:
+    """One point with perf_analyzer as the load: the timings, the wall time and perf_analyzer's CPU seconds."""
+    cpu = children_cpu_seconds()
+    try:
+        if path == "ensemble":
+            timings, wall = perf_analyzer_load(grpc_url, "ensemble", prompts, concurrency, args.output_tokens,
+                                               args.duration_s, work)
+        else:
+            timings, wall = perf_analyzer_openai_load(base_url, SERVED_MODEL_NAME, prompts, concurrency,
+                                                      args.output_tokens, args.duration_s, work)
+    except (RuntimeError, subprocess.TimeoutExpired) as error:
+        timings, wall = [Timing(sent=0.0, arrivals=[], tokens=0, error=f"perf_analyzer: {error}")], args.duration_s
+    return timings, wall, children_cpu_seconds() - cpu
+
+
+def measure_point(path: str, concurrency: int, args, prompts, grpc_url: str, base_url: str, gateway_pid: int,
+                  work: Path) -> dict:
     """One path at one concurrency, with the CPU time the load generator and the gateway spent per chunk."""
-    share, target = (_ensemble_share, grpc_url) if path == "ensemble" else (_gateway_share, base_url)
     gateway_cpu = tree_cpu_seconds(gateway_pid)
-    timings, wall, load_cpu = spread_load(share, target, prompts, concurrency, args.output_tokens, args.duration_s,
-                                          args.load_processes)
+    if args.tool == "perf_analyzer":
+        timings, wall, load_cpu = perf_analyzer_point(path, concurrency, args, prompts, grpc_url, base_url, work)
+    else:
+        share, target = (_ensemble_share, grpc_url) if path == "ensemble" else (_gateway_share, base_url)
+        timings, wall, load_cpu = spread_load(share, target, prompts, concurrency, args.output_tokens,
+                                              args.duration_s, args.load_processes)
     gateway_cpu = tree_cpu_seconds(gateway_pid) - gateway_cpu
     chunks = max(1, sum(len(timing.arrivals) for timing in timings))
     return {"concurrency": concurrency, "path": path, **summarize(timings, wall, concurrency),
@@ -134,9 +174,14 @@ def main() -> int:
     parser.add_argument("--engine-instances", type=int, default=2)
     parser.add_argument("--engine-max-batch-size", type=int, default=128)
     parser.add_argument("--postprocessing-instances", type=int, default=2)
+    parser.add_argument("--bls-instances", type=int, default=1)
     parser.add_argument("--gateway-workers", type=int, default=1, help="tritonforge openai --workers")
+    parser.add_argument("--gateway-model", choices=(ENSEMBLE_MODEL, BLS_MODEL), default=ENSEMBLE_MODEL,
+                        help="the model the gateway calls (tritonforge openai --model); compared with the ensemble")
     parser.add_argument("--load-processes", type=int, default=1,
                         help="processes generating the load, for both paths alike")
+    parser.add_argument("--tool", choices=("python", "perf_analyzer"), default="python",
+                        help="load generator for both paths (--load-processes applies to python)")
     parser.add_argument("--name", default="gateway-cpu")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
@@ -147,21 +192,24 @@ def main() -> int:
         work = Path(temporary)
         model = make_tiny_model(work / "model")
         serving = configs.ServingConfig(max_batch_size=max(args.concurrency), engine_instances=args.engine_instances,
-                                        postprocessing_instances=args.postprocessing_instances)
+                                        postprocessing_instances=args.postprocessing_instances,
+                                        bls_instances=args.bls_instances)
         repository = build(BuildOptions(model=model, output=work / "repo", engine="replay",
                                         replay_step_ms=args.replay_step_ms,
                                         max_batch_size=args.engine_max_batch_size, max_input_len=64,
                                         max_seq_len=64 + args.output_tokens, serving=serving),
                            progress=lambda _: None)
         prompts = make_prompts(tokenizer_dir(repository), 256, 24)
-        with TritonServer(repository) as server:
+        # Open APIs: perf_analyzer reads the model config; the ports are local to this run.
+        with TritonServer(repository, restricted_apis="") as server:
             # Its own process, as in production: sharing the load generator's GIL would measure that instead.
             port = free_port()
             gateway_log = work / "gateway.log"
             with gateway_log.open("wb") as log:  # the gateway keeps its own copy of the file
                 gateway = subprocess.Popen([sys.executable, "-m", "tritonforge.cli", "openai", "--url",
                                             server.grpc_url, "--port", str(port), "--workers",
-                                            str(args.gateway_workers)], stdout=subprocess.DEVNULL, stderr=log)
+                                            str(args.gateway_workers), "--model", args.gateway_model],
+                                           stdout=subprocess.DEVNULL, stderr=log)
             base_url = f"http://127.0.0.1:{port}"
             try:
                 wait_healthy(base_url)
@@ -173,7 +221,7 @@ def main() -> int:
                 for concurrency in args.concurrency:
                     for path in ("ensemble", "gateway"):
                         row = measure_point(path, concurrency, args, prompts, server.grpc_url, base_url,
-                                            gateway.pid)
+                                            gateway.pid, work)
                         rows.append(row)
                         print(f"{concurrency:4} {path:9} {row['output_tokens_per_s']:9,.0f} tok/s  TTFT p50 "
                               f"{row['ttft_ms_p50']} ms  errors {row['errors']}", file=sys.stderr, flush=True)
@@ -186,10 +234,12 @@ def main() -> int:
         row["ratio"] = round(row["output_tokens_per_s"] / base, 3) if base else None
     meta = {"machine": machine_description(), "date": datetime.date.today().isoformat(),
             "replay_step_ms": args.replay_step_ms, "output_tokens": args.output_tokens,
-            "gateway_workers": args.gateway_workers, "load_processes": args.load_processes,
+            "gateway_workers": args.gateway_workers, "gateway_model": args.gateway_model,
+            "load_processes": args.load_processes, "tool": args.tool,
             "duration_s": args.duration_s}
     lines = [f"OpenAI gateway vs the ensemble over gRPC — {meta['machine']}, {meta['date']}, replay engine "
-             f"{args.replay_step_ms} ms a step, {args.output_tokens} tokens a request", "",
+             f"{args.replay_step_ms} ms a step, {args.output_tokens} tokens a request, load: {args.tool}, "
+             f"the gateway calls {args.gateway_model} ({args.gateway_workers} workers)", "",
              "| streams | path | output tokens/s | vs ensemble | TTFT p50 / p99 ms | errors "
              "| CPU µs a chunk: load generator / gateway |",
              "|---:|---|---:|---:|---:|---:|---:|"]

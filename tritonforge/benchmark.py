@@ -155,10 +155,12 @@ def asyncio_load(url, path, prompts, concurrency, output_tokens, duration_s):
 
 PERF_ANALYZER_TIMEOUT_S = 600
 PERF_ANALYZER_WINDOWS = 3  # measurement windows per point
+OPENAI_COMPLETIONS_ENDPOINT = "v1/completions"
 
 
 def perf_analyzer_command(url: str, model: str, input_file: Path, concurrency: int, duration_s: float,
-                          output_tokens: int, export: Path, *, expected_ms_per_token: float = 8.5) -> list[str]:
+                          output_tokens: int, export: Path, *, expected_ms_per_token: float = 8.5,
+                          openai: bool = False) -> list[str]:
     """perf_analyzer, set up to measure decoupled streams reliably.
 
     - `count_windows`: a window lasts until N requests have completed, not a fixed time, so a window is never
@@ -168,10 +170,16 @@ def perf_analyzer_command(url: str, model: str, input_file: Path, concurrency: i
       LLMs): the load is steady by construction, and a tighter band only repeats windows.
     - `--max-threads` = concurrency (up to 256): one thread per stream, so sending is never queued behind
       other streams' responses, which would inflate the first-response latency perf_analyzer measures.
+    - `openai`: Triton's gRPC API at `url` otherwise; with it, streamed `/v1/completions` at the base URL `url`
+      (its OpenAI service kind: each server-sent event received is a response).
     """
     request_s = output_tokens * expected_ms_per_token / 1000
     per_window = max(int(concurrency / request_s * duration_s / PERF_ANALYZER_WINDOWS), 2 * concurrency, 8)
-    return ["perf_analyzer", "-m", model, "-i", "grpc", "-u", url, "--streaming",
+    # The OpenAI kind runs only in --async mode, and streams when the server answers with server-sent events
+    # (the payload asks with "stream": true); it refuses --streaming, which is for Triton's gRPC API.
+    service = (["--service-kind", "openai", "--endpoint", OPENAI_COMPLETIONS_ENDPOINT, "--async"] if openai
+               else ["-i", "grpc", "--streaming"])
+    return ["perf_analyzer", "-m", model, *service, "-u", url,
             "--input-data", str(input_file), "--concurrency-range", str(concurrency),
             "--measurement-mode", "count_windows", "--measurement-request-count", str(per_window),
             "--stability-percentage", "999", "--max-threads", str(min(concurrency, 256)),
@@ -187,6 +195,7 @@ def perf_analyzer_error(completed: subprocess.CompletedProcess) -> str:
 
 def perf_analyzer_load(url: str, path: str, prompts, concurrency: int, output_tokens: int, duration_s: float,
                        work: Path) -> tuple[list[Timing], float]:
+    """perf_analyzer against one of the server's paths (Triton's gRPC API)."""
     data = []
     for prompt in prompts:
         entry = {}
@@ -196,12 +205,27 @@ def perf_analyzer_load(url: str, path: str, prompts, concurrency: int, output_to
                 values = [value.decode() for value in values]
             entry[name] = {"content": values, "shape": list(array.shape[1:])}
         data.append(entry)
-    input_file = work / f"input-{path}.json"
+    return _run_perf_analyzer(url, PATH_MODELS[path], data, f"{path}-{concurrency}", concurrency, duration_s,
+                              output_tokens, work, openai=False)
+
+
+def perf_analyzer_openai_load(base_url: str, model: str, prompts, concurrency: int, output_tokens: int,
+                              duration_s: float, work: Path) -> tuple[list[Timing], float]:
+    """perf_analyzer against an OpenAI-compatible server: streamed completions of exactly `output_tokens`."""
+    data = [{"payload": [{"model": model, "prompt": text, "max_tokens": output_tokens, "min_tokens": output_tokens,
+                          "stream": True}]} for text, _ in prompts]
+    return _run_perf_analyzer(base_url, model, data, f"openai-{concurrency}", concurrency, duration_s,
+                              output_tokens, work, openai=True)
+
+
+def _run_perf_analyzer(url: str, model: str, data: list[dict], label: str, concurrency: int, duration_s: float,
+                       output_tokens: int, work: Path, *, openai: bool) -> tuple[list[Timing], float]:
+    input_file = work / f"input-{label}.json"
     input_file.write_text(json.dumps({"data": data}))
     # perf_analyzer refuses an existing export file: one new name per run.
-    export = work / f"export-{path}-{concurrency}-{time.monotonic_ns()}.json"
-    command = perf_analyzer_command(url, PATH_MODELS[path], input_file, concurrency, duration_s, output_tokens,
-                                    export)
+    export = work / f"export-{label}-{time.monotonic_ns()}.json"
+    command = perf_analyzer_command(url, model, input_file, concurrency, duration_s, output_tokens, export,
+                                    openai=openai)
     completed = subprocess.run(command, capture_output=True, text=True, timeout=PERF_ANALYZER_TIMEOUT_S)
     if completed.returncode != 0 or not export.exists():
         raise RuntimeError(f"perf_analyzer exited {completed.returncode}: {perf_analyzer_error(completed)}\n"

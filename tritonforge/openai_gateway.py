@@ -193,7 +193,10 @@ def _triton_error(error: GenerationError) -> OpenAIError:
     return OpenAIError(400, message)
 
 
-def create_app(url: str, *, model: str = "ensemble", served_model_name: str = "tritonforge"):
+SERVED_MODEL_NAME = "tritonforge"  # the model name /v1/models shows unless the operator names it
+
+
+def create_app(url: str, *, model: str = "ensemble", served_model_name: str = SERVED_MODEL_NAME):
     """The ASGI app: OpenAI's API over the repository served at `url` (gRPC)."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -346,7 +349,7 @@ def app_from_environment():
 
 
 def run(url: str, *, host: str = "127.0.0.1", port: int = 9000, model: str = "ensemble",
-        served_model_name: str = "tritonforge", workers: int = 1) -> None:
+        served_model_name: str = SERVED_MODEL_NAME, workers: int = 1) -> None:
     """Serve the gateway until interrupted. One process handles a few thousand streamed chunks a second;
     `workers` processes share the port (uvicorn's workers) and their metrics."""
     import uvicorn
@@ -369,7 +372,7 @@ class GatewayThread:
     """The gateway served by uvicorn in a background thread (beside `tritonforge serve`, and in tests)."""
 
     def __init__(self, url: str, *, host: str = "127.0.0.1", port: int = 9000, model: str = "ensemble",
-                 served_model_name: str = "tritonforge"):
+                 served_model_name: str = SERVED_MODEL_NAME):
         import threading
 
         import uvicorn

@@ -19,3 +19,36 @@ def test_perf_analyzer_measures_streams_in_count_windows_and_reports_its_errors(
                                                 "already exist.\n")
     assert perf_analyzer_error(failed) == ("Error: Failed to parse --profile-export-file. Path must not "
                                            "already exist.")
+
+
+def test_perf_analyzer_streams_openai_completions_from_the_gateway(tmp_path, monkeypatch):
+    """The gateway's load: perf_analyzer's OpenAI service kind, streamed /v1/completions of exactly N tokens,
+    measured with the same count windows as the gRPC paths."""
+    import json
+    import subprocess
+
+    from tritonforge import benchmark
+
+    commands = []
+
+    def run(command, **_):
+        commands.append(command)
+        export = command[command.index("--profile-export-file") + 1]
+        with open(export, "w") as file:
+            json.dump({"experiments": [{"requests": [
+                {"timestamp": 1_000_000_000, "response_timestamps": [1_010_000_000, 1_600_000_000]}]}]}, file)
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(benchmark.subprocess, "run", run)
+    timings, wall = benchmark.perf_analyzer_openai_load("http://127.0.0.1:9000", "served", [("Hello", [1, 2])],
+                                                        128, 64, 6.0, tmp_path)
+    command = commands[0]
+    flag = {name: command[i + 1] for i, name in enumerate(command[:-1]) if name.startswith("-")}
+    assert flag["--service-kind"] == "openai" and flag["--endpoint"] == "v1/completions"
+    assert flag["-u"] == "http://127.0.0.1:9000" and flag["-m"] == "served" and "-i" not in flag
+    # It streams because the payload asks; it refuses --streaming ("only allowed with gRPC").
+    assert "--streaming" not in command and "--async" in command and flag["--measurement-mode"] == "count_windows"
+    payload = json.loads(open(flag["--input-data"]).read())["data"][0]["payload"][0]
+    assert payload == {"model": "served", "prompt": "Hello", "max_tokens": 64, "min_tokens": 64, "stream": True}
+    assert timings[0].tokens == 64 and round(timings[0].arrivals[0] - timings[0].sent, 3) == 0.01
+    assert round(wall, 3) == 0.6
