@@ -19,7 +19,6 @@ import asyncio
 import datetime
 import json
 import multiprocessing
-import resource
 import subprocess
 import sys
 import tempfile
@@ -41,7 +40,7 @@ from tritonforge.build import BuildOptions, build
 from tritonforge.cli import positive_ints
 from tritonforge.contract import BLS_MODEL, ENSEMBLE_MODEL
 from tritonforge.openai_gateway import SERVED_MODEL_NAME
-from tritonforge.profiling import tree_cpu_seconds
+from tritonforge.profiling import tree_cpu_seconds, waited_children_cpu_seconds
 from tritonforge.repository import tokenizer_dir
 from tritonforge.server import TritonServer, free_port
 from tritonforge.tiny_model import make_tiny_model
@@ -111,25 +110,17 @@ def spread_load(share, target: str, prompts, concurrency: int, output_tokens: in
             sum(cpu for _, _, cpu in results))
 
 
-def children_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # the children waited for, perf_analyzer's runs
-    return usage.ru_utime + usage.ru_stime
-
-
 def perf_analyzer_point(path: str, concurrency: int, args, prompts, grpc_url: str, base_url: str,
                         work: Path) -> tuple[list[Timing], float, float]:
     """One point with perf_analyzer as the load: the timings, the wall time and perf_analyzer's CPU seconds."""
-    cpu = children_cpu_seconds()
-    try:
-        if path == "ensemble":
-            timings, wall = perf_analyzer_load(grpc_url, "ensemble", prompts, concurrency, args.output_tokens,
-                                               args.duration_s, work)
-        else:
-            timings, wall = perf_analyzer_openai_load(base_url, SERVED_MODEL_NAME, prompts, concurrency,
-                                                      args.output_tokens, args.duration_s, work)
-    except (RuntimeError, subprocess.TimeoutExpired) as error:
-        timings, wall = [Timing(sent=0.0, arrivals=[], tokens=0, error=f"perf_analyzer: {error}")], args.duration_s
-    return timings, wall, children_cpu_seconds() - cpu
+    cpu = waited_children_cpu_seconds()
+    if path == "ensemble":
+        timings, wall = perf_analyzer_load(grpc_url, "ensemble", prompts, concurrency, args.output_tokens,
+                                           args.duration_s, work)
+    else:
+        timings, wall = perf_analyzer_openai_load(base_url, SERVED_MODEL_NAME, prompts, concurrency,
+                                                  args.output_tokens, args.duration_s, work)
+    return timings, wall, waited_children_cpu_seconds() - cpu
 
 
 def measure_point(path: str, concurrency: int, args, prompts, grpc_url: str, base_url: str, gateway_pid: int,

@@ -220,6 +220,17 @@ def perf_analyzer_openai_load(base_url: str, model: str, prompts, concurrency: i
 
 def _run_perf_analyzer(url: str, model: str, data: list[dict], label: str, concurrency: int, duration_s: float,
                        output_tokens: int, work: Path, *, openai: bool) -> tuple[list[Timing], float]:
+    """One point; a failed perf_analyzer fails the point alone, its own error lines in the point's report."""
+    try:
+        return _perf_analyzer_timings(url, model, data, label, concurrency, duration_s, output_tokens, work,
+                                      openai=openai)
+    except (RuntimeError, KeyError, subprocess.TimeoutExpired) as error:
+        return [Timing(sent=0.0, arrivals=[], tokens=0, error=f"perf_analyzer: {error}")], duration_s
+
+
+def _perf_analyzer_timings(url: str, model: str, data: list[dict], label: str, concurrency: int,
+                           duration_s: float, output_tokens: int, work: Path, *,
+                           openai: bool) -> tuple[list[Timing], float]:
     input_file = work / f"input-{label}.json"
     input_file.write_text(json.dumps({"data": data}))
     # perf_analyzer refuses an existing export file: one new name per run.
@@ -399,10 +410,7 @@ def measure_server(url: str, prompts, *, paths=PATHS, concurrencies=(1, 8, 32, 1
         point = (url, path, prompts, concurrency, output_tokens, seconds)
         if tool == "asyncio":
             return asyncio_load(*point)
-        try:
-            return perf_analyzer_load(*point, work=work)
-        except (RuntimeError, KeyError, subprocess.TimeoutExpired) as error:
-            return [Timing(sent=0.0, arrivals=[], tokens=0, error=f"perf_analyzer: {error}")], seconds
+        return perf_analyzer_load(*point, work=work)
 
     # Warm-up: first calls load kernels, fill pools, start the stubs' threads.
     for path in paths:

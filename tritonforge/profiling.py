@@ -69,9 +69,15 @@ def cpu_snapshot(server_pid: int | None) -> dict[str, float]:
         except OSError:  # exited since
             continue
         totals[name] = totals.get(name, 0.0) + seconds
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    totals["load generator"] = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    totals["load generator"] = own.ru_utime + own.ru_stime + waited_children_cpu_seconds()
     return totals
+
+
+def waited_children_cpu_seconds() -> float:
+    """CPU seconds of this process's children that have exited and been waited for (e.g. perf_analyzer)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return children.ru_utime + children.ru_stime
 
 
 def cpu_cores(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict[str, float]:

@@ -52,3 +52,19 @@ def test_perf_analyzer_streams_openai_completions_from_the_gateway(tmp_path, mon
     assert payload == {"model": "served", "prompt": "Hello", "max_tokens": 64, "min_tokens": 64, "stream": True}
     assert timings[0].tokens == 64 and round(timings[0].arrivals[0] - timings[0].sent, 3) == 0.01
     assert round(wall, 3) == 0.6
+
+
+def test_a_failed_perf_analyzer_fails_its_point_alone_with_its_error(tmp_path, monkeypatch):
+    import subprocess
+
+    from tritonforge import benchmark
+
+    def run(command, **_):
+        return subprocess.CompletedProcess(command, 99, "", "error: failed to get model config: restricted\n")
+
+    monkeypatch.setattr(benchmark.subprocess, "run", run)
+    for load in (lambda: benchmark.perf_analyzer_load("h:1", "ensemble", [("Hi", [1])], 8, 64, 2.0, tmp_path),
+                 lambda: benchmark.perf_analyzer_openai_load("http://h:2", "m", [("Hi", [1])], 8, 64, 2.0, tmp_path)):
+        timings, wall = load()
+        assert wall == 2.0 and len(timings) == 1 and not timings[0].arrivals
+        assert timings[0].error.startswith("perf_analyzer: perf_analyzer exited 99: error: failed to get model config")
