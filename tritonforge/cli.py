@@ -15,6 +15,7 @@ from pathlib import Path
 
 from . import model_configs as configs
 from .build import AccuracyGateFailed, BuildOptions, build
+from .contract import BLS_MODEL, ENSEMBLE_MODEL
 from .liveness import DEFAULT_WEDGED_AFTER_S
 from .openai_gateway import SERVED_MODEL_NAME
 from .repository import tokenizer_dir
@@ -331,8 +332,8 @@ def make_parser() -> argparse.ArgumentParser:
                             "(0: no probes)")
     serve.add_argument("--openai-port", type=int, default=None,
                        help="also serve OpenAI's API (/v1/completions, /v1/chat/completions) on this port")
-    serve.add_argument("--openai-model", default="ensemble", help="what the OpenAI API calls: ensemble or "
-                                                                   "tensorrt_llm_bls")
+    serve.add_argument("--openai-model", default=ENSEMBLE_MODEL,
+                       help=f"what the OpenAI API calls: {ENSEMBLE_MODEL} or {BLS_MODEL}")
     serve.add_argument("--served-model-name", default=SERVED_MODEL_NAME, help="the model name the OpenAI API shows")
     serve.add_argument("--log-file", type=Path, default=None,
                        help="tritonserver's log, kept after exit (default: a temporary file removed at exit)")
@@ -345,7 +346,7 @@ def make_parser() -> argparse.ArgumentParser:
     generate.add_argument("--stream", action="store_true")
     generate.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     generate.add_argument("--url", default=None, help="host:port (default 127.0.0.1:8001 gRPC, :8000 HTTP)")
-    generate.add_argument("--model", default="ensemble", help="ensemble or tensorrt_llm_bls")
+    generate.add_argument("--model", default=ENSEMBLE_MODEL, help=f"{ENSEMBLE_MODEL} or {BLS_MODEL}")
     generate.add_argument("--max-tokens", type=int, default=64)
     generate.add_argument("--temperature", type=float, default=None)
     generate.add_argument("--top-k", type=int, default=None)
@@ -415,7 +416,7 @@ def make_parser() -> argparse.ArgumentParser:
     gateway.add_argument("--url", required=True, help="Triton's gRPC address, e.g. localhost:8001")
     gateway.add_argument("--host", default="127.0.0.1")
     gateway.add_argument("--port", type=int, default=9000)
-    gateway.add_argument("--model", default="ensemble", help="ensemble or tensorrt_llm_bls")
+    gateway.add_argument("--model", default=ENSEMBLE_MODEL, help=f"{ENSEMBLE_MODEL} or {BLS_MODEL}")
     gateway.add_argument("--served-model-name", default=SERVED_MODEL_NAME, help="the model name /v1/models shows")
     gateway.add_argument("--workers", type=int, default=1,
                          help="gateway processes sharing the port: one handles a few thousand streamed chunks a "

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from .contract import ENGINE_MODEL, client_inputs, stop_request_inputs
+from .contract import ENGINE_MODEL, ENSEMBLE_MODEL, client_inputs, stop_request_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ def _chunk_bytes(value) -> bytes:
 class GrpcClient:
     """Synchronous gRPC client of the ensemble or the BLS (both decoupled)."""
 
-    def __init__(self, url: str, model: str = "ensemble", engine_model: str = ENGINE_MODEL):
+    def __init__(self, url: str, model: str = ENSEMBLE_MODEL, engine_model: str = ENGINE_MODEL):
         import tritonclient.grpc as grpcclient
 
         self.client = grpcclient.InferenceServerClient(url)
@@ -205,7 +205,7 @@ class GrpcClient:
 class AsyncGrpcClient:
     """asyncio gRPC client: many concurrent streams on one connection."""
 
-    def __init__(self, url: str, model: str = "ensemble", engine_model: str = ENGINE_MODEL):
+    def __init__(self, url: str, model: str = ENSEMBLE_MODEL, engine_model: str = ENGINE_MODEL):
         import tritonclient.grpc.aio as aioclient
 
         self.client = aioclient.InferenceServerClient(url)
@@ -294,7 +294,7 @@ class HttpClient:
     running engine step: a stream abandoned before its end sends the engine a `stop` with the stream's
     request id (`id`), as the gRPC clients do."""
 
-    def __init__(self, url: str, model: str = "ensemble", timeout_s: float = 300, engine_model: str = ENGINE_MODEL):
+    def __init__(self, url: str, model: str = ENSEMBLE_MODEL, timeout_s: float = 300, engine_model: str = ENGINE_MODEL):
         host, _, port = url.replace("http://", "").partition(":")
         self.host, self.port = host, int(port or 8000)
         self.model = model

@@ -36,12 +36,12 @@ DEFAULT_WEDGED_AFTER_S = 30.0
 # model → (decoupled, inputs as name → array)
 _PROBES = {
     PREPROCESSING_MODEL: (False, {"QUERY": np.array([[b"ping"]], dtype=np.object_),
-                              "REQUEST_OUTPUT_LEN": np.array([[1]], dtype=np.int32)}),
+                                  "REQUEST_OUTPUT_LEN": np.array([[1]], dtype=np.int32)}),
     POSTPROCESSING_MODEL: (False, {"TOKENS_BATCH": np.zeros((1, 1, 1), dtype=np.int32),
-                               "SEQUENCE_LENGTH": np.ones((1, 1), dtype=np.int32)}),
+                                   "SEQUENCE_LENGTH": np.ones((1, 1), dtype=np.int32)}),
     ENGINE_MODEL: (True, stop_request_inputs()),
     BLS_MODEL: (True, {"text_input": np.array([[b"ping"]], dtype=np.object_),
-                                "max_tokens": np.array([[0]], dtype=np.int32)}),
+                       "max_tokens": np.array([[0]], dtype=np.int32)}),
 }
 
 

@@ -26,6 +26,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from .client import AsyncGrpcClient, GenerateRequest, GenerationError, TextAssembler, _chunk_bytes
+from .contract import ENSEMBLE_MODEL
 from .gateway_metrics import MULTIPROCESS_DIR_ENV, GatewayMetrics
 
 # OpenAI's sampling fields → the ensemble's inputs (the BLS takes the same names).
@@ -196,7 +197,7 @@ def _triton_error(error: GenerationError) -> OpenAIError:
 SERVED_MODEL_NAME = "tritonforge"  # the model name /v1/models shows unless the operator names it
 
 
-def create_app(url: str, *, model: str = "ensemble", served_model_name: str = SERVED_MODEL_NAME):
+def create_app(url: str, *, model: str = ENSEMBLE_MODEL, served_model_name: str = SERVED_MODEL_NAME):
     """The ASGI app: OpenAI's API over the repository served at `url` (gRPC)."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -348,7 +349,7 @@ def app_from_environment():
                       served_model_name=os.environ[_SETTINGS_ENV["served_model_name"]])
 
 
-def run(url: str, *, host: str = "127.0.0.1", port: int = 9000, model: str = "ensemble",
+def run(url: str, *, host: str = "127.0.0.1", port: int = 9000, model: str = ENSEMBLE_MODEL,
         served_model_name: str = SERVED_MODEL_NAME, workers: int = 1) -> None:
     """Serve the gateway until interrupted. One process handles a few thousand streamed chunks a second;
     `workers` processes share the port (uvicorn's workers) and their metrics."""
@@ -371,7 +372,7 @@ def run(url: str, *, host: str = "127.0.0.1", port: int = 9000, model: str = "en
 class GatewayThread:
     """The gateway served by uvicorn in a background thread (beside `tritonforge serve`, and in tests)."""
 
-    def __init__(self, url: str, *, host: str = "127.0.0.1", port: int = 9000, model: str = "ensemble",
+    def __init__(self, url: str, *, host: str = "127.0.0.1", port: int = 9000, model: str = ENSEMBLE_MODEL,
                  served_model_name: str = SERVED_MODEL_NAME):
         import threading
 
