@@ -130,7 +130,8 @@ def main() -> int:
                         help="postprocessing's dynamic-batching queue delay (default: the build's)")
     parser.add_argument("--postprocessing-unordered", action="store_true",
                         help="postprocessing without preserve_ordering (NVIDIA's setting)")
-    parser.add_argument("--bls-max-concurrency", type=int, default=256, help="requests one BLS instance runs")
+    parser.add_argument("--bls-max-concurrency", type=int, default=configs.ServingConfig.bls_max_concurrency,
+                        help="requests one BLS instance runs (default: the build's)")
     parser.add_argument("--stacks-dir", type=Path, default=None,
                         help="with py-spy installed: record one stub of each model at the largest concurrency")
     parser.add_argument("--name", default="pipeline", help="results file stem under bench/results/")
