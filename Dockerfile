@@ -19,6 +19,7 @@ COPY tensorrt_llm_bls ./tensorrt_llm_bls
 COPY scripts/ensure_trtllm_examples.py ./scripts/
 RUN python3 -m pip install --no-cache-dir --no-deps -e . \
     && python3 -m pip install --no-cache-dir "tritonclient[grpc,http]" \
+    && python3 -m pip install --no-cache-dir "fastapi>=0.110" "uvicorn>=0.30,<1" uvloop httptools prometheus_client \
     && python3 -c "import tritonforge.cli"
 # The build runs TensorRT-LLM's convert_checkpoint.py / quantize.py from trtllm.EXAMPLES_DIR: make sure they are
 # there, at the pinned release, whatever the base image ships.

@@ -16,6 +16,7 @@ cancels its gRPC stream.
 # No `from __future__ import annotations` here: FastAPI reads the route handlers' annotations (`Request`) at
 # runtime, and they are imported inside create_app so that this module imports without FastAPI.
 import asyncio
+import functools
 import json
 import os
 import tempfile
@@ -338,35 +339,24 @@ def _whole(kind: str, ident: str, created: int, model: str, generation: Generati
             "usage": generation.usage()}
 
 
-# How `run` hands its settings to worker processes, which build their app in `app_from_environment`.
-_SETTINGS_ENV = {"url": "TRITONFORGE_GATEWAY_URL", "model": "TRITONFORGE_GATEWAY_MODEL",
-                 "served_model_name": "TRITONFORGE_GATEWAY_SERVED_MODEL_NAME"}
-
-
-def app_from_environment():
-    """The app of one worker process of `run(..., workers=N)`."""
-    return create_app(os.environ[_SETTINGS_ENV["url"]], model=os.environ[_SETTINGS_ENV["model"]],
-                      served_model_name=os.environ[_SETTINGS_ENV["served_model_name"]])
-
-
 def run(url: str, *, host: str = "127.0.0.1", port: int = 9000, model: str = ENSEMBLE_MODEL,
         served_model_name: str = SERVED_MODEL_NAME, workers: int = 1) -> None:
     """Serve the gateway until interrupted. One process handles a few thousand streamed chunks a second;
-    `workers` processes share the port (uvicorn's workers) and their metrics."""
+    `workers` processes share the port, each connection going to the one with the fewest open connections
+    (`tritonforge.gateway_workers`), and share their metrics."""
     import uvicorn
 
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
+    make_app = functools.partial(create_app, url, model=model, served_model_name=served_model_name)
     if workers == 1:
-        uvicorn.run(create_app(url, model=model, served_model_name=served_model_name), host=host, port=port,
-                    log_level="warning")
+        uvicorn.run(make_app(), host=host, port=port, log_level="warning")
         return
+    from .gateway_workers import serve_workers
+
     with tempfile.TemporaryDirectory(prefix="tritonforge-gateway-metrics-") as metrics_dir:
-        os.environ.update({_SETTINGS_ENV["url"]: url, _SETTINGS_ENV["model"]: model,
-                           _SETTINGS_ENV["served_model_name"]: served_model_name,
-                           MULTIPROCESS_DIR_ENV: metrics_dir})
-        uvicorn.run("tritonforge.openai_gateway:app_from_environment", factory=True, workers=workers, host=host,
-                    port=port, log_level="warning")
+        os.environ[MULTIPROCESS_DIR_ENV] = metrics_dir  # read by the workers' metrics (spawned after this)
+        serve_workers(make_app, host=host, port=port, workers=workers)
 
 
 class GatewayThread:

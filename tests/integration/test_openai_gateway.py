@@ -170,3 +170,69 @@ def test_gateway_workers_share_the_port_and_their_metrics(tiny_servers, tmp_path
     finally:
         os.killpg(gateway.pid, signal.SIGTERM)
         gateway.wait(timeout=30)
+
+
+def _established_connections_by_pid(port: int) -> dict[int, int]:
+    """Open TCP connections whose local port is `port`, counted by the process holding each (Linux /proc)."""
+    import os
+    from pathlib import Path
+
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":  # 01: ESTABLISHED
+                inodes.add(fields[9])
+    counts: dict[int, int] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:  # gone, or not ours
+            continue
+        held = sum(link[len("socket:["):-1] in inodes for link in links if link.startswith("socket:["))
+        if held:
+            counts[int(pid)] = held
+    return counts
+
+
+def test_gateway_workers_take_connections_in_turn():
+    """Connections opened together (as perf_analyzer's or a client pool's) are spread evenly over the workers:
+    a long-lived streaming connection stays with its worker, so one worker taking most of them saturates it
+    while the others idle."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from tritonforge.gateway_workers import READY_MESSAGE
+
+    workers, per_worker, port = 3, 4, free_port()
+    gateway = subprocess.Popen([sys.executable, "-m", "tritonforge.cli", "openai", "--url", "127.0.0.1:1",
+                                "--port", str(port), "--workers", str(workers)],
+                               start_new_session=True, stderr=subprocess.PIPE, text=True)
+    connections: list[socket.socket] = []
+    try:
+        for line in gateway.stderr:  # ends (and fails below) if the gateway exits
+            if READY_MESSAGE in line:
+                break
+        assert gateway.poll() is None, "the gateway exited before its workers served"
+        threads = [threading.Thread(target=lambda: connections.append(socket.create_connection(("127.0.0.1", port))))
+                   for _ in range(workers * per_worker)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        deadline = time.monotonic() + 30
+        while sum((counts := _established_connections_by_pid(port)).values()) < workers * per_worker:
+            assert time.monotonic() < deadline, f"not every connection was accepted: {counts}"
+            time.sleep(0.05)
+        by_worker = sorted(counts.values())
+        assert len(by_worker) == workers and max(by_worker) - min(by_worker) <= 1, by_worker
+    finally:
+        for connection in connections:
+            connection.close()
+        os.killpg(gateway.pid, signal.SIGTERM)
+        gateway.wait(timeout=30)

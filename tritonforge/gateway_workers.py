@@ -1,0 +1,181 @@
+"""The gateway's worker processes, balanced by open connections (`tritonforge openai --workers N`).
+
+A streaming client holds its HTTP connection for many requests (perf_analyzer, the `openai` client's pool),
+so the connection decides which worker does a stream's per-chunk work for as long as it lives. With uvicorn's
+own workers (one shared listening socket) the worker that wakes first accepts every connection waiting then:
+128 connections opened together were split 45 / 45 / 30 / 8 over 4 workers, and the busiest worker saturated
+its core while others idled. SO_REUSEPORT spreads them by a hash, no better (22 / 28 / 34 / 44).
+
+Here every worker watches the shared listening socket, and a worker accepts only while no other has fewer
+open connections; each publishes its count in a shared array. A waiting connection wakes every worker (the
+socket is level-triggered) until the least loaded one's event loop takes it. The parent process starts the
+workers, starts a new one in place of one that died, and stops them all on SIGINT or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import time
+
+import uvicorn
+
+logger = logging.getLogger(__name__)
+
+NOT_SERVING = 2**31 - 1  # a worker's count while it starts or after it died: never the least loaded
+RESTART_PAUSE_S = 1.0  # before starting a dead worker's successor, so that a crash loop does not spin
+BACKLOG = 2048  # uvicorn's default
+READY_MESSAGE = "gateway workers serving"  # printed once every worker takes connections
+ACCEPT_ERROR_PAUSE_S = 0.1  # a worker that failed to accept stops trying that long (else it spins)
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(BACKLOG)
+    sock.setblocking(False)
+    return sock
+
+
+def serve_workers(make_app, *, host: str, port: int, workers: int, log_level: str = "warning") -> None:
+    """Serve the ASGI app `make_app()` builds (a picklable callable: each worker builds its own) from `workers`
+    processes on host:port until SIGINT or SIGTERM."""
+    context = multiprocessing.get_context("spawn")
+    counts = context.Array("i", [NOT_SERVING] * workers, lock=False)
+    sock = listening_socket(host, port)
+    stopping = False
+
+    def start(index: int):
+        process = context.Process(target=_worker_main, name=f"openai-gateway-{index}",
+                                  args=(index, sock, counts, os.getpid(), make_app, log_level))
+        process.start()
+        return process
+
+    def stop(*_):
+        nonlocal stopping
+        stopping = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    processes = [start(index) for index in range(workers)]
+    announced = False
+    try:
+        while not stopping:
+            time.sleep(0.2)
+            if not announced and all(count != NOT_SERVING for count in counts):
+                print(f"{READY_MESSAGE}: {workers} on {host}:{port}", file=sys.stderr, flush=True)
+                announced = True
+            for index, process in enumerate(processes):
+                if not process.is_alive() and not stopping:
+                    counts[index] = NOT_SERVING
+                    logger.error("gateway worker %d (pid %s) exited with %s; starting another", index,
+                                 process.pid, process.exitcode)
+                    time.sleep(RESTART_PAUSE_S)
+                    processes[index] = start(index)
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.terminate()  # SIGTERM: uvicorn finishes the responses under way, then exits
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+        sock.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _worker_main(index: int, sock: socket.socket, counts, parent_pid: int, make_app, log_level: str) -> None:
+    config = uvicorn.Config(make_app(), log_level=log_level)
+    BalancedServer(config, ConnectionBalancer(index, sock, counts), parent_pid).run()
+
+
+class BalancedServer(uvicorn.Server):
+    """uvicorn's server without a listener of its own: its startup runs the app's lifespan (`sockets=[]`),
+    then its balancer takes connections from the shared socket; its shutdown closes them as uvicorn does."""
+
+    def __init__(self, config, balancer: ConnectionBalancer, parent_pid: int):
+        super().__init__(config)
+        self.balancer, self.parent_pid = balancer, parent_pid
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets=[])
+        if not self.should_exit:
+            self.balancer.start(self)
+
+    async def on_tick(self, counter: int) -> bool:
+        self.balancer.publish()  # so that closed connections count off without waiting for a new one
+        if os.getppid() != self.parent_pid:  # the parent died: nobody would stop or replace this worker
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+    async def shutdown(self, sockets=None) -> None:
+        self.balancer.stop()
+        await super().shutdown(sockets=sockets)
+
+
+class ConnectionBalancer:
+    """Accepts a waiting connection for its worker only while no other worker has fewer open connections,
+    and hands it to uvicorn's HTTP protocol, as uvicorn's own listener would."""
+
+    def __init__(self, index: int, listener: socket.socket, counts):
+        self.index, self.listener, self.counts = index, listener, counts
+        self.server = None
+        self.loop = None
+        self.connecting = 0  # accepted, not yet in uvicorn's connections
+
+    def start(self, server: uvicorn.Server) -> None:
+        self.server, self.loop = server, asyncio.get_running_loop()
+        self.counts[self.index] = 0
+        self.loop.add_reader(self.listener.fileno(), self._on_waiting_connection)
+
+    def stop(self) -> None:
+        if self.loop is not None:
+            self.loop.remove_reader(self.listener.fileno())
+        self.counts[self.index] = NOT_SERVING
+
+    def publish(self) -> None:
+        if self.server is not None:
+            self.counts[self.index] = self._open_connections()
+
+    def _open_connections(self) -> int:
+        return len(self.server.server_state.connections) + self.connecting
+
+    def _protocol(self):
+        server = self.server
+        return server.config.http_protocol_class(config=server.config, server_state=server.server_state,
+                                                 app_state=server.lifespan.state, _loop=self.loop)
+
+    def _on_waiting_connection(self) -> None:
+        mine = self._open_connections()
+        self.counts[self.index] = mine
+        if any(count < mine for other, count in enumerate(self.counts) if other != self.index):
+            return  # a less loaded worker takes it
+        try:
+            connection, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return  # another worker took it first
+        except OSError as error:  # e.g. out of file descriptors: pause, the connection stays for another worker
+            logger.error("gateway worker %d could not accept a connection: %s", self.index, error)
+            self.loop.remove_reader(self.listener.fileno())
+            self.loop.call_later(ACCEPT_ERROR_PAUSE_S, self.loop.add_reader, self.listener.fileno(),
+                                 self._on_waiting_connection)
+            return
+        connection.setblocking(False)
+        self.connecting += 1
+        self.counts[self.index] = mine + 1
+        self.loop.create_task(self._connect(connection))
+
+    async def _connect(self, connection: socket.socket) -> None:
+        try:
+            await self.loop.connect_accepted_socket(self._protocol, connection)
+        except OSError:
+            connection.close()
+        finally:
+            self.connecting -= 1
