@@ -19,7 +19,7 @@ import json
 import logging
 import queue
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Collection, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -147,6 +147,27 @@ def is_final(result) -> bool:
     return final is not None and final.bool_param
 
 
+def response_outputs(result, names: Collection[str]) -> dict[str, bytes]:
+    """The raw contents of the named outputs of one gRPC response, for a per-chunk path: Triton's gRPC frontend
+    sends every output as raw bytes, and tritonclient's `as_numpy` searches the outputs and builds an array for
+    each call."""
+    response = result.get_response()
+    raw = response.raw_output_contents
+    return {output.name: raw[index] for index, output in enumerate(response.outputs) if output.name in names}
+
+
+def first_string(raw: bytes) -> bytes:
+    """The first element of a raw STRING tensor (each element: a 4-byte little-endian length, then the bytes);
+    empty for an empty tensor."""
+    length = int.from_bytes(raw[:4], "little")
+    return raw[4:4 + length]
+
+
+def first_int32(raw: bytes) -> int:
+    """The first element of a raw INT32 tensor; 0 for an empty tensor."""
+    return int.from_bytes(raw[:4], "little", signed=True)
+
+
 def _chunk_bytes(value) -> bytes:
     if isinstance(value, np.ndarray):
         value = value.reshape(-1)[0] if value.size else b""
@@ -213,17 +234,20 @@ class AsyncGrpcClient:
         self.engine_model = engine_model
         self._stopping: set[asyncio.Task] = set()
 
-    async def responses(self, request: GenerateRequest, *, stream: bool = True,
-                        request_id: str | None = None) -> AsyncIterator:
-        """Every response of one request (tritonclient results), up to the one flagged final."""
+    async def responses(self, request: GenerateRequest, *, stream: bool = True, request_id: str | None = None,
+                        outputs: Collection[str] | None = None) -> AsyncIterator:
+        """Every response of one request (tritonclient results), up to the one flagged final; with `outputs`,
+        responses carry only those."""
+        import tritonclient.grpc.aio as aioclient
         from tritonclient.utils import InferenceServerException
 
         inputs = _grpc_inputs(request, stream)
         request_id = request_id or uuid.uuid4().hex
+        requested = None if outputs is None else [aioclient.InferRequestedOutput(name) for name in outputs]
         finished = False
 
         async def requests():
-            yield {"model_name": self.model, "inputs": inputs, "request_id": request_id,
+            yield {"model_name": self.model, "inputs": inputs, "outputs": requested, "request_id": request_id,
                    "enable_empty_final_response": True}
 
         try:

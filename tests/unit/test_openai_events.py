@@ -1,0 +1,19 @@
+"""The gateway's streamed text events, written from a template once per request, equal the events built from
+the chunk's dict: same JSON, same escaping, for both endpoints."""
+
+import json
+
+import pytest
+
+from tritonforge.openai_gateway import _chunk, _sse, _TextEvents
+
+
+@pytest.mark.parametrize("kind", ["completions", "chat"])
+@pytest.mark.parametrize("text", ["plain", 'quote " and \\ backslash', "line\nbreak\ttab", "é 中文 😀", "\x00"])
+def test_text_event_is_the_chunk_as_json(kind, text):
+    model = 'served "name"'
+    event = _TextEvents(kind, "cmpl-abc", 1700000000, model)(text)
+    assert event == _sse(_chunk(kind, "cmpl-abc", 1700000000, model, text, None))
+    payload = json.loads(event.removeprefix("data: "))
+    choice = payload["choices"][0]
+    assert (choice["text"] if kind == "completions" else choice["delta"]["content"]) == text
