@@ -110,6 +110,33 @@ def spread_load(share, target: str, prompts, concurrency: int, output_tokens: in
             sum(cpu for _, _, cpu in results))
 
 
+GATEWAY_LATENCIES = {"ttft": "tritonforge_time_to_first_token_seconds",
+                     "itl": "tritonforge_inter_token_latency_seconds"}
+
+
+def gateway_latency_totals(base_url: str) -> dict[str, tuple[float, float]]:
+    """The gateway's own TTFT and ITL histograms (its /metrics): (sum of seconds, count) of each."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as response:
+        values = dict(line.rsplit(" ", 1) for line in response.read().decode().splitlines()
+                      if line and not line.startswith("#"))
+    return {key: (float(values.get(f"{name}_sum", 0)), float(values.get(f"{name}_count", 0)))
+            for key, name in GATEWAY_LATENCIES.items()}
+
+
+def gateway_latency_means(before: dict, after: dict) -> dict[str, float | None]:
+    """Mean TTFT and ITL in ms over a point, as the gateway saw them: from a request's arrival to the chunk
+    it hands to the HTTP connection. Beside the client's figures, they say whether time was lost before the
+    gateway (gRPC, server) or after it (HTTP, client)."""
+    means = {}
+    for key in GATEWAY_LATENCIES:
+        seconds = after[key][0] - before[key][0]
+        count = after[key][1] - before[key][1]
+        means[f"gateway_{key}_ms_mean"] = round(seconds / count * 1000, 2) if count else None
+    return means
+
+
 def perf_analyzer_point(path: str, concurrency: int, args, prompts, grpc_url: str, base_url: str,
                         work: Path) -> tuple[list[Timing], float, float]:
     """One point with perf_analyzer as the load: the timings, the wall time and perf_analyzer's CPU seconds."""
@@ -127,6 +154,7 @@ def measure_point(path: str, concurrency: int, args, prompts, grpc_url: str, bas
                   work: Path) -> dict:
     """One path at one concurrency, with the CPU time the load generator and the gateway spent per chunk."""
     gateway_cpu = tree_cpu_seconds(gateway_pid)
+    latencies = gateway_latency_totals(base_url)
     if args.tool == "perf_analyzer":
         timings, wall, load_cpu = perf_analyzer_point(path, concurrency, args, prompts, grpc_url, base_url, work)
     else:
@@ -134,8 +162,9 @@ def measure_point(path: str, concurrency: int, args, prompts, grpc_url: str, bas
         timings, wall, load_cpu = spread_load(share, target, prompts, concurrency, args.output_tokens,
                                               args.duration_s, args.load_processes)
     gateway_cpu = tree_cpu_seconds(gateway_pid) - gateway_cpu
+    gateway_means = gateway_latency_means(latencies, gateway_latency_totals(base_url)) if path == "gateway" else {}
     chunks = max(1, sum(len(timing.arrivals) for timing in timings))
-    return {"concurrency": concurrency, "path": path, **summarize(timings, wall, concurrency),
+    return {"concurrency": concurrency, "path": path, **summarize(timings, wall, concurrency), **gateway_means,
             "load_cpu_us_per_chunk": round(load_cpu / chunks * 1e6),
             "gateway_cpu_us_per_chunk": round(gateway_cpu / chunks * 1e6) if path == "gateway" else None}
 
@@ -231,15 +260,20 @@ def main() -> int:
     lines = [f"OpenAI gateway vs the ensemble over gRPC — {meta['machine']}, {meta['date']}, replay engine "
              f"{args.replay_step_ms} ms a step, {args.output_tokens} tokens a request, load: {args.tool}, "
              f"the gateway calls {args.gateway_model} ({args.gateway_workers} workers)", "",
-             "| streams | path | output tokens/s | vs ensemble | TTFT p50 / p99 ms | errors "
-             "| CPU µs a chunk: load generator / gateway |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
+             "| streams | path | output tokens/s | vs ensemble | TTFT p50 / p99 ms | ITL p50 ms "
+             "| at the gateway: TTFT / ITL mean ms | errors | CPU µs a chunk: load generator / gateway |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         gateway_cpu = "" if row["gateway_cpu_us_per_chunk"] is None else f" / {row['gateway_cpu_us_per_chunk']}"
+        at_gateway = (f"{row['gateway_ttft_ms_mean']} / {row['gateway_itl_ms_mean']}"
+                      if row.get("gateway_itl_ms_mean") is not None else "")
         lines.append(f"| {row['concurrency']} | {row['path']} | {row['output_tokens_per_s']:,.0f} | {row['ratio']} | "
-                     f"{row['ttft_ms_p50']} / {row['ttft_ms_p99']} | {row['errors']} | "
-                     f"{row['load_cpu_us_per_chunk']}{gateway_cpu} |")
-    lines += ["", "- CPU µs a chunk: CPU time over the point of the load generator's processes (and of the gateway "
+                     f"{row['ttft_ms_p50']} / {row['ttft_ms_p99']} | {row['itl_ms_p50']} | {at_gateway} | "
+                     f"{row['errors']} | {row['load_cpu_us_per_chunk']}{gateway_cpu} |")
+    lines += ["", "- at the gateway: its own histograms (its /metrics) over the point, from a request's arrival to "
+              "the first chunk it hands to the HTTP connection, and between chunks; beside the client's figures they "
+              "say whether time was lost before the gateway (gRPC, server) or after it (HTTP, client)",
+              "- CPU µs a chunk: CPU time over the point of the load generator's processes (and of the gateway "
               "with its workers) / streamed chunks received"]
     stem = args.results_dir / args.name
     stem.parent.mkdir(parents=True, exist_ok=True)
