@@ -39,7 +39,7 @@ from tritonforge.benchmark import (
 from tritonforge.build import BuildOptions, build
 from tritonforge.cli import positive_ints
 from tritonforge.contract import BLS_MODEL, ENSEMBLE_MODEL
-from tritonforge.openai_gateway import SERVED_MODEL_NAME
+from tritonforge.openai_gateway import DEFAULT_MODEL, SERVED_MODEL_NAME
 from tritonforge.profiling import tree_cpu_seconds, waited_children_cpu_seconds
 from tritonforge.repository import tokenizer_dir
 from tritonforge.server import TritonServer, free_port
@@ -196,7 +196,7 @@ def main() -> int:
     parser.add_argument("--postprocessing-instances", type=int, default=2)
     parser.add_argument("--bls-instances", type=int, default=1)
     parser.add_argument("--gateway-workers", type=int, default=1, help="tritonforge openai --workers")
-    parser.add_argument("--gateway-model", choices=(ENSEMBLE_MODEL, BLS_MODEL), default=ENSEMBLE_MODEL,
+    parser.add_argument("--gateway-model", choices=(ENSEMBLE_MODEL, BLS_MODEL), default=DEFAULT_MODEL,
                         help="the model the gateway calls (tritonforge openai --model); compared with the ensemble")
     parser.add_argument("--load-processes", type=int, default=1,
                         help="processes generating the load, for both paths alike")

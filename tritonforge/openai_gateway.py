@@ -1,4 +1,4 @@
-"""An OpenAI-compatible HTTP gateway in front of a served repository (the ensemble or the BLS over gRPC).
+"""An OpenAI-compatible HTTP gateway in front of a served repository (the BLS, or the ensemble, over gRPC).
 
 `tritonforge openai --url HOST:GRPC_PORT --port PORT` (in front of any Triton serving the repository,
 NVIDIA's container included) or `tritonforge serve REPO --openai-port PORT` (beside the server it starts).
@@ -35,7 +35,7 @@ from .client import (
     first_string,
     response_outputs,
 )
-from .contract import ENSEMBLE_MODEL
+from .contract import BLS_MODEL
 from .gateway_metrics import MULTIPROCESS_DIR_ENV, GatewayMetrics
 
 # OpenAI's sampling fields → the ensemble's inputs (the BLS takes the same names).
@@ -43,6 +43,11 @@ SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top
                    "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
                    "repetition_penalty": "repetition_penalty", "min_tokens": "min_tokens"}
 DEFAULT_MAX_TOKENS = {"completions": 16, "chat": 256}  # OpenAI's completions default; chat has none
+# What the gateway calls unless told otherwise: the BLS. Under load it sends the tokens of a stream that
+# arrive while one of its chunks is being sent as one chunk, so the gateway's work per token shrinks as the
+# rate grows (the figures: README, OpenAI-compatible API); it also matches OpenAI's `stop` on text and never
+# emits it.
+DEFAULT_MODEL = BLS_MODEL
 # The only outputs the gateway reads: responses carry nothing else (less to send, parse and copy per chunk).
 GATEWAY_OUTPUTS = ("text_output", "num_input_tokens", "num_output_tokens")
 CLIENT_CLOSED = 499  # the status the metrics count for a client that disconnected (nginx's convention)
@@ -153,7 +158,7 @@ def _message(message, index: int) -> dict[str, str]:
 
 
 class TritonBackend:
-    """Streams one request through the repository's ensemble (or BLS) over gRPC, asyncio."""
+    """Streams one request through the repository's BLS (or ensemble) over gRPC, asyncio."""
 
     def __init__(self, url: str, model: str):
         self.model = model
@@ -207,7 +212,7 @@ def _triton_error(error: GenerationError) -> OpenAIError:
 SERVED_MODEL_NAME = "tritonforge"  # the model name /v1/models shows unless the operator names it
 
 
-def create_app(url: str, *, model: str = ENSEMBLE_MODEL, served_model_name: str = SERVED_MODEL_NAME):
+def create_app(url: str, *, model: str = DEFAULT_MODEL, served_model_name: str = SERVED_MODEL_NAME):
     """The ASGI app: OpenAI's API over the repository served at `url` (gRPC)."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -364,7 +369,7 @@ def _whole(kind: str, ident: str, created: int, model: str, generation: Generati
             "usage": generation.usage()}
 
 
-def run(url: str, *, host: str = "127.0.0.1", port: int = 9000, model: str = ENSEMBLE_MODEL,
+def run(url: str, *, host: str = "127.0.0.1", port: int = 9000, model: str = DEFAULT_MODEL,
         served_model_name: str = SERVED_MODEL_NAME, workers: int = 1) -> None:
     """Serve the gateway until interrupted. One process handles a few thousand streamed chunks a second;
     `workers` processes share the port, each connection going to the one with the fewest open connections
@@ -387,7 +392,7 @@ def run(url: str, *, host: str = "127.0.0.1", port: int = 9000, model: str = ENS
 class GatewayThread:
     """The gateway served by uvicorn in a background thread (beside `tritonforge serve`, and in tests)."""
 
-    def __init__(self, url: str, *, host: str = "127.0.0.1", port: int = 9000, model: str = ENSEMBLE_MODEL,
+    def __init__(self, url: str, *, host: str = "127.0.0.1", port: int = 9000, model: str = DEFAULT_MODEL,
                  served_model_name: str = SERVED_MODEL_NAME):
         import threading
 

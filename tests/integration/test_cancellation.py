@@ -134,11 +134,12 @@ def test_a_storm_of_cancelled_async_ensemble_streams_leaves_no_orphan(served):
     assert answer_within(server.grpc_url, ANSWER_S), "cancelled generations kept the engine busy"
 
 
-def test_a_client_that_leaves_the_openai_gateway_frees_its_engine_slot(served):
+@pytest.mark.parametrize("model", ["tensorrt_llm_bls", "ensemble"])
+def test_a_client_that_leaves_the_openai_gateway_frees_its_engine_slot(served, model):
     import openai
 
     server, _ = served
-    gateway = GatewayThread(server.grpc_url, port=free_port(), model="ensemble").start()
+    gateway = GatewayThread(server.grpc_url, port=free_port(), model=model).start()
     try:
         client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0)
         streams = []
