@@ -25,6 +25,13 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 
 
+def forget_worker(pid: int) -> None:
+    """A dead worker's live gauges (requests in flight) leave the sum; its counters and histograms stay."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(pid)
+
+
 class GatewayMetrics:
     def __init__(self):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram

@@ -3,8 +3,8 @@
 A streaming client holds its HTTP connection for many requests (perf_analyzer, the `openai` client's pool),
 so the connection decides which worker does a stream's per-chunk work for as long as it lives. With uvicorn's
 own workers (one shared listening socket) the worker that wakes first accepts every connection waiting then:
-128 connections opened together were split 45 / 45 / 30 / 8 over 4 workers, and the busiest worker saturated
-its core while others idled. SO_REUSEPORT spreads them by a hash, no better (22 / 28 / 34 / 44).
+128 connections opened together were split 45 / 45 / 30 / 8 over 4 workers, so one worker had more than five
+times another's streams to serve. SO_REUSEPORT spreads them by a hash, no better (22 / 28 / 34 / 44).
 
 Here every worker watches the shared listening socket, and a worker accepts only while no other has fewer
 open connections; each publishes its count in a shared array. A waiting connection wakes every worker (the
@@ -44,9 +44,10 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve_workers(make_app, *, host: str, port: int, workers: int, log_level: str = "warning") -> None:
+def serve_workers(make_app, *, host: str, port: int, workers: int, log_level: str = "warning",
+                  on_worker_exit=None) -> None:
     """Serve the ASGI app `make_app()` builds (a picklable callable: each worker builds its own) from `workers`
-    processes on host:port until SIGINT or SIGTERM."""
+    processes on host:port until SIGINT or SIGTERM; `on_worker_exit(pid)` is called for a worker that died."""
     context = multiprocessing.get_context("spawn")
     counts = context.Array("i", [NOT_SERVING] * workers, lock=False)
     sock = listening_socket(host, port)
@@ -76,6 +77,8 @@ def serve_workers(make_app, *, host: str, port: int, workers: int, log_level: st
                     counts[index] = NOT_SERVING
                     logger.error("gateway worker %d (pid %s) exited with %s; starting another", index,
                                  process.pid, process.exitcode)
+                    if on_worker_exit is not None:
+                        on_worker_exit(process.pid)
                     time.sleep(RESTART_PAUSE_S)
                     processes[index] = start(index)
     finally:

@@ -36,7 +36,7 @@ from .client import (
     response_outputs,
 )
 from .contract import BLS_MODEL
-from .gateway_metrics import MULTIPROCESS_DIR_ENV, GatewayMetrics
+from .gateway_metrics import MULTIPROCESS_DIR_ENV, GatewayMetrics, forget_worker
 
 # OpenAI's sampling fields → the ensemble's inputs (the BLS takes the same names).
 SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
@@ -386,7 +386,7 @@ def run(url: str, *, host: str = "127.0.0.1", port: int = 9000, model: str = DEF
 
     with tempfile.TemporaryDirectory(prefix="tritonforge-gateway-metrics-") as metrics_dir:
         os.environ[MULTIPROCESS_DIR_ENV] = metrics_dir  # read by the workers' metrics (spawned after this)
-        serve_workers(make_app, host=host, port=port, workers=workers)
+        serve_workers(make_app, host=host, port=port, workers=workers, on_worker_exit=forget_worker)
 
 
 class GatewayThread:

@@ -1,9 +1,18 @@
 """The OpenAI gateway with the real `openai` client (sync, async, streaming) against a real tritonserver."""
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import openai
 import pytest
@@ -132,12 +141,6 @@ WORKER_REQUESTS = 8
 def test_gateway_workers_share_the_port_and_their_metrics(tiny_servers, tmp_path):
     """`tritonforge openai --workers N`: every request answered, and /metrics (from whichever worker answers the
     scrape) counts the requests of all workers."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
     server, port = tiny_servers("bpe"), free_port()
     gateway = subprocess.Popen([sys.executable, "-m", "tritonforge.cli", "openai", "--url", server.grpc_url,
                                 "--port", str(port), "--workers", str(WORKERS), "--served-model-name", MODEL],
@@ -174,9 +177,6 @@ def test_gateway_workers_share_the_port_and_their_metrics(tiny_servers, tmp_path
 
 def _established_connections_by_pid(port: int) -> dict[int, int]:
     """Open TCP connections whose local port is `port`, counted by the process holding each (Linux /proc)."""
-    import os
-    from pathlib import Path
-
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
@@ -195,44 +195,72 @@ def _established_connections_by_pid(port: int) -> dict[int, int]:
     return counts
 
 
-def test_gateway_workers_take_connections_in_turn():
-    """Connections opened together (as perf_analyzer's or a client pool's) are spread evenly over the workers:
-    a long-lived streaming connection stays with its worker, so one worker taking most of them saturates it
-    while the others idle."""
-    import os
-    import signal
-    import socket
-    import subprocess
-    import sys
-    import threading
-    import time
-
+@contextlib.contextmanager
+def _gateway_workers(workers: int):
+    """`tritonforge openai --workers N` in front of no server (connections are what these tests count), once
+    every worker takes connections: (its process, its port)."""
     from tritonforge.gateway_workers import READY_MESSAGE
 
-    workers, per_worker, port = 3, 4, free_port()
+    port = free_port()
     gateway = subprocess.Popen([sys.executable, "-m", "tritonforge.cli", "openai", "--url", "127.0.0.1:1",
                                 "--port", str(port), "--workers", str(workers)],
                                start_new_session=True, stderr=subprocess.PIPE, text=True)
-    connections: list[socket.socket] = []
     try:
         for line in gateway.stderr:  # ends (and fails below) if the gateway exits
             if READY_MESSAGE in line:
                 break
         assert gateway.poll() is None, "the gateway exited before its workers served"
-        threads = [threading.Thread(target=lambda: connections.append(socket.create_connection(("127.0.0.1", port))))
-                   for _ in range(workers * per_worker)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        deadline = time.monotonic() + 30
-        while sum((counts := _established_connections_by_pid(port)).values()) < workers * per_worker:
-            assert time.monotonic() < deadline, f"not every connection was accepted: {counts}"
-            time.sleep(0.05)
-        by_worker = sorted(counts.values())
-        assert len(by_worker) == workers and max(by_worker) - min(by_worker) <= 1, by_worker
+        yield gateway, port
     finally:
-        for connection in connections:
-            connection.close()
         os.killpg(gateway.pid, signal.SIGTERM)
         gateway.wait(timeout=30)
+
+
+def _wait_for_connections(port: int, total: int) -> dict[int, int]:
+    deadline = time.monotonic() + 30
+    while sum((counts := _established_connections_by_pid(port)).values()) < total:
+        assert time.monotonic() < deadline, f"not every connection was accepted: {counts}"
+        time.sleep(0.05)
+    return counts
+
+
+def test_gateway_workers_take_connections_in_turn():
+    """Connections opened together (as perf_analyzer's or a client pool's) are spread evenly over the workers:
+    a long-lived streaming connection stays with its worker, so a worker that took most of them would serve
+    most streams while the others idle."""
+    workers, per_worker = 3, 4
+    connections: list[socket.socket] = []
+    with _gateway_workers(workers) as (_, port):
+        try:
+            threads = [threading.Thread(target=lambda: connections.append(
+                socket.create_connection(("127.0.0.1", port)))) for _ in range(workers * per_worker)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            by_worker = sorted(_wait_for_connections(port, workers * per_worker).values())
+            assert len(by_worker) == workers and max(by_worker) - min(by_worker) <= 1, by_worker
+        finally:
+            for connection in connections:
+                connection.close()
+
+
+def test_a_gateway_worker_that_dies_is_replaced():
+    """A worker killed outright: its connections end, and a new worker takes its place and new connections."""
+    workers = 2
+    connections: list[socket.socket] = []
+    with _gateway_workers(workers) as (_, port):
+        try:
+            connections += [socket.create_connection(("127.0.0.1", port)) for _ in range(workers)]
+            first = set(_wait_for_connections(port, workers))
+            victim = min(first)
+            os.kill(victim, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while not set(_established_connections_by_pid(port)) - first:  # a worker that was not there before
+                assert time.monotonic() < deadline, "no worker took the dead one's place"
+                connections.append(socket.create_connection(("127.0.0.1", port)))
+                time.sleep(0.2)
+            assert victim not in _established_connections_by_pid(port)
+        finally:
+            for connection in connections:
+                connection.close()
