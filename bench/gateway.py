@@ -8,8 +8,8 @@ less CPU a chunk than the Python clients.
 
   .venv/bin/python bench/gateway.py                          # writes bench/results/gateway-cpu.{json,md}
   python3 bench/gateway.py --replay-step-ms 8.5 --engine-instances 16 --engine-max-batch-size 128 \\
-      --postprocessing-instances 8 --gateway-workers 4 --tool perf_analyzer \\
-      --name gateway-gpu-perf-analyzer                       # the GPU machine, at a real engine's rate
+      --postprocessing-instances 8 --bls-instances 16 --gateway-workers 4 --tool perf_analyzer \\
+      --name gateway-gpu-perf-analyzer-bls                   # the GPU machine, at a real engine's rate
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from tritonforge.benchmark import (
 from tritonforge.build import BuildOptions, build
 from tritonforge.cli import positive_ints
 from tritonforge.contract import BLS_MODEL, ENSEMBLE_MODEL
+from tritonforge.gateway_metrics import ITL_METRIC, TTFT_METRIC
 from tritonforge.openai_gateway import DEFAULT_MODEL, SERVED_MODEL_NAME
 from tritonforge.profiling import tree_cpu_seconds, waited_children_cpu_seconds
 from tritonforge.repository import tokenizer_dir
@@ -110,8 +111,7 @@ def spread_load(share, target: str, prompts, concurrency: int, output_tokens: in
             sum(cpu for _, _, cpu in results))
 
 
-GATEWAY_LATENCIES = {"ttft": "tritonforge_time_to_first_token_seconds",
-                     "itl": "tritonforge_inter_token_latency_seconds"}
+GATEWAY_LATENCIES = {"ttft": TTFT_METRIC, "itl": ITL_METRIC}
 
 
 def gateway_latency_totals(base_url: str) -> dict[str, tuple[float, float]]:

@@ -21,6 +21,8 @@ import time
 
 MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own name for it
 
+TTFT_METRIC = "tritonforge_time_to_first_token_seconds"
+ITL_METRIC = "tritonforge_inter_token_latency_seconds"
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 
@@ -41,9 +43,9 @@ class GatewayMetrics:
                                 ["endpoint", "status"], registry=self.registry)
         self.in_flight = Gauge("tritonforge_requests_in_flight", "Requests being answered now",
                                registry=self.registry, multiprocess_mode="livesum")
-        self.ttft = Histogram("tritonforge_time_to_first_token_seconds", "Request received to first text chunk",
+        self.ttft = Histogram(TTFT_METRIC, "Request received to first text chunk",
                               buckets=TTFT_BUCKETS, registry=self.registry)
-        self.itl = Histogram("tritonforge_inter_token_latency_seconds", "Time between text chunks of a stream",
+        self.itl = Histogram(ITL_METRIC, "Time between text chunks of a stream",
                              buckets=ITL_BUCKETS, registry=self.registry)
         self.prompt_tokens = Counter("tritonforge_prompt_tokens", "Prompt tokens of finished requests",
                                      registry=self.registry)
