@@ -6,7 +6,8 @@ gateway, tritonclient asyncio against the ensemble) or perf_analyzer for both (`
 OpenAI service kind against the gateway, gRPC against the ensemble), whose C++ load costs the shared host far
 less CPU a chunk than the Python clients.
 
-  .venv/bin/python bench/gateway.py                          # writes bench/results/gateway-cpu.{json,md}
+  .venv/bin/python bench/gateway.py --name gateway-cpu-bls   # the gateway as shipped (BLS), CPU machine
+  .venv/bin/python bench/gateway.py --gateway-model ensemble  # writes bench/results/gateway-cpu.{json,md}
   python3 bench/gateway.py --replay-step-ms 8.5 --engine-instances 16 --engine-max-batch-size 128 \\
       --postprocessing-instances 8 --bls-instances 16 --gateway-workers 4 --tool perf_analyzer \\
       --name gateway-gpu-perf-analyzer-bls                   # the GPU machine, at a real engine's rate
