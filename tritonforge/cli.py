@@ -334,7 +334,8 @@ def make_parser() -> argparse.ArgumentParser:
     serve.add_argument("--openai-port", type=int, default=None,
                        help="also serve OpenAI's API (/v1/completions, /v1/chat/completions) on this port")
     serve.add_argument("--openai-model", default=OPENAI_DEFAULT_MODEL,
-                       help=f"what the OpenAI API calls: {BLS_MODEL} or {ENSEMBLE_MODEL}")
+                       help=f"what the OpenAI API calls: {BLS_MODEL} or {ENSEMBLE_MODEL} "
+                            f"(default: {OPENAI_DEFAULT_MODEL})")
     serve.add_argument("--served-model-name", default=SERVED_MODEL_NAME, help="the model name the OpenAI API shows")
     serve.add_argument("--log-file", type=Path, default=None,
                        help="tritonserver's log, kept after exit (default: a temporary file removed at exit)")
@@ -417,7 +418,8 @@ def make_parser() -> argparse.ArgumentParser:
     gateway.add_argument("--url", required=True, help="Triton's gRPC address, e.g. localhost:8001")
     gateway.add_argument("--host", default="127.0.0.1")
     gateway.add_argument("--port", type=int, default=9000)
-    gateway.add_argument("--model", default=OPENAI_DEFAULT_MODEL, help=f"{BLS_MODEL} or {ENSEMBLE_MODEL}")
+    gateway.add_argument("--model", default=OPENAI_DEFAULT_MODEL,
+                         help=f"what it calls: {BLS_MODEL} or {ENSEMBLE_MODEL} (default: {OPENAI_DEFAULT_MODEL})")
     gateway.add_argument("--served-model-name", default=SERVED_MODEL_NAME, help="the model name /v1/models shows")
     gateway.add_argument("--workers", type=int, default=1,
                          help="gateway processes sharing the port: one handles a few thousand streamed chunks a "
