@@ -38,7 +38,11 @@ def listening_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as error:  # the CLI reports a ValueError as a one-line error
+        sock.close()
+        raise ValueError(f"--host/--port: cannot listen on {host}:{port} ({error.strerror})") from None
     sock.listen(BACKLOG)
     sock.setblocking(False)
     return sock

@@ -264,3 +264,15 @@ def test_a_gateway_worker_that_dies_is_replaced():
         finally:
             for connection in connections:
                 connection.close()
+
+
+def test_gateway_workers_on_a_taken_port_say_so():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "tritonforge.cli", "openai", "--url", "127.0.0.1:1",
+                                 "--port", str(port), "--workers", "2"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (f"error: --host/--port: cannot listen on 127.0.0.1:{port} "
+                                                      "(Address already in use)")
