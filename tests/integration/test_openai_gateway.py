@@ -134,6 +134,36 @@ def test_metrics_move_with_the_load(client, gateway):
     assert after["tritonforge_requests_in_flight"] == 0
 
 
+@contextlib.contextmanager
+def _gateway_workers(workers: int, url: str = "127.0.0.1:1", *options: str):
+    """`tritonforge openai --workers N` (by default in front of no server: connections are what some tests
+    count), once every worker takes connections: (its process, its port). Its stderr is read to the end, so a
+    chatty gateway never blocks on a full pipe."""
+    from tritonforge.gateway_workers import READY_MESSAGE
+
+    port = free_port()
+    gateway = subprocess.Popen([sys.executable, "-m", "tritonforge.cli", "openai", "--url", url, "--port", str(port),
+                                "--workers", str(workers), *options],
+                               start_new_session=True, stderr=subprocess.PIPE, text=True)
+    ready = threading.Event()
+
+    def drain() -> None:
+        for line in gateway.stderr:
+            if READY_MESSAGE in line:
+                ready.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.wait(0.2):
+            assert gateway.poll() is None, "the gateway exited before its workers served"
+            assert time.monotonic() < deadline, "the gateway workers did not start"
+        yield gateway, port
+    finally:
+        os.killpg(gateway.pid, signal.SIGTERM)
+        gateway.wait(timeout=30)
+
+
 WORKERS = 2
 WORKER_REQUESTS = 8
 
@@ -141,21 +171,9 @@ WORKER_REQUESTS = 8
 def test_gateway_workers_share_the_port_and_their_metrics(tiny_servers, tmp_path):
     """`tritonforge openai --workers N`: every request answered, and /metrics (from whichever worker answers the
     scrape) counts the requests of all workers."""
-    server, port = tiny_servers("bpe"), free_port()
-    gateway = subprocess.Popen([sys.executable, "-m", "tritonforge.cli", "openai", "--url", server.grpc_url,
-                                "--port", str(port), "--workers", str(WORKERS), "--served-model-name", MODEL],
-                               start_new_session=True, stderr=subprocess.DEVNULL)
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                assert time.monotonic() < deadline, "the gateway workers did not start"
-                time.sleep(0.2)
+    server = tiny_servers("bpe")
+    with _gateway_workers(WORKERS, server.grpc_url, "--served-model-name", MODEL) as (_, port):
+        base_url = f"http://127.0.0.1:{port}"
 
         async def many():
             client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
@@ -170,9 +188,6 @@ def test_gateway_workers_share_the_port_and_their_metrics(tiny_servers, tmp_path
             with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as response:
                 lines = response.read().decode().splitlines()
             assert f"{ok} {float(WORKER_REQUESTS)}" in lines
-    finally:
-        os.killpg(gateway.pid, signal.SIGTERM)
-        gateway.wait(timeout=30)
 
 
 def _established_connections_by_pid(port: int) -> dict[int, int]:
@@ -193,27 +208,6 @@ def _established_connections_by_pid(port: int) -> dict[int, int]:
         if held:
             counts[int(pid)] = held
     return counts
-
-
-@contextlib.contextmanager
-def _gateway_workers(workers: int):
-    """`tritonforge openai --workers N` in front of no server (connections are what these tests count), once
-    every worker takes connections: (its process, its port)."""
-    from tritonforge.gateway_workers import READY_MESSAGE
-
-    port = free_port()
-    gateway = subprocess.Popen([sys.executable, "-m", "tritonforge.cli", "openai", "--url", "127.0.0.1:1",
-                                "--port", str(port), "--workers", str(workers)],
-                               start_new_session=True, stderr=subprocess.PIPE, text=True)
-    try:
-        for line in gateway.stderr:  # ends (and fails below) if the gateway exits
-            if READY_MESSAGE in line:
-                break
-        assert gateway.poll() is None, "the gateway exited before its workers served"
-        yield gateway, port
-    finally:
-        os.killpg(gateway.pid, signal.SIGTERM)
-        gateway.wait(timeout=30)
 
 
 def _wait_for_connections(port: int, total: int) -> dict[int, int]:
