@@ -1,11 +1,13 @@
-"""The gateway's streamed text events, written from a template once per request, equal the events built from
-the chunk's dict: same JSON, same escaping, for both endpoints."""
+"""The gateway's per-chunk pieces: the streamed text events, written from a template once per request, equal
+the events built from the chunk's dict (same JSON, same escaping, for both endpoints); the outputs it asks
+for are the contract's."""
 
 import json
 
 import pytest
 
-from tritonforge.openai_gateway import _chunk, _sse, _TextEvents
+from tritonforge.contract import CLIENT_OUTPUTS
+from tritonforge.openai_gateway import GATEWAY_OUTPUTS, _chunk, _sse, _TextEvents
 
 
 @pytest.mark.parametrize("kind", ["completions", "chat"])
@@ -17,3 +19,7 @@ def test_text_event_is_the_chunk_as_json(kind, text):
     payload = json.loads(event.removeprefix("data: "))
     choice = payload["choices"][0]
     assert (choice["text"] if kind == "completions" else choice["delta"]["content"]) == text
+
+
+def test_the_outputs_the_gateway_requests_are_the_ensembles_and_the_bls():
+    assert set(GATEWAY_OUTPUTS) <= {tensor.name for tensor in CLIENT_OUTPUTS}
