@@ -31,7 +31,7 @@ import numpy as np
 
 from .contract import ENGINE_FROM_CLIENT, ENGINE_PASSTHROUGH_OUTPUTS, stop_request_inputs
 from .detokenization import IncrementalDetokenizer, TokenBytes
-from .errors import RequestError
+from .errors import RequestError, ResponseSendError
 from .limits import EngineLimits
 from .model_parameters import CANCELLATION_CHECK_PERIOD_MS
 from .preprocess import CLIENT_TENSORS, EncodedRequest, Preprocessor
@@ -124,6 +124,7 @@ class _StreamOutbox:
         self.text: list[str] = []
         self.tokens = 0
         self.busy = False  # queued for or held by a sender
+        self.send_failed = False  # a chunk could not be sent: the stream must end with an error, not a gap
 
     def add(self, text: str, tokens: int) -> None:
         with self.condition:
@@ -145,8 +146,9 @@ class _StreamOutbox:
                 self.text, self.tokens = [], 0
             try:
                 self.completion.send(self.make_response(text, tokens))
-            except Exception:  # noqa: BLE001 - the stream's final response reports the failure
+            except Exception:  # noqa: BLE001 - the stream's reader ends it with an error
                 logger.exception("could not send a streamed chunk")
+                self.send_failed = True
 
     def drain(self) -> tuple[str, int]:
         """Wait until no sender holds the stream; return what is left, for the stream's last response."""
@@ -225,8 +227,9 @@ class BlsOrchestrator:
             return
         completion = _Completion(pb_utils, sender, batch, requested_outputs(request))
         for row in range(batch):
-            self.pool.submit(self._run_row, inputs, encoded, row, stop_phrases[row], stream, exclude_input,
-                             completion)
+            future = self.pool.submit(self._run_row, inputs, encoded, row, stop_phrases[row], stream, exclude_input,
+                                      completion)
+            future.add_done_callback(_log_failure)
 
     def _stop_phrases(self, inputs: dict[str, np.ndarray], batch: int) -> list[list[str]]:
         value = inputs.get("stop_words")
@@ -293,20 +296,21 @@ class BlsOrchestrator:
                 for response in responses:
                     if response.has_error():
                         raise EngineStepError(response.error().message(), response.error().code())
-                    ids_tensor = pb_utils.get_output_tensor_by_name(response, "output_ids")
+                    # One pass over the response's tensors: pb_utils.get_output_tensor_by_name lists them
+                    # all again on every call, once per output per token.
+                    tensors = {tensor.name(): tensor for tensor in response.output_tensors()}
+                    ids_tensor = tensors.get("output_ids")
                     if ids_tensor is None:  # the empty response that carries FINAL
                         continue
                     ids = ids_tensor.as_numpy().reshape(-1)
-                    lengths = pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy()
-                    length = int(lengths.reshape(-1)[0])
+                    length = int(tensors["sequence_length"].as_numpy().reshape(-1)[0])
                     tokens_unsent += length
                     for name in wanted_statistics:
-                        tensor = pb_utils.get_output_tensor_by_name(response, name)
+                        tensor = tensors.get(name)
                         if tensor is not None:
                             statistics[name] = tensor.as_numpy().copy()
                     if return_log_probs:
-                        log_probs.extend(pb_utils.get_output_tensor_by_name(response, "output_log_probs")
-                                         .as_numpy().reshape(-1)[:length].tolist())
+                        log_probs.extend(tensors["output_log_probs"].as_numpy().reshape(-1)[:length].tolist())
                     if stopped_engine:
                         continue
                     text = stop_filter.push(detokenizer.push(ids[:length].tolist()))
@@ -315,6 +319,8 @@ class BlsOrchestrator:
                         tokens_unsent = 0
                     elif text:
                         pieces.append(text)
+                    if outbox.send_failed:
+                        raise ResponseSendError()
                     if stop_filter.stopped or completion.cancelled():
                         self._stop_engine(request_id)
                         stopped_engine = True
@@ -375,6 +381,13 @@ class EngineStepError(RuntimeError):
     def __init__(self, message: str, triton_code: int):
         super().__init__(message)
         self.triton_code = triton_code
+
+
+def _log_failure(future) -> None:
+    """A row that failed even to report its failure (its final response could not be sent): at least the
+    server's log says so (a pool thread's exception is otherwise kept in a future nobody reads)."""
+    if not future.cancelled() and future.exception() is not None:
+        logger.error("a BLS request could not be ended", exc_info=future.exception())
 
 
 def _flag(inputs: dict[str, np.ndarray], name: str, default: bool = False) -> bool:

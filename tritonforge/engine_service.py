@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .engine_requests import EngineRow, is_stop_request, parse_engine_request
-from .errors import RequestError
+from .errors import RequestError, ResponseSendError
 from .generation import GenerationRequest, GenerationResult
 from .limits import EngineLimits
 from .model_parameters import CANCELLATION_CHECK_PERIOD_MS, EngineParameters, TransformersEngineParameters
@@ -99,13 +99,22 @@ class _RequestState:
         self.lock = threading.Lock()
         self.cancelled = CancellationCheck(sender, check_period_s)
 
-    def send(self, response, row_done: bool) -> None:
-        """Send a row's response; the last response of the last open row carries the final flag."""
+    def send(self, response, row_done: bool) -> bool:
+        """Send a row's response; the last response of the last open row carries the final flag.
+
+        Never raises: it runs in the engine's thread, which a failed send (the stub out of shared memory,
+        a sender already closed) must not kill, or every request of the engine would hang. Returns False
+        when the send failed (logged), so the caller can end the row."""
         with self.lock:
             if row_done:
                 self.open_rows -= 1
             final = self.open_rows == 0
-        self.sender.send(response, flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+        try:
+            self.sender.send(response, flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+            return True
+        except Exception:  # noqa: BLE001
+            logger.exception("could not send a response (final: %s)", final)
+            return False
 
 
 def _now_ns() -> int:
@@ -125,6 +134,7 @@ class _RowSink:
         self.row = row
         self.batch_index = batch_index
         self.streamed = 0  # tokens already sent by a streaming row
+        self.send_failed = False  # a streamed response could not be sent: the engine drops the row
         self.arrival_ns = _now_ns()
         self.scheduled_ns = self.first_token_ns = self.last_token_ns = 0
 
@@ -170,10 +180,13 @@ class _RowSink:
     def tokens(self, token_ids: list[int], log_probs: list[float]) -> None:
         self._token_times()
         self.streamed += len(token_ids)
-        self.state.send(self._response(token_ids, log_probs), row_done=False)
+        if not self.state.send(self._response(token_ids, log_probs), row_done=False):
+            self.send_failed = True
 
     def finish(self, result: GenerationResult | None, error: Exception | None) -> None:
         pb_utils = self.state.pb_utils
+        if error is None and self.send_failed:  # the client missed a chunk: end with an error, not a gap
+            error = ResponseSendError()
         if error is not None:
             self.state.send(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)), row_done=True)
             return
@@ -189,7 +202,9 @@ class _RowSink:
         self.state.send(self._response(tokens, log_probs), row_done=True)
 
     def cancelled(self) -> bool:
-        return self.state.cancelled()
+        """The client went away, or a response could not be sent: either way the engine stops the row, and
+        its finish tries once more to end the request (with what the row has)."""
+        return self.send_failed or self.state.cancelled()
 
 
 class EngineService:

@@ -1,7 +1,8 @@
 """The errors a request can cause, each naming the field at fault.
 
 `RequestError` is the client's mistake (Triton's INVALID_ARG: HTTP 400, gRPC INVALID_ARGUMENT);
-`UnsupportedError` is a valid request this engine cannot serve (UNSUPPORTED: HTTP 501, gRPC UNIMPLEMENTED).
+`UnsupportedError` is a valid request this engine cannot serve (UNSUPPORTED: HTTP 501, gRPC UNIMPLEMENTED);
+`ResponseSendError` is the server's side failing to deliver a response (INTERNAL), which ends that request.
 The model.py adapters map them to per-request `TritonError`s; nothing else reaches the client's eyes.
 """
 
@@ -18,3 +19,11 @@ class RequestError(ValueError):
 
 class UnsupportedError(RequestError):
     """A request the engine understands but does not implement (for example beam search)."""
+
+
+class ResponseSendError(RuntimeError):
+    """A streamed response could not be sent to the caller (Triton's INTERNAL): the request ends with this
+    error rather than a stream with a gap."""
+
+    def __init__(self):
+        super().__init__("a streamed response could not be sent; the generation was stopped")

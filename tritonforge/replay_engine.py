@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import tempfile
 import time
 
 from .generation import EngineStats, EngineThread, GenerationRequest, GenerationResult, check_limits
 from .limits import EngineLimits
+
+logger = logging.getLogger(__name__)
 
 
 class _Replay:
@@ -114,7 +117,14 @@ class ReplayEngine(EngineThread):
                 self._wait_for_work()
                 next_step = time.monotonic()
                 continue
-            self._step()
+            try:
+                self._step()
+            except Exception as error:  # noqa: BLE001 - a broken step must end its requests, not the thread
+                logger.exception("replay step failed")
+                for replay in self._running:
+                    self._release(replay)
+                    replay.request.sink.finish(None, error)
+                self._running = []
             # A fixed cadence: time spent in the step counts toward the step; a step that overran starts
             # the next at once (no burst of catch-up steps).
             next_step = max(next_step + self.step_s, time.monotonic())

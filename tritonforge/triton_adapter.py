@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import RequestError, UnsupportedError
+from .errors import RequestError, ResponseSendError, UnsupportedError
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,8 @@ def to_triton_error(pb_utils, error: Exception):
         return pb_utils.TritonError(str(error), pb_utils.TritonError.UNSUPPORTED)
     if isinstance(error, RequestError):
         return pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG)
+    if isinstance(error, ResponseSendError):
+        return pb_utils.TritonError(str(error), pb_utils.TritonError.INTERNAL)
     logger.error("internal error: %r", error)
     return pb_utils.TritonError(f"internal error: {type(error).__name__}", pb_utils.TritonError.INTERNAL)
 

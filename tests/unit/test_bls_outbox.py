@@ -48,3 +48,20 @@ def test_drain_hands_back_what_no_sender_took():
         assert outbox.drain() == ("tail", 2)
     finally:
         senders.shutdown()
+
+
+class FailingCompletion:
+    def send(self, response):
+        raise RuntimeError("Failed to increase the shared memory pool size")
+
+
+def test_a_chunk_that_cannot_be_sent_marks_the_stream_failed():
+    """The stream's reader then ends it with an error; a client must never get text with a silent gap."""
+    senders = _Senders(1)
+    outbox = _StreamOutbox(senders, FailingCompletion(), lambda text, tokens: (text, tokens))
+    try:
+        outbox.add("lost", 1)
+        outbox.drain()
+        assert outbox.send_failed
+    finally:
+        senders.shutdown()
