@@ -117,6 +117,13 @@ class _RequestState:
             return False
 
 
+def _send_final(pb_utils, sender) -> None:
+    try:
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    except Exception:  # noqa: BLE001 - runs in the engine's thread, which must go on
+        logger.exception("could not answer a stop request")
+
+
 def _now_ns() -> int:
     return time.time_ns()
 
@@ -235,8 +242,9 @@ class EngineService:
             if is_stop_request(inputs):
                 if not request.request_id():  # as the backend: an anonymous stop could only hit others' requests
                     raise RequestError("stop", "needs the request id of the request to stop; this request has none")
-                self.engine.cancel(request.request_id())
-                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                # Answered by the engine's thread once it takes the stop: a liveness probe's stop then tells
+                # whether that thread still runs, not just this stub.
+                self.engine.cancel(request.request_id(), lambda: _send_final(pb_utils, sender))
                 return
             requested = requested_outputs(request)
             if requested is not None and not REQUIRED_OUTPUTS <= requested:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -75,7 +76,8 @@ class EngineThread:
 
     def __init__(self, name: str):
         self._incoming: queue.Queue[GenerationRequest] = queue.Queue()
-        self._cancels: queue.Queue[str] = queue.Queue()
+        # (request id, called by the engine's thread once it has taken the cancel, or None)
+        self._cancels: queue.Queue[tuple[str, Callable[[], None] | None]] = queue.Queue()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._waiting: list[GenerationRequest] = []  # engine thread only
@@ -86,9 +88,11 @@ class EngineThread:
         self._incoming.put(request)
         self._wake.set()
 
-    def cancel(self, request_id: str) -> None:
-        """Stop the running or waiting request with this id (the `stop` input of the engine model)."""
-        self._cancels.put(request_id)
+    def cancel(self, request_id: str, taken: Callable[[], None] | None = None) -> None:
+        """Stop the running or waiting request with this id (the `stop` input of the engine model). `taken`
+        is called from the engine's thread when it takes the cancel: an engine whose thread is stuck does
+        not acknowledge stops, so a liveness probe that sends one sees the engine wedged."""
+        self._cancels.put((request_id, taken))
         self._wake.set()
 
     def pending(self) -> int:
@@ -117,7 +121,10 @@ class EngineThread:
             self._waiting.append(self._incoming.get_nowait())
         cancelled = set()
         while not self._cancels.empty():
-            cancelled.add(self._cancels.get_nowait())
+            request_id, taken = self._cancels.get_nowait()
+            cancelled.add(request_id)
+            if taken is not None:
+                taken()
         return cancelled
 
 

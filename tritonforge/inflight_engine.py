@@ -72,6 +72,7 @@ class InflightBatchingEngine(EngineThread):
                     for sequence in self._running:
                         sequence.request.sink.finish(None, error)
                     self._running, self._cache, self._attention_mask = [], None, None
+        self._take_new()  # answers the stops and moves the last requests to _waiting, which ends them below
         for sequence in self._running:
             sequence.request.sink.finish(None, RuntimeError("the engine is shutting down"))
         for request in self._waiting:

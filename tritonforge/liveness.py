@@ -7,7 +7,8 @@ its probe has had no answer for `wedged_after_s`. An error is an answer: a dead 
 check's business. The probes cost the engine nothing:
 
 - preprocessing and postprocessing: a one-token request;
-- the engine (decoupled): a `stop` for a request id no one uses, answered by the model itself;
+- the engine (decoupled): a `stop` for a request id no one uses; the Python engines answer it from their
+  engine thread, so an engine step stuck in a call is found too, not only a stuck stub;
 - the BLS (decoupled): a request with `max_tokens` 0, refused by the BLS itself before it calls the engine.
 
 A model deployed non-decoupled (`--no-streaming`) has no stream to probe it with and is not probed.

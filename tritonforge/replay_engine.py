@@ -129,6 +129,7 @@ class ReplayEngine(EngineThread):
             # the next at once (no burst of catch-up steps).
             next_step = max(next_step + self.step_s, time.monotonic())
             time.sleep(max(0.0, next_step - time.monotonic()))
+        self._take_new()  # answers the stops and moves the last requests to _waiting, which ends them below
         for replay in self._running:
             self._release(replay)
             replay.request.sink.finish(None, RuntimeError("the engine is shutting down"))

@@ -1,0 +1,133 @@
+"""The engine's thread and its faults, through `EngineService` (the engine model's logic).
+
+- A response that cannot be sent ends its own request with an error; the engine's thread and every other
+  request go on. The engine step's responses are sent from the engine's thread; a send that raised there
+  (a stub out of shared memory, a sender already closed) used to end that thread, and with it every request
+  of the engine instance: their clients waited forever.
+- A `stop` is answered by the engine's thread, so an engine whose thread is stuck leaves it unanswered: the
+  liveness probe (a stop for an unused id) then finds the engine wedged, where an answer from the stub alone
+  would have said it was fine.
+
+The Python backend exists only inside the server's stub, so `pb_utils` is a stand-in here with just what
+`EngineService` calls; the engine is the real replay engine.
+"""
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+import numpy as np
+
+from tritonforge.contract import stop_request_inputs
+from tritonforge.engine_service import EngineService, EngineSettings
+from tritonforge.limits import EngineLimits
+from tritonforge.replay_engine import ReplayEngine
+
+FINAL = 1
+WAIT_S = 60
+
+
+class _TritonError:
+    INTERNAL, INVALID_ARG, UNAVAILABLE, UNSUPPORTED = "INTERNAL", "INVALID_ARG", "UNAVAILABLE", "UNSUPPORTED"
+
+    def __init__(self, message, code):
+        self.message, self.code = message, code
+
+
+PB_UTILS_STAND_IN = SimpleNamespace(
+    Tensor=lambda name, value: (name, value), TritonError=_TritonError,
+    InferenceResponse=lambda tensors=None, error=None: SimpleNamespace(tensors=tensors, error=error),
+    TRITONSERVER_RESPONSE_COMPLETE_FINAL=FINAL)
+
+
+class Sender:
+    """Records what was sent; the send numbered `fail_at` (from 1) raises, as the stub's send can."""
+
+    def __init__(self, fail_at: int | None = None):
+        self.fail_at, self.attempts, self.sent, self.final = fail_at, 0, [], threading.Event()
+
+    def send(self, response=None, flags=0):
+        self.attempts += 1
+        if self.attempts == self.fail_at:
+            raise RuntimeError("Failed to increase the shared memory pool size")
+        self.sent.append((response, flags))
+        if flags == FINAL:
+            self.final.set()
+
+    def is_cancelled(self):
+        return False
+
+
+class BlockingSender(Sender):
+    """A sender whose first send waits until released, as a send stuck in the server would."""
+
+    def __init__(self):
+        super().__init__()
+        self.sending, self.release = threading.Event(), threading.Event()
+
+    def send(self, response=None, flags=0):
+        self.sending.set()
+        assert self.release.wait(WAIT_S)
+        super().send(response, flags)
+
+
+class Request:
+    def __init__(self, request_id: str, sender: Sender, tokens: int = 0, inputs: dict | None = None):
+        self._id, self._sender = request_id, sender
+        self._inputs = inputs or {
+            "input_ids": np.array([[1, 2]], np.int32), "input_lengths": np.array([[2]], np.int32),
+            "request_output_len": np.array([[tokens]], np.int32), "streaming": np.array([[True]])}
+
+    def get_response_sender(self):
+        return self._sender
+
+    def inputs(self):
+        return [SimpleNamespace(name=lambda n=name: n, as_numpy=lambda v=value: v) for name, value in self._inputs.items()]
+
+    def request_id(self):
+        return self._id
+
+    def requested_output_names(self):
+        return []
+
+
+@pytest.fixture()
+def service():
+    limits = EngineLimits(max_batch_size=4, max_input_len=8, max_seq_len=64)
+    engine = ReplayEngine(list(range(10, 50)), step_ms=2, limits=limits, vocab_size=100)
+    service = EngineService(PB_UTILS_STAND_IN, EngineSettings(limits=limits), engine)
+    yield service
+    service.shutdown()
+
+
+def test_a_failed_send_ends_its_request_with_an_error_and_the_engine_serves_on(service):
+    failing, healthy = Sender(fail_at=2), Sender()
+    service.handle(Request("failing", failing, tokens=20))
+    service.handle(Request("healthy", healthy, tokens=20))
+    assert failing.final.wait(WAIT_S) and healthy.final.wait(WAIT_S)
+
+    last, _ = failing.sent[-1]
+    assert last.error is not None and last.error.code == "INTERNAL"
+    assert "could not be sent" in last.error.message
+    assert len(failing.sent) < 20  # stopped after the failure, not run to the end
+    assert [response.error for response, _ in healthy.sent] == [None] * 20
+
+    later = Sender()  # the engine's thread is still alive
+    service.handle(Request("later", later, tokens=3))
+    assert later.final.wait(WAIT_S) and later.sent[-1][0].error is None
+
+
+def test_a_stop_is_answered_by_the_engine_thread_and_not_while_that_thread_is_stuck(service):
+    idle_stop = Sender()
+    service.handle(Request("nobody", idle_stop, inputs=stop_request_inputs()))
+    assert idle_stop.final.wait(WAIT_S)
+
+    stuck = BlockingSender()
+    service.handle(Request("stuck", stuck, tokens=5))
+    assert stuck.sending.wait(WAIT_S)  # the engine's thread is now inside that send
+    stop = Sender()
+    service.handle(Request("nobody", stop, inputs=stop_request_inputs()))
+    assert not stop.final.wait(0.5)  # a stub that answered for itself would have by now
+    stuck.release.set()
+    assert stop.final.wait(WAIT_S) and stuck.final.wait(WAIT_S)
