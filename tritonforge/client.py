@@ -7,7 +7,9 @@ A decoupled model only answers on a gRPC stream, so non-streaming gRPC calls use
 Every request carries a unique request id. A gRPC stream abandoned before its final response (the caller
 stopped reading, an error, a timeout, a disconnected gateway client) also sends the engine model a `stop`
 request with that id: Triton does not pass a client's cancel on to an ensemble step already running (2.51, and
-Triton's core to date), so without it the engine would generate the abandoned request to its end.
+Triton's core to date), so without it the engine would generate the abandoned request to its end. Not when the
+client calls the BLS or the engine itself: those see the cancel and stop the engine's request themselves (the
+BLS's engine requests have ids of its own, which a client's stop could not name anyway).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from .contract import ENGINE_MODEL, ENSEMBLE_MODEL, client_inputs, stop_request_inputs
+from .contract import BLS_MODEL, ENGINE_MODEL, ENSEMBLE_MODEL, client_inputs, stop_request_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +106,12 @@ def grpc_tensors(module, arrays: dict[str, np.ndarray]) -> list:
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     return inputs
+
+
+def needs_engine_stop(model: str, engine_model: str = ENGINE_MODEL) -> bool:
+    """Whether a stream of `model` abandoned early must be followed by a `stop` to the engine: every model but
+    the BLS and the engine itself, which act on the cancel (the ensemble, under whatever name it is served)."""
+    return model not in (BLS_MODEL, engine_model)
 
 
 def stop_engine_request(url: str, request_id: str, engine_model: str = ENGINE_MODEL) -> None:
@@ -205,7 +213,7 @@ class GrpcClient:
                     finished = True
                     return
         finally:
-            if not finished:
+            if not finished and needs_engine_stop(self.model, self.engine_model):
                 stop_engine_request(self.url, request_id, self.engine_model)
             self.client.stop_stream(cancel_requests=True)
 
@@ -261,7 +269,8 @@ class AsyncGrpcClient:
         except InferenceServerException as error:
             raise GenerationError(str(error)) from None
         finally:
-            if not finished:  # in a task of its own: the caller may be a task being cancelled
+            if not finished and needs_engine_stop(self.model, self.engine_model):
+                # in a task of its own: the caller may be a task being cancelled
                 task = asyncio.get_running_loop().create_task(self._stop_engine_request(request_id))
                 self._stopping.add(task)
                 task.add_done_callback(self._stopping.discard)
@@ -364,7 +373,7 @@ class HttpClient:
             finished = True  # the server ended the stream after its final response
         finally:
             response.close()
-            if not finished:
+            if not finished and needs_engine_stop(self.model, self.engine_model):
                 self._stop_engine_request(request_id)
 
     def stream(self, prompt: str | GenerateRequest, **parameters) -> Iterator[str]:

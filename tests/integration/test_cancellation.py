@@ -22,6 +22,7 @@ STEP_MS = 50
 LONG_GENERATION = 900  # 45 s at one token every 50 ms: never reached by a request a test stops
 BATCH = 2
 ANSWER_S = 15  # far below LONG_GENERATION × STEP_MS
+ADMIN_KEY = "cancellation-tests"  # unlocks Triton's statistics API
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def served(tiny_models, tmp_path_factory):
     repository = build(BuildOptions(model=tiny_models["bpe"], output=tmp_path_factory.mktemp("cancel") / "repo",
                                     engine="replay", replay_step_ms=STEP_MS, max_batch_size=BATCH, max_input_len=64,
                                     max_seq_len=1024, serving=configs.ServingConfig()), progress=lambda _: None)
-    with running(repository) as server:
+    with running(repository, restricted_api_key=ADMIN_KEY) as server:
         yield server, repository
 
 
@@ -109,6 +110,38 @@ def test_an_abandoned_http_ensemble_stream_frees_its_engine_slot(served):
     for stream in streams:
         stream.close()
     assert answer_within(server.grpc_url, ANSWER_S), "the abandoned generations kept their slots"
+
+
+def engine_requests(url: str) -> int:
+    """Requests the engine model has completed, from Triton's statistics."""
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        statistics = client.get_inference_statistics("tensorrt_llm", headers={"triton-grpc-protocol-admin-key": ADMIN_KEY})
+    finally:
+        client.close()
+    return sum(model.inference_stats.success.count for model in statistics.model_stats)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_an_abandoned_bls_stream_frees_its_slot_with_no_stop_from_the_client(served, protocol):
+    """The BLS sees the client's cancel and stops its own engine request (one stop per stream); a stop from the
+    client would only be a wasted request to the engine, naming an id no engine request has."""
+    server, _ = served
+    before = engine_requests(server.grpc_url)
+    streams = []
+    for _ in range(BATCH):
+        client = (GrpcClient(server.grpc_url, model="tensorrt_llm_bls") if protocol == "grpc"
+                  else HttpClient(server.http_url, model="tensorrt_llm_bls"))
+        stream = client.stream_bytes(GenerateRequest(text_input="The server", max_tokens=LONG_GENERATION))
+        next(stream)
+        streams.append(stream)
+    assert answer_within(server.grpc_url, 3) is None  # every slot is taken: a new request waits
+    for stream in streams:
+        stream.close()
+    assert answer_within(server.grpc_url, ANSWER_S), "the abandoned BLS generations kept their slots"
+    # The engine saw each stream's generation and the BLS's stop of it, and the two answer_within requests
+    # (the first may still be finishing): a stop from each client would make it at least one more.
+    assert engine_requests(server.grpc_url) - before <= 2 * BATCH + 2
 
 
 def test_a_storm_of_cancelled_async_ensemble_streams_leaves_no_orphan(served):
