@@ -80,17 +80,28 @@ def test_cancelled_engine_streams_free_their_slots(served):
     assert answer_within(server.grpc_url, ANSWER_S), "the cancelled generations kept their slots"
 
 
+def hold_every_slot(server, client_of) -> list:
+    """`BATCH` long generations through `client_of()` (a GrpcClient or HttpClient), each past its first chunk,
+    so that they hold every engine slot: a new request waits. The open streams, for the test to abandon."""
+    streams = []
+    for _ in range(BATCH):
+        stream = client_of().stream_bytes(GenerateRequest(text_input="The server", max_tokens=LONG_GENERATION))
+        next(stream)
+        streams.append(stream)
+    assert answer_within(server.grpc_url, 3) is None
+    return streams
+
+
 def test_an_abandoned_ensemble_stream_frees_its_engine_slot(served):
     """Triton does not pass the client's cancel to the running engine step; our client's stop does."""
     server, _ = served
-    clients, streams = [], []
-    for _ in range(BATCH):
-        client = GrpcClient(server.grpc_url)
-        stream = client.stream_bytes(GenerateRequest(text_input="The server", max_tokens=LONG_GENERATION))
-        next(stream)
-        clients.append(client)
-        streams.append(stream)
-    assert answer_within(server.grpc_url, 3) is None  # every slot is taken: a new request waits
+    clients = []
+
+    def client_of():
+        clients.append(GrpcClient(server.grpc_url))
+        return clients[-1]
+
+    streams = hold_every_slot(server, client_of)
     for client, stream in zip(clients, streams):
         stream.close()  # the caller stops reading: the client cancels its stream and stops the engine's request
         client.close()
@@ -100,14 +111,7 @@ def test_an_abandoned_ensemble_stream_frees_its_engine_slot(served):
 def test_an_abandoned_http_ensemble_stream_frees_its_engine_slot(served):
     """An HTTP disconnect, as a gRPC cancel, does not reach the ensemble's running engine step; our stop does."""
     server, _ = served
-    streams = []
-    for _ in range(BATCH):
-        stream = HttpClient(server.http_url).stream_bytes(GenerateRequest(text_input="The server",
-                                                                          max_tokens=LONG_GENERATION))
-        next(stream)
-        streams.append(stream)
-    assert answer_within(server.grpc_url, 3) is None  # every slot is taken: a new request waits
-    for stream in streams:
+    for stream in hold_every_slot(server, lambda: HttpClient(server.http_url)):
         stream.close()
     assert answer_within(server.grpc_url, ANSWER_S), "the abandoned generations kept their slots"
 
@@ -116,7 +120,8 @@ def engine_requests(url: str) -> int:
     """Requests the engine model has completed, from Triton's statistics."""
     client = grpcclient.InferenceServerClient(url)
     try:
-        statistics = client.get_inference_statistics("tensorrt_llm", headers={"triton-grpc-protocol-admin-key": ADMIN_KEY})
+        statistics = client.get_inference_statistics("tensorrt_llm",
+                                                     headers={"triton-grpc-protocol-admin-key": ADMIN_KEY})
     finally:
         client.close()
     return sum(model.inference_stats.success.count for model in statistics.model_stats)
@@ -128,15 +133,13 @@ def test_an_abandoned_bls_stream_frees_its_slot_with_no_stop_from_the_client(ser
     client would only be a wasted request to the engine, naming an id no engine request has."""
     server, _ = served
     before = engine_requests(server.grpc_url)
-    streams = []
-    for _ in range(BATCH):
-        client = (GrpcClient(server.grpc_url, model="tensorrt_llm_bls") if protocol == "grpc"
-                  else HttpClient(server.http_url, model="tensorrt_llm_bls"))
-        stream = client.stream_bytes(GenerateRequest(text_input="The server", max_tokens=LONG_GENERATION))
-        next(stream)
-        streams.append(stream)
-    assert answer_within(server.grpc_url, 3) is None  # every slot is taken: a new request waits
-    for stream in streams:
+
+    def client_of():
+        if protocol == "grpc":
+            return GrpcClient(server.grpc_url, model="tensorrt_llm_bls")
+        return HttpClient(server.http_url, model="tensorrt_llm_bls")
+
+    for stream in hold_every_slot(server, client_of):
         stream.close()
     assert answer_within(server.grpc_url, ANSWER_S), "the abandoned BLS generations kept their slots"
     # The engine saw each stream's generation and the BLS's stop of it, and the two answer_within requests

@@ -15,9 +15,8 @@ The Python backend exists only inside the server's stub, so `pb_utils` is a stan
 import threading
 from types import SimpleNamespace
 
-import pytest
-
 import numpy as np
+import pytest
 
 from tritonforge.contract import stop_request_inputs
 from tritonforge.engine_service import EngineService, EngineSettings
@@ -83,7 +82,8 @@ class Request:
         return self._sender
 
     def inputs(self):
-        return [SimpleNamespace(name=lambda n=name: n, as_numpy=lambda v=value: v) for name, value in self._inputs.items()]
+        return [SimpleNamespace(name=lambda n=name: n, as_numpy=lambda v=value: v)
+                for name, value in self._inputs.items()]
 
     def request_id(self):
         return self._id
