@@ -88,6 +88,9 @@ class InflightBatchingEngine(EngineThread):
                 continue
             self._prefill(request)
             prefilled += 1
+            # A prefill is a forward pass over a whole prompt: stops (the liveness probe's too) and cancels wait
+            # for one of them, not for every prefill of the iteration.
+            self._apply_cancellations(self._take_new())
         if self._running:
             self._decode_step()
         self.stats = EngineStats(waiting=self.pending(), scheduled=len(self._running), context=prefilled,
