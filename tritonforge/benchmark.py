@@ -153,7 +153,10 @@ def asyncio_load(url, path, prompts, concurrency, output_tokens, duration_s):
 
 # ---- load generator: perf_analyzer --------------------------------------------------------------------------
 
-PERF_ANALYZER_TIMEOUT_S = 600
+# A point normally ends within a few times its duration (count windows at 256 streams: ~30 s for 4 s);
+# a stream that never ends must fail its point, not hold the run for ten minutes.
+PERF_ANALYZER_MIN_TIMEOUT_S = 120
+PERF_ANALYZER_TIMEOUT_PER_POINT_S = 20  # seconds allowed per second of the point's duration
 PERF_ANALYZER_WINDOWS = 3  # measurement windows per point
 OPENAI_COMPLETIONS_ENDPOINT = "v1/completions"
 
@@ -224,7 +227,10 @@ def _run_perf_analyzer(url: str, model: str, data: list[dict], label: str, concu
     try:
         return _perf_analyzer_timings(url, model, data, label, concurrency, duration_s, output_tokens, work,
                                       openai=openai)
-    except (RuntimeError, KeyError, subprocess.TimeoutExpired) as error:
+    except subprocess.TimeoutExpired as error:
+        message = f"perf_analyzer: no result in {error.timeout:.0f} s (a stream that never ended?); stopped"
+        return [Timing(sent=0.0, arrivals=[], tokens=0, error=message)], duration_s
+    except (RuntimeError, KeyError) as error:
         return [Timing(sent=0.0, arrivals=[], tokens=0, error=f"perf_analyzer: {error}")], duration_s
 
 
@@ -237,7 +243,8 @@ def _perf_analyzer_timings(url: str, model: str, data: list[dict], label: str, c
     export = work / f"export-{label}-{time.monotonic_ns()}.json"
     command = perf_analyzer_command(url, model, input_file, concurrency, duration_s, output_tokens, export,
                                     openai=openai)
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=PERF_ANALYZER_TIMEOUT_S)
+    timeout_s = max(PERF_ANALYZER_MIN_TIMEOUT_S, PERF_ANALYZER_TIMEOUT_PER_POINT_S * duration_s)
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     if completed.returncode != 0 or not export.exists():
         raise RuntimeError(f"perf_analyzer exited {completed.returncode}: {perf_analyzer_error(completed)}\n"
                            f"command: {' '.join(command)}")

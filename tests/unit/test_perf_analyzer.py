@@ -68,3 +68,23 @@ def test_a_failed_perf_analyzer_fails_its_point_alone_with_its_error(tmp_path, m
         timings, wall = load()
         assert wall == 2.0 and len(timings) == 1 and not timings[0].arrivals
         assert timings[0].error.startswith("perf_analyzer: perf_analyzer exited 99: error: failed to get model config")
+
+
+def test_a_perf_analyzer_that_never_ends_fails_its_point_within_its_timeout(tmp_path, monkeypatch):
+    """A stream that never ends (perf_analyzer then waits for it forever) fails the point with a clear error,
+    after a time that scales with the point's duration."""
+    import subprocess
+
+    from tritonforge import benchmark
+
+    waited = []
+
+    def run(command, timeout, **_):
+        waited.append(timeout)
+        raise subprocess.TimeoutExpired(command, timeout)
+
+    monkeypatch.setattr(benchmark.subprocess, "run", run)
+    timings, _ = benchmark.perf_analyzer_load("h:1", "ensemble", [("Hi", [1])], 8, 64, 4.0, tmp_path)
+    assert timings[0].error.startswith("perf_analyzer: no result in 120 s")
+    benchmark.perf_analyzer_load("h:1", "ensemble", [("Hi", [1])], 8, 64, 30.0, tmp_path)
+    assert waited == [120, 600]
