@@ -5,7 +5,8 @@ Same client contract as the ensemble, with what the ensemble cannot do:
 - string-level stop phrases (held back until decided, never emitted), which then stop the engine's request
   through its `stop` input so its slot frees; a client's cancel does the same;
 - many requests per instance: each request runs in a worker thread of the instance's pool (BLS response
-  iterators block their thread), so concurrency is `max_concurrency` per instance, not one;
+  iterators block their thread), so concurrency is `max_concurrency` per instance, not one; at most
+  `ENGINE_CALLS_WAITING` of them wait for the engine's first token at once (see there why);
 - streamed text coalesced under load (`_StreamOutbox`): a request's reader thread only detokenizes, a few
   sender threads send. While a response of a stream is being sent, the text the engine delivers meanwhile
   waits and goes out as one chunk. A response send is a round trip to the server that one stub makes one
@@ -51,6 +52,12 @@ CLIENT_TO_ENGINE = {client: engine for engine, client in ENGINE_FROM_CLIENT.item
 FORCED_ENGINE_INPUTS = {"streaming", "exclude_input_in_output"}
 CANCEL_CHECK_PERIOD_S = CANCELLATION_CHECK_PERIOD_MS / 1000
 SENDER_THREADS = 4  # per instance: they send the coalesced chunks of every stream
+# Triton 2.51's Python backend serves a decoupled instance's engine calls and its response sends from one pool
+# of 32 threads (the backend's default `thread-pool-size`), and an engine call holds its thread until the
+# engine's first response. With more rows than that waiting for a first token (the engine's queue is full),
+# no thread is left for the sends of the rows already streaming: their clients got nothing for 7 s (44
+# streams on one instance, 2 engine slots). So at most this many rows of an instance wait in an engine call.
+ENGINE_CALLS_WAITING = 16
 ITERATOR_GRACE_S = 2.0  # how long a finished BLS response iterator is kept alive (see _IteratorGraveyard)
 
 
@@ -205,6 +212,7 @@ class BlsOrchestrator:
         self.pool = ThreadPoolExecutor(max_workers=settings.max_concurrency, thread_name_prefix="bls")
         self.senders = _Senders(SENDER_THREADS)
         self.graveyard = _IteratorGraveyard()
+        self.engine_calls = threading.BoundedSemaphore(ENGINE_CALLS_WAITING)
 
     def submit(self, request) -> None:
         """Called from execute(): parse now (errors answer at once), generate in the pool."""
@@ -290,8 +298,11 @@ class BlsOrchestrator:
                 model_name=self.settings.engine_model, request_id=request_id,
                 inputs=self._engine_inputs(inputs, encoded, row),
                 requested_output_names=[*ENGINE_OUTPUTS, *wanted_statistics])
-            # A non-decoupled engine answers once, with every token; a decoupled one streams.
-            responses = engine_request.exec(decoupled=True) if self.settings.decoupled else [engine_request.exec()]
+            # A non-decoupled engine answers once, with every token; a decoupled one streams. Either way the
+            # call returns with the engine's first response, and only then lets go of the backend's thread.
+            with self.engine_calls:
+                responses = (engine_request.exec(decoupled=True) if self.settings.decoupled
+                             else [engine_request.exec()])
             try:
                 for response in responses:
                     if response.has_error():

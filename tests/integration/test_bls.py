@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import pytest
 
 from tritonforge import model_configs as configs
 from tritonforge.build import BuildOptions, build
-from tritonforge.client import GenerateRequest, GenerationError, GrpcClient
+from tritonforge.client import AsyncGrpcClient, GenerateRequest, GenerationError, GrpcClient
 from tritonforge.tokenization import load_tokenizer
 
 from .conftest import ascii_only, running, stream_concurrently
@@ -70,6 +72,45 @@ def test_many_concurrent_streams_through_one_bls_instance_keep_their_exact_text(
     expected = [bls.generate(p, max_tokens=MAX_TOKENS) for p in prompts]  # one at a time
     bls.close()
     assert stream_concurrently(replay_served.grpc_url, "tensorrt_llm_bls", prompts, MAX_TOKENS) == expected
+
+
+QUEUED_STREAMS = 44  # more than the 32 backend threads of a BLS instance
+QUEUE_TOKENS = 40  # 0.8 s a request at 20 ms a step
+LONGEST_GAP_S = 2.0  # between two chunks of a stream; 0.02 s is normal, 4-7 s was the stall
+
+
+@pytest.fixture(scope="module")
+def queue_served(tiny_models, tmp_path_factory):
+    """An engine with 2 slots behind one BLS instance: most streams wait in the engine's queue."""
+    repository = build(BuildOptions(model=tiny_models["bpe"], engine="replay", replay_step_ms=20,
+                                    output=tmp_path_factory.mktemp("queue") / "repo", max_input_len=64,
+                                    max_seq_len=256, max_batch_size=2,
+                                    serving=configs.ServingConfig(bls_instances=1)), progress=lambda _: None)
+    with running(repository) as server:
+        yield server
+
+
+def test_streams_waiting_for_the_engine_do_not_stall_the_running_ones(queue_served):
+    """Each BLS engine call holds one of the instance's 32 backend threads until its first token, and those
+    threads also send the instance's responses: with more streams than that queued, the running streams got
+    no chunk for seconds. The BLS lets at most 16 rows of an instance wait in an engine call."""
+
+    async def longest_gaps():
+        client = AsyncGrpcClient(queue_served.grpc_url, "tensorrt_llm_bls")
+
+        async def one(index):
+            arrivals = []
+            request = GenerateRequest(text_input=f"The server {index}", max_tokens=QUEUE_TOKENS)
+            async for _ in client.stream_bytes(request):
+                arrivals.append(time.monotonic())
+            return max((later - earlier for earlier, later in zip(arrivals, arrivals[1:])), default=0.0)
+
+        try:
+            return await asyncio.gather(*(one(index) for index in range(QUEUED_STREAMS)))
+        finally:
+            await client.close()
+
+    assert max(asyncio.run(longest_gaps())) < LONGEST_GAP_S
 
 
 def test_stop_phrase_split_across_tokens_is_never_emitted(clients):
