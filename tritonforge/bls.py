@@ -338,6 +338,9 @@ class BlsOrchestrator:
             finally:
                 self.graveyard.keep(responses)
             unsent, unsent_tokens = outbox.drain()
+            if outbox.send_failed:  # one of the last chunks: still an error, not a stream with a gap
+                stopped_engine = True  # the engine has already finished this request
+                raise ResponseSendError()
             tokens_unsent += unsent_tokens
             tail = unsent + stop_filter.push(detokenizer.flush()) + stop_filter.flush()
             if not exclude_input and not stream:
