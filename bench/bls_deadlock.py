@@ -1,0 +1,153 @@
+"""Reproduces a deadlock of Triton 2.51's Python-backend stub that freezes the BLS, and the engine behind it,
+under streaming load; with --supervised, shows `tritonforge serve`'s supervisor bringing the server back.
+
+The cycle (python_backend r24.10 source, unchanged on its main branch; README, "The BLS deadlock"):
+- a row thread in `InferenceRequest.exec(decoupled=True)` gets its first response and, holding the GIL,
+  waits for the stub's response-iterator map lock (`Stub::GetResponseIterator`);
+- the stub's thread that delivers BLS responses holds that map lock and waits for one iterator's lock
+  (`ResponseIterator::EnqueueResponse`);
+- that iterator's row thread, woken inside `__next__`, holds the iterator's lock and waits for the GIL.
+No thread of the stub runs again; the engine's threads that deliver to it block too, so every path stops.
+
+Rounds of closed-loop BLS streams (short requests, a fast replay engine, one BLS instance: many engine calls
+and responses a second) until one makes no progress for --stall-s. Then py-spy (where installed) shows
+the two sides of the cycle in the BLS stub. With --supervised the server runs under the supervisor, which
+finds the stub silent and restarts the server: the stalled round ends with errors and the next one works.
+
+  .venv/bin/python bench/bls_deadlock.py                 # CPU machine: a stall within a few rounds
+  .venv/bin/python bench/bls_deadlock.py --supervised    # the same under the supervisor
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from tritonforge import model_configs as configs
+from tritonforge.benchmark import asyncio_load, machine_description, make_prompts, summarize
+from tritonforge.build import BuildOptions, build
+from tritonforge.contract import BLS_MODEL
+from tritonforge.profiling import all_stub_pids
+from tritonforge.repository import tokenizer_dir
+from tritonforge.server import TritonServer
+from tritonforge.supervisor import Supervisor
+from tritonforge.tiny_model import make_tiny_model
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+BLS_SOURCE = Path(__file__).resolve().parent.parent / "tritonforge" / "bls.py"
+
+
+def bls_line(marker: str) -> int:
+    """The line of tritonforge/bls.py that holds `marker` (the engine call, the response loop)."""
+    for number, line in enumerate(BLS_SOURCE.read_text().splitlines(), start=1):
+        if marker in line:
+            return number
+    raise LookupError(f"{marker!r} is not in {BLS_SOURCE}")
+
+
+def cycle_evidence(pid: int) -> str:
+    """What the BLS stub's threads wait on, from py-spy's native stacks: in the engine call on a mutex (with
+    the GIL), and in the response loop on a condition (for the GIL)."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(spy).exists():
+        return "py-spy is not installed: no stacks"
+    dump = subprocess.run([spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True).stdout
+    exec_line, next_line = bls_line("engine_request.exec(decoupled=True)"), bls_line("for response in responses:")
+    waits = {"in the engine call, on a mutex": 0, "in the response loop, on a condition": 0}
+    for thread in re.split(r"\n(?=Thread )", dump):
+        frames = thread.splitlines()[1:4]
+        text = "\n".join(frames)
+        if "pthread_mutex_lock" in text and f"bls.py:{exec_line})" in text:
+            waits["in the engine call, on a mutex"] += 1
+        if "pthread_cond_timedwait" in text and f"bls.py:{next_line})" in text:
+            waits["in the response loop, on a condition"] += 1
+    return "; ".join(f"{count} row thread(s) {where}" for where, count in waits.items())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--streams", type=int, default=64)
+    parser.add_argument("--output-tokens", type=int, default=8, help="short requests: many engine calls")
+    parser.add_argument("--step-ms", type=float, default=2.0, help="replay engine step")
+    parser.add_argument("--round-s", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--stall-s", type=float, default=60.0, help="a round this late past its end is a stall")
+    parser.add_argument("--supervised", action="store_true", help="run the server under the supervisor")
+    parser.add_argument("--wedged-after-s", type=float, default=10.0, help="the supervisor's limit")
+    parser.add_argument("--name", default=None, help="results file stem under bench/results/ (default: none)")
+    args = parser.parse_args()
+    lines = []
+
+    def report(line: str) -> None:
+        lines.append(line)
+        print(line, flush=True)
+
+    with tempfile.TemporaryDirectory() as temporary:
+        work = Path(temporary)
+        serving = configs.ServingConfig(max_batch_size=args.streams, engine_instances=2, bls_instances=1,
+                                        postprocessing_instances=1)
+        repository = build(BuildOptions(model=make_tiny_model(work / "model"), output=work / "repo",
+                                        engine="replay", replay_step_ms=args.step_ms, max_batch_size=args.streams,
+                                        max_input_len=40, max_seq_len=40 + args.output_tokens, serving=serving),
+                           progress=lambda _: None)
+        prompts = make_prompts(tokenizer_dir(repository), 256, 24)
+        server = TritonServer(repository, restricted_apis="")
+        supervisor = watcher = None
+        stop = threading.Event()
+        if args.supervised:
+            supervisor = Supervisor(server, period_s=0.2, wedged_after_s=args.wedged_after_s)
+            supervisor.start()
+            watcher = threading.Thread(target=supervisor.run, args=(stop,), daemon=True)
+            watcher.start()
+        else:
+            server.start()
+        report(f"BLS deadlock reproduction — {machine_description()}, {datetime.date.today().isoformat()}: "
+               f"{args.streams} streams of {args.output_tokens} tokens, replay step {args.step_ms} ms, 1 BLS "
+               f"instance, {args.round_s:.0f} s rounds{', under the supervisor' if args.supervised else ''}")
+        try:
+            for number in range(args.rounds):
+                outcome: dict = {}
+
+                def run_round(into: dict) -> None:
+                    into["result"] = asyncio_load(server.grpc_url, "bls", prompts, args.streams, args.output_tokens,
+                                                  args.round_s)
+
+                load = threading.Thread(target=run_round, args=(outcome,), daemon=True)
+                started = time.monotonic()
+                load.start()
+                load.join(args.round_s + args.stall_s)
+                if load.is_alive() and not args.supervised:
+                    bls = [pid for pid, model in all_stub_pids(server.pid).items() if model == BLS_MODEL]
+                    report(f"round {number}: stalled (no end {args.stall_s:.0f} s past the round); BLS stub: "
+                           f"{cycle_evidence(bls[0]) if bls else 'not found'}")
+                    return 0
+                load.join()  # supervised: the supervisor ends a stalled round by restarting the server
+                summary = summarize(*outcome["result"], args.streams)
+                report(f"round {number}: {summary['requests']} requests, {summary['output_tokens_per_s']:,.0f} "
+                       f"tokens/s, {summary['errors']} errors in {time.monotonic() - started:.0f} s"
+                       + (f" ({summary['first_error']})" if summary["errors"] else "")
+                       + (f"; supervisor restarts so far: {supervisor.restarts}" if supervisor else ""))
+            report(f"{args.rounds} rounds: the supervisor restarted the server {supervisor.restarts} times"
+                   if supervisor else f"no stall in {args.rounds} rounds")
+            return 0
+        finally:
+            if watcher is not None:
+                stop.set()
+                watcher.join(timeout=60)  # it stops the server on its way out
+            else:
+                server.stop()
+            if args.name:
+                RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+                (RESULTS_DIR / f"{args.name}.md").write_text("\n\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
