@@ -43,6 +43,18 @@ class GenerationError(RuntimeError):
     """The server answered with an error (its message names the field at fault)."""
 
 
+# A stream that gets nothing from the server for this long ends with `ResponseTimeout` instead of waiting for
+# ever (a frozen server: README, Faults); far above any wait for a first token in the engine's queue.
+RESPONSE_TIMEOUT_S = 300.0
+
+
+class ResponseTimeout(GenerationError):
+    """The server sent nothing on a stream for `RESPONSE_TIMEOUT_S` (or the client's own limit)."""
+
+    def __init__(self, model: str, timeout_s: float):
+        super().__init__(f"no response from {model} in {timeout_s:g} s: the server may be stalled")
+
+
 @dataclass
 class GenerateRequest:
     """One prompt (or chat) and its parameters, with the ensemble's input names."""
@@ -194,7 +206,7 @@ class GrpcClient:
         self.engine_model = engine_model
 
     def stream_bytes(self, request: GenerateRequest, *, stream: bool = True,
-                     request_id: str | None = None, timeout_s: float = 300) -> Iterator[bytes]:
+                     request_id: str | None = None, timeout_s: float = RESPONSE_TIMEOUT_S) -> Iterator[bytes]:
         """The raw text_output bytes of each response, until the final one."""
         responses: queue.Queue = queue.Queue()
         request_id = request_id or uuid.uuid4().hex
@@ -204,7 +216,10 @@ class GrpcClient:
             self.client.async_stream_infer(self.model, _grpc_inputs(request, stream), request_id=request_id,
                                            enable_empty_final_response=True)
             while True:
-                result, error = responses.get(timeout=timeout_s)
+                try:
+                    result, error = responses.get(timeout=timeout_s)
+                except queue.Empty:
+                    raise ResponseTimeout(self.model, timeout_s) from None
                 if error is not None:
                     raise GenerationError(str(error))
                 if result.as_numpy("text_output") is not None:
@@ -234,12 +249,14 @@ class GrpcClient:
 class AsyncGrpcClient:
     """asyncio gRPC client: many concurrent streams on one connection."""
 
-    def __init__(self, url: str, model: str = ENSEMBLE_MODEL, engine_model: str = ENGINE_MODEL):
+    def __init__(self, url: str, model: str = ENSEMBLE_MODEL, engine_model: str = ENGINE_MODEL,
+                 response_timeout_s: float = RESPONSE_TIMEOUT_S):
         import tritonclient.grpc.aio as aioclient
 
         self.client = aioclient.InferenceServerClient(url)
         self.model = model
         self.engine_model = engine_model
+        self.response_timeout_s = response_timeout_s
         self._stopping: set[asyncio.Task] = set()
 
     async def responses(self, request: GenerateRequest, *, stream: bool = True, request_id: str | None = None,
@@ -258,8 +275,17 @@ class AsyncGrpcClient:
             yield {"model_name": self.model, "inputs": inputs, "outputs": requested, "request_id": request_id,
                    "enable_empty_final_response": True}
 
+        stream = self.client.stream_infer(requests())
         try:
-            async for result, error in self.client.stream_infer(requests()):
+            while True:
+                try:
+                    async with asyncio.timeout(self.response_timeout_s):
+                        result, error = await anext(stream)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    stream.cancel()
+                    raise ResponseTimeout(self.model, self.response_timeout_s) from None
                 if error is not None:
                     raise GenerationError(str(error))
                 yield result
@@ -327,7 +353,8 @@ class HttpClient:
     running engine step: a stream abandoned before its end sends the engine a `stop` with the stream's
     request id (`id`), as the gRPC clients do."""
 
-    def __init__(self, url: str, model: str = ENSEMBLE_MODEL, timeout_s: float = 300, engine_model: str = ENGINE_MODEL):
+    def __init__(self, url: str, model: str = ENSEMBLE_MODEL, timeout_s: float = RESPONSE_TIMEOUT_S,
+                 engine_model: str = ENGINE_MODEL):
         host, _, port = url.replace("http://", "").partition(":")
         self.host, self.port = host, int(port or 8000)
         self.model = model

@@ -30,6 +30,7 @@ from .client import (
     AsyncGrpcClient,
     GenerateRequest,
     GenerationError,
+    ResponseTimeout,
     TextAssembler,
     first_int32,
     first_string,
@@ -199,8 +200,11 @@ def _triton_error(error: GenerationError) -> OpenAIError:
     """The HTTP status for an error the repository answered. An error inside a gRPC stream carries only its
     message (no status code), so it is read from the message: the models answer a bad request with
     "<field>: <reason>" (→ 400), a full queue or a missing server as unavailable (→ 503), anything else
-    without internals as "internal error" (→ 500)."""
+    without internals as "internal error" (→ 500); a stream the server left silent is the client's own
+    `ResponseTimeout` (→ 504)."""
     message = str(error)
+    if isinstance(error, ResponseTimeout):  # the server went silent: it, not the request, is at fault
+        return OpenAIError(504, message, kind="server_error")
     lowered = message.lower()
     if "internal error" in lowered or "stub process" in lowered:
         return OpenAIError(500, message, kind="server_error")

@@ -11,7 +11,7 @@ import tritonclient.grpc as grpcclient
 
 from tritonforge import model_configs as configs
 from tritonforge.build import BuildOptions, build
-from tritonforge.client import AsyncGrpcClient, GenerateRequest, GrpcClient, HttpClient
+from tritonforge.client import AsyncGrpcClient, GenerateRequest, GrpcClient, HttpClient, ResponseTimeout
 from tritonforge.openai_gateway import GatewayThread
 from tritonforge.server import free_port
 from tritonforge.tokenization import load_tokenizer
@@ -114,6 +114,44 @@ def test_an_abandoned_http_ensemble_stream_frees_its_engine_slot(served):
     for stream in hold_every_slot(server, lambda: HttpClient(server.http_url)):
         stream.close()
     assert answer_within(server.grpc_url, ANSWER_S), "the abandoned generations kept their slots"
+
+
+@pytest.mark.parametrize("kind", ["grpc", "asyncio"])
+def test_a_stream_the_server_leaves_silent_ends_with_a_timeout_error(served, kind):
+    """A stream that gets nothing from the server (here it waits behind every engine slot held) ends with
+    ResponseTimeout at the client's limit instead of waiting for ever; its stop leaves the engine's queue."""
+    server, _ = served
+    clients = []
+
+    def client_of():
+        clients.append(GrpcClient(server.grpc_url))
+        return clients[-1]
+
+    streams = hold_every_slot(server, client_of)
+    request = GenerateRequest(text_input="The server", max_tokens=4)
+    try:
+        with pytest.raises(ResponseTimeout, match="no response from ensemble in 1 s"):
+            if kind == "grpc":
+                waiting = GrpcClient(server.grpc_url)
+                try:
+                    list(waiting.stream_bytes(request, timeout_s=1))
+                finally:
+                    waiting.close()
+            else:
+                async def wait_silently():
+                    waiting = AsyncGrpcClient(server.grpc_url, response_timeout_s=1)
+                    try:
+                        async for _ in waiting.responses(request):
+                            pass
+                    finally:
+                        await waiting.close()
+
+                asyncio.run(asyncio.wait_for(wait_silently(), ANSWER_S))
+    finally:
+        for client, stream in zip(clients, streams):
+            stream.close()
+            client.close()
+    assert answer_within(server.grpc_url, ANSWER_S), "the engine did not come free after the timed-out stream"
 
 
 def engine_requests(url: str) -> int:

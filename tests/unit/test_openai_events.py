@@ -1,13 +1,14 @@
 """The gateway's per-chunk pieces: the streamed text events, written from a template once per request, equal
 the events built from the chunk's dict (same JSON, same escaping, for both endpoints); the outputs it asks
-for are the contract's."""
+for are the contract's; an error from the repository gets its HTTP status."""
 
 import json
 
 import pytest
 
+from tritonforge.client import GenerationError, ResponseTimeout
 from tritonforge.contract import CLIENT_OUTPUTS
-from tritonforge.openai_gateway import GATEWAY_OUTPUTS, _chunk, _sse, _TextEvents
+from tritonforge.openai_gateway import GATEWAY_OUTPUTS, _chunk, _sse, _TextEvents, _triton_error
 
 
 @pytest.mark.parametrize("kind", ["completions", "chat"])
@@ -23,3 +24,12 @@ def test_text_event_is_the_chunk_as_json(kind, text):
 
 def test_the_outputs_the_gateway_requests_are_the_ensembles_and_the_bls():
     assert set(GATEWAY_OUTPUTS) <= {tensor.name for tensor in CLIENT_OUTPUTS}
+
+
+@pytest.mark.parametrize("error, status", [
+    (ResponseTimeout("tensorrt_llm_bls", 300), 504),  # the server went silent
+    (GenerationError("max_tokens: must be >= 1"), 400),  # the request is at fault
+    (GenerationError("Stub process is not healthy"), 500),
+    (GenerationError("the engine queue is full (8 waiting)"), 503)])
+def test_an_error_from_the_repository_gets_its_http_status(error, status):
+    assert _triton_error(error).status == status
