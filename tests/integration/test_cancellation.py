@@ -4,6 +4,7 @@ generation takes far longer than any bound here, so only a working cancel can pa
 import asyncio
 import threading
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -92,9 +93,8 @@ def hold_every_slot(server, client_of) -> list:
     return streams
 
 
-def test_an_abandoned_ensemble_stream_frees_its_engine_slot(served):
-    """Triton does not pass the client's cancel to the running engine step; our client's stop does."""
-    server, _ = served
+def hold_every_slot_over_grpc(server) -> list[tuple[GrpcClient, Iterator[bytes]]]:
+    """`hold_every_slot` through the ensemble with a GrpcClient per stream: (client, stream) pairs."""
     clients = []
 
     def client_of():
@@ -102,9 +102,19 @@ def test_an_abandoned_ensemble_stream_frees_its_engine_slot(served):
         return clients[-1]
 
     streams = hold_every_slot(server, client_of)
-    for client, stream in zip(clients, streams):
+    return list(zip(clients, streams))
+
+
+def abandon(held: list[tuple[GrpcClient, Iterator[bytes]]]) -> None:
+    for client, stream in held:
         stream.close()  # the caller stops reading: the client cancels its stream and stops the engine's request
         client.close()
+
+
+def test_an_abandoned_ensemble_stream_frees_its_engine_slot(served):
+    """Triton does not pass the client's cancel to the running engine step; our client's stop does."""
+    server, _ = served
+    abandon(hold_every_slot_over_grpc(server))
     assert answer_within(server.grpc_url, ANSWER_S), "the abandoned generations kept their slots"
 
 
@@ -121,13 +131,7 @@ def test_a_stream_the_server_leaves_silent_ends_with_a_timeout_error(served, kin
     """A stream that gets nothing from the server (here it waits behind every engine slot held) ends with
     ResponseTimeout at the client's limit instead of waiting for ever; its stop leaves the engine's queue."""
     server, _ = served
-    clients = []
-
-    def client_of():
-        clients.append(GrpcClient(server.grpc_url))
-        return clients[-1]
-
-    streams = hold_every_slot(server, client_of)
+    held = hold_every_slot_over_grpc(server)
     request = GenerateRequest(text_input="The server", max_tokens=4)
     try:
         with pytest.raises(ResponseTimeout, match="no response from ensemble in 1 s"):
@@ -148,9 +152,7 @@ def test_a_stream_the_server_leaves_silent_ends_with_a_timeout_error(served, kin
 
                 asyncio.run(asyncio.wait_for(wait_silently(), ANSWER_S))
     finally:
-        for client, stream in zip(clients, streams):
-            stream.close()
-            client.close()
+        abandon(held)
     assert answer_within(server.grpc_url, ANSWER_S), "the engine did not come free after the timed-out stream"
 
 
