@@ -1,7 +1,8 @@
 """Reproduces a deadlock of Triton 2.51's Python-backend stub that freezes the BLS, and the engine behind it,
 under streaming load; with --supervised, shows `tritonforge serve`'s supervisor bringing the server back.
 
-The cycle (python_backend r24.10 source, unchanged on its main branch; README, "The BLS deadlock"):
+The cycle (python_backend r24.10 source, unchanged on its main branch; README, Faults, "A deadlock in Triton's
+Python backend"):
 - a row thread in `InferenceRequest.exec(decoupled=True)` gets its first response and, holding the GIL,
   waits for the stub's response-iterator map lock (`Stub::GetResponseIterator`);
 - the stub's thread that delivers BLS responses holds that map lock and waits for one iterator's lock

@@ -128,7 +128,8 @@ def needs_engine_stop(model: str, engine_model: str = ENGINE_MODEL) -> bool:
 
 def stop_engine_request(url: str, request_id: str, engine_model: str = ENGINE_MODEL) -> None:
     """End the engine's running request with this id (nothing happens when none runs); waits for the engine's
-    answer so that the stop is not cancelled in the queue."""
+    answer so that the stop is not cancelled in the queue, but no longer than STOP_TIMEOUT_S: an engine that
+    answers nothing (frozen) must not hold the caller."""
     import tritonclient.grpc as grpcclient
 
     answered: queue.Queue = queue.Queue()
@@ -142,7 +143,7 @@ def stop_engine_request(url: str, request_id: str, engine_model: str = ENGINE_MO
             if error is not None:
                 logger.warning("stopping request %s on %s failed: %s", request_id, engine_model, error)
         finally:
-            client.stop_stream()
+            client.stop_stream(cancel_requests=True)  # else it waits for the stop's stream to end
             client.close()
     except queue.Empty:
         logger.warning("stopping request %s on %s: no answer in %.0f s", request_id, engine_model, STOP_TIMEOUT_S)

@@ -1,0 +1,87 @@
+"""A server that takes requests and answers nothing (a frozen engine) must not hold our clients: the stream
+ends with ResponseTimeout at the client's limit, and the `stop` the client then sends the engine gives up
+after STOP_TIMEOUT_S. The frozen server is a test double of Triton's gRPC service: a real frozen server
+comes only from a race (README, Faults, "A deadlock in Triton's Python backend")."""
+
+import asyncio
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+from tritonclient.grpc import service_pb2_grpc
+
+from tritonforge.client import (
+    STOP_TIMEOUT_S,
+    AsyncGrpcClient,
+    GenerateRequest,
+    GrpcClient,
+    ResponseTimeout,
+    stop_engine_request,
+)
+from tritonforge.server import free_port
+
+GIVE_UP_S = STOP_TIMEOUT_S + 10  # the client's limits plus a margin: beyond it the client hangs
+
+
+class SilentTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Triton's streaming endpoint, frozen: it reads every request and answers none until the client goes."""
+
+    def ModelStreamInfer(self, request_iterator, context):  # noqa: N802 - the gRPC method's name
+        for _ in request_iterator:
+            pass
+        while context.is_active():  # the client closed its side; the server still owes every answer
+            time.sleep(0.05)
+        return iter(())
+
+
+@pytest.fixture()
+def silent_url():
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(SilentTriton(), server)
+    url = f"127.0.0.1:{free_port()}"
+    server.add_insecure_port(url)
+    server.start()
+    yield url
+    server.stop(grace=None)
+
+
+def finishes(work) -> bool:
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    thread.join(GIVE_UP_S)
+    return not thread.is_alive()
+
+
+def test_a_stop_to_a_silent_engine_gives_up(silent_url):
+    assert finishes(lambda: stop_engine_request(silent_url, "a-request")), "the stop waited for ever"
+
+
+@pytest.mark.parametrize("kind", ["grpc", "asyncio"])
+def test_a_stream_from_a_silent_server_ends_with_a_timeout_error(silent_url, kind):
+    outcome = {}
+    request = GenerateRequest(text_input="The server", max_tokens=4)
+
+    async def stream_asyncio():
+        client = AsyncGrpcClient(silent_url, response_timeout_s=1)
+        try:
+            async for _ in client.responses(request):
+                pass
+        finally:
+            await client.close()  # waits for the stop it sent the engine
+
+    def stream():
+        client = GrpcClient(silent_url)
+        try:
+            if kind == "grpc":
+                list(client.stream_bytes(request, timeout_s=1))
+            else:
+                asyncio.run(stream_asyncio())
+        except ResponseTimeout as error:
+            outcome["error"] = str(error)
+        finally:
+            client.close()
+
+    assert finishes(stream), "the stream (or its stop to the engine) waited for ever"
+    assert outcome["error"] == "no response from ensemble in 1 s: the server may be stalled"
