@@ -195,6 +195,26 @@ def generate_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def probe_command(args: argparse.Namespace) -> int:
+    """A liveness check through the engine, for servers that run without our supervisor: Triton's own
+    /v2/health/live still says 200 when the engine is frozen (README, Faults). Exit 0 when a one-token
+    generation answers within --timeout-s, 1 otherwise."""
+    from tritonclient.utils import InferenceServerException
+
+    from .client import GenerateRequest, GenerationError, GrpcClient
+
+    client = GrpcClient(args.url, model=args.model)
+    try:
+        for _ in client.stream_bytes(GenerateRequest(text_input="ping", max_tokens=1), timeout_s=args.timeout_s):
+            pass
+    except (GenerationError, InferenceServerException) as error:
+        print(f"not live: {error}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    return 0
+
+
 def bench_command(args: argparse.Namespace) -> int:
     """Measure a running server: output tokens/s, TTFT and ITL per path and concurrency, efficiency vs direct."""
     import datetime
@@ -356,6 +376,14 @@ def make_parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int, default=None)
     generate.add_argument("--stop", action="append", default=[], help="stop phrase (repeatable)")
     generate.set_defaults(func=generate_command)
+
+    probe = commands.add_parser("probe", help="liveness check: does a one-token generation answer in time?")
+    probe.add_argument("--url", default="127.0.0.1:8001", help="gRPC host:port")
+    probe.add_argument("--model", default=ENSEMBLE_MODEL, help=f"{ENSEMBLE_MODEL} or {BLS_MODEL}")
+    probe.add_argument("--timeout-s", type=float, default=60.0,
+                       help="how long a generation may take to answer, queueing included (a busy engine queues "
+                            "the probe too); a timed-out probe then spends up to 5 s stopping its request")
+    probe.set_defaults(func=probe_command)
 
     bench = commands.add_parser("bench", help="measure a running server: tokens/s, TTFT, ITL per path")
     bench.add_argument("repository", type=Path, help="the served repository (for its tokenizer)")

@@ -252,3 +252,10 @@ def test_the_engine_publishes_the_tensorrtllm_backend_metric_families(served):
     assert max(s["nv_trt_llm_request_metrics:scheduled"] for s in seen) >= 1
     assert max(s["nv_trt_llm_kv_cache_block_metrics:used"] for s in seen) >= 1
     assert max(s["nv_trt_llm_kv_cache_block_metrics:fraction"] for s in seen) > 0
+
+
+def test_probe_says_a_serving_server_is_live(served):
+    from tritonforge.cli import main
+
+    server, _ = served
+    assert main(["probe", "--url", server.grpc_url, "--timeout-s", "30"]) == 0

@@ -1,7 +1,8 @@
-"""A server that takes requests and answers nothing (a frozen engine) must not hold our clients: the stream
-ends with ResponseTimeout at the client's limit, and the `stop` the client then sends the engine gives up
-after STOP_TIMEOUT_S. The frozen server is a test double of Triton's gRPC service: a real frozen server
-comes only from a race (README, Faults, "A deadlock in Triton's Python backend")."""
+"""A server that takes requests and answers nothing (a frozen engine) must not hold our clients: the stream ends
+with ResponseTimeout at the client's limit, and the `stop` the client then sends the engine gives up after
+STOP_TIMEOUT_S; `tritonforge probe` says so with its exit status. The frozen server is a test double of
+Triton's gRPC service: a real frozen server comes only from a race (README, Faults, "A deadlock in Triton's
+Python backend")."""
 
 import asyncio
 import threading
@@ -85,3 +86,12 @@ def test_a_stream_from_a_silent_server_ends_with_a_timeout_error(silent_url, kin
 
     assert finishes(stream), "the stream (or its stop to the engine) waited for ever"
     assert outcome["error"] == "no response from ensemble in 1 s: the server may be stalled"
+
+
+def test_probe_of_a_silent_server_says_not_live(silent_url, capsys):
+    from tritonforge.cli import main
+
+    outcome = {}
+    assert finishes(lambda: outcome.update(code=main(["probe", "--url", silent_url, "--timeout-s", "1"])))
+    assert outcome["code"] == 1
+    assert "not live: no response from ensemble in 1 s" in capsys.readouterr().err
