@@ -81,6 +81,9 @@ def main() -> int:
     parser.add_argument("--round-s", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--stall-s", type=float, default=60.0, help="a round this late past its end is a stall")
+    parser.add_argument("--bls-instances", type=int, default=1)
+    parser.add_argument("--bls-max-concurrency", type=int, default=configs.ServingConfig.bls_max_concurrency,
+                        help="rows one BLS instance runs at once; 1 is NVIDIA's way, which cannot deadlock")
     parser.add_argument("--supervised", action="store_true", help="run the server under the supervisor")
     parser.add_argument("--wedged-after-s", type=float, default=10.0, help="the supervisor's limit")
     parser.add_argument("--name", default=None, help="results file stem under bench/results/ (default: none)")
@@ -93,7 +96,8 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as temporary:
         work = Path(temporary)
-        serving = configs.ServingConfig(max_batch_size=args.streams, engine_instances=2, bls_instances=1,
+        serving = configs.ServingConfig(max_batch_size=args.streams, engine_instances=2,
+                                        bls_instances=args.bls_instances, bls_max_concurrency=args.bls_max_concurrency,
                                         postprocessing_instances=1)
         repository = build(BuildOptions(model=make_tiny_model(work / "model"), output=work / "repo",
                                         engine="replay", replay_step_ms=args.step_ms, max_batch_size=args.streams,
@@ -111,8 +115,9 @@ def main() -> int:
         else:
             server.start()
         report(f"BLS deadlock reproduction — {machine_description()}, {datetime.date.today().isoformat()}: "
-               f"{args.streams} streams of {args.output_tokens} tokens, replay step {args.step_ms} ms, 1 BLS "
-               f"instance, {args.round_s:.0f} s rounds{', under the supervisor' if args.supervised else ''}")
+               f"{args.streams} streams of {args.output_tokens} tokens, replay step {args.step_ms} ms, "
+               f"{args.bls_instances} BLS instance(s) running up to {args.bls_max_concurrency} rows each, "
+               f"{args.round_s:.0f} s rounds{', under the supervisor' if args.supervised else ''}")
         try:
             for number in range(args.rounds):
                 outcome: dict = {}
@@ -127,8 +132,8 @@ def main() -> int:
                 load.join(args.round_s + args.stall_s)
                 if load.is_alive() and not args.supervised:
                     bls = [pid for pid, model in all_stub_pids(server.pid).items() if model == BLS_MODEL]
-                    report(f"round {number}: stalled (no end {args.stall_s:.0f} s past the round); BLS stub: "
-                           f"{cycle_evidence(bls[0]) if bls else 'not found'}")
+                    evidence = "; ".join(f"stub {pid}: {cycle_evidence(pid)}" for pid in bls)
+                    report(f"round {number}: stalled (no end {args.stall_s:.0f} s past the round); {evidence}")
                     return 0
                 load.join()  # supervised: the supervisor ends a stalled round by restarting the server
                 summary = summarize(*outcome["result"], args.streams)
