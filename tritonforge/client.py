@@ -21,7 +21,7 @@ import json
 import logging
 import queue
 import uuid
-from collections.abc import AsyncIterator, Collection, Iterator
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -247,6 +247,37 @@ class GrpcClient:
         self.client.close()
 
 
+class _SilenceWatch:
+    """Calls `expire` when a wait for the server's next response has lasted `timeout_s`. One timer per stream,
+    re-armed only when it comes due, so a response costs two clock reads instead of a timer of its own (the
+    OpenAI gateway reads one response per token)."""
+
+    def __init__(self, timeout_s: float, expire: Callable[[], object]):
+        self.loop = asyncio.get_running_loop()
+        self.timeout_s, self.expire = timeout_s, expire
+        self.waiting_since: float | None = None  # None while the caller handles a response
+        self.expired = False
+        self._timer = self.loop.call_later(timeout_s, self._check)
+
+    def wait_begins(self) -> None:
+        self.waiting_since = self.loop.time()
+
+    def heard(self) -> None:
+        self.waiting_since = None
+
+    def _check(self) -> None:
+        now = self.loop.time()
+        if self.waiting_since is not None and now >= self.waiting_since + self.timeout_s:
+            self.expired = True
+            self.expire()
+            return
+        start = now if self.waiting_since is None else self.waiting_since
+        self._timer = self.loop.call_at(start + self.timeout_s, self._check)
+
+    def stop(self) -> None:
+        self._timer.cancel()
+
+
 class AsyncGrpcClient:
     """asyncio gRPC client: many concurrent streams on one connection."""
 
@@ -277,16 +308,19 @@ class AsyncGrpcClient:
                    "enable_empty_final_response": True}
 
         stream = self.client.stream_infer(requests())
+        silence = _SilenceWatch(self.response_timeout_s, stream.cancel)
         try:
             while True:
+                silence.wait_begins()
                 try:
-                    async with asyncio.timeout(self.response_timeout_s):
-                        result, error = await anext(stream)
+                    result, error = await anext(stream)
                 except StopAsyncIteration:
                     return
-                except TimeoutError:
-                    stream.cancel()
-                    raise ResponseTimeout(self.model, self.response_timeout_s) from None
+                except asyncio.CancelledError:  # the watch cancelled the call, or the caller's task is cancelled
+                    if silence.expired:
+                        raise ResponseTimeout(self.model, self.response_timeout_s) from None
+                    raise
+                silence.heard()
                 if error is not None:
                     raise GenerationError(str(error))
                 yield result
@@ -296,6 +330,7 @@ class AsyncGrpcClient:
         except InferenceServerException as error:
             raise GenerationError(str(error)) from None
         finally:
+            silence.stop()
             if not finished and needs_engine_stop(self.model, self.engine_model):
                 # in a task of its own: the caller may be a task being cancelled
                 task = asyncio.get_running_loop().create_task(self._stop_engine_request(request_id))
