@@ -121,20 +121,22 @@ class ReplayEngine(EngineThread):
                 self._step()
             except Exception as error:  # noqa: BLE001 - a broken step must end its requests, not the thread
                 logger.exception("replay step failed")
-                for replay in self._running:
-                    self._release(replay)
-                    replay.request.sink.finish(None, error)
-                self._running = []
+                self._end_running(error)
             # A fixed cadence: time spent in the step counts toward the step; a step that overran starts
             # the next at once (no burst of catch-up steps).
             next_step = max(next_step + self.step_s, time.monotonic())
             time.sleep(max(0.0, next_step - time.monotonic()))
         self._take_new()  # answers the stops and moves the last requests to _waiting, which ends them below
-        for replay in self._running:
-            self._release(replay)
-            replay.request.sink.finish(None, RuntimeError("the engine is shutting down"))
+        self._end_running(RuntimeError("the engine is shutting down"))
         for request in self._waiting:
             request.sink.finish(None, RuntimeError("the engine is shutting down"))
+
+    def _end_running(self, error: Exception) -> None:
+        """End every running request with `error`, freeing its batch slot."""
+        for replay in self._running:
+            self._release(replay)
+            replay.request.sink.finish(None, error)
+        self._running = []
 
     def _admit(self) -> int | None | bool:
         """A slot for one more running request: its SharedBatch slot, None (no sharing), or False (full)."""
