@@ -44,6 +44,17 @@ def non_negative_ints(text: str) -> list[int]:
     return _whole_numbers(text, 0)
 
 
+def positive_seconds(text: str) -> float:
+    """An argparse `type` for a time limit in seconds: a number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return value
+
+
 SERVING = "serving."  # where the ServingConfig options land in `args`
 INSTANCE_COUNTS = ("preprocessing_instances", "postprocessing_instances", "bls_instances")
 
@@ -380,7 +391,7 @@ def make_parser() -> argparse.ArgumentParser:
     probe = commands.add_parser("probe", help="liveness check: does a one-token generation answer in time?")
     probe.add_argument("--url", default="127.0.0.1:8001", help="gRPC host:port")
     probe.add_argument("--model", default=ENSEMBLE_MODEL, help=f"{ENSEMBLE_MODEL} or {BLS_MODEL}")
-    probe.add_argument("--timeout-s", type=float, default=60.0,
+    probe.add_argument("--timeout-s", type=positive_seconds, default=60.0,
                        help="how long a generation may take to answer, queueing included (a busy engine queues "
                             "the probe too); a timed-out probe then spends up to 5 s stopping its request")
     probe.set_defaults(func=probe_command)

@@ -95,3 +95,13 @@ def test_probe_of_a_silent_server_says_not_live(silent_url, capsys):
     assert finishes(lambda: outcome.update(code=main(["probe", "--url", silent_url, "--timeout-s", "1"])))
     assert outcome["code"] == 1
     assert "not live: no response from ensemble in 1 s" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("limit", ["0", "-5", "soon", "nan"])
+def test_probe_refuses_a_limit_that_is_not_a_positive_number_of_seconds(limit, capsys):
+    from tritonforge.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["probe", "--timeout-s", limit])
+    assert exit_.value.code == 2
+    assert "--timeout-s" in capsys.readouterr().err
