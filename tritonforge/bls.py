@@ -4,9 +4,9 @@ Same client contract as the ensemble, with what the ensemble cannot do:
 - per-request incremental detokenization: every streamed chunk is complete UTF-8 characters;
 - string-level stop phrases (held back until decided, never emitted), which then stop the engine's request
   through its `stop` input so its slot frees; a client's cancel does the same;
-- many requests per instance: each request runs in a worker thread of the instance's pool (BLS response
-  iterators block their thread), so concurrency is `max_concurrency` per instance, not one; at most
-  `ENGINE_CALLS_WAITING` of them wait for the engine's first token at once (see there why);
+- many requests per instance: each request runs in a worker thread of the instance's pool, reading its
+  engine responses from the instance's one gRPC stream to the engine (`engine_stream`: why not the Python
+  backend's own BLS calls), so concurrency is `max_concurrency` per instance, not one;
 - streamed text coalesced under load (`_StreamOutbox`): a request's reader thread only detokenizes, a few
   sender threads send. While a response of a stream is being sent, the text the engine delivers meanwhile
   waits and goes out as one chunk. A response send is a round trip to the server that one stub makes one
@@ -23,15 +23,15 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
-from .contract import ENGINE_FROM_CLIENT, ENGINE_PASSTHROUGH_OUTPUTS, stop_request_inputs
+from .contract import ENGINE_FROM_CLIENT, ENGINE_PASSTHROUGH_OUTPUTS
 from .detokenization import IncrementalDetokenizer, TokenBytes
+from .engine_stream import EngineStream
 from .errors import RequestError, ResponseSendError
 from .limits import EngineLimits
 from .model_parameters import CANCELLATION_CHECK_PERIOD_MS
@@ -52,42 +52,6 @@ CLIENT_TO_ENGINE = {client: engine for engine, client in ENGINE_FROM_CLIENT.item
 FORCED_ENGINE_INPUTS = {"streaming", "exclude_input_in_output"}
 CANCEL_CHECK_PERIOD_S = CANCELLATION_CHECK_PERIOD_MS / 1000
 SENDER_THREADS = 4  # per instance: they send the coalesced chunks of every stream
-# Triton 2.51's Python backend serves a decoupled instance's engine calls and its response sends from one pool
-# of 32 threads (the backend's default `thread-pool-size`), and an engine call holds its thread until the
-# engine's first response. With more rows than that waiting for a first token (the engine's queue is full),
-# no thread is left for the sends of the rows already streaming: their clients got nothing for 7 s (44
-# streams on one instance, 2 engine slots). So at most this many rows of an instance wait in an engine call.
-ENGINE_CALLS_WAITING = 16
-ITERATOR_GRACE_S = 2.0  # how long a finished BLS response iterator is kept alive (see _IteratorGraveyard)
-
-
-class _IteratorGraveyard:
-    """Keeps finished BLS response iterators alive for a while, then drops them here, under the GIL.
-
-    A 2.51 `ResponseIterator` holds every response it delivered, and the stub's cleanup thread holds it
-    too. If Python lets go first, the cleanup thread runs its destructor, which frees the responses' numpy
-    arrays without the GIL: heap corruption, seen as the BLS stub aborting under load. Holding the iterator
-    until that cleanup is long done makes the last reference ours.
-    """
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._kept: collections.deque = collections.deque()
-
-    def keep(self, iterator) -> None:
-        now = time.monotonic()
-        with self._lock:
-            self._kept.append((now, iterator))
-            expired = []
-            while self._kept and now - self._kept[0][0] > ITERATOR_GRACE_S:
-                expired.append(self._kept.popleft()[1])
-        del expired  # released here, in a Python thread that holds the GIL
-
-    def clear(self) -> None:
-        with self._lock:
-            self._kept.clear()
-
-
 class _Senders:
     """A few threads that send the streams' pending chunks: a plain deque and a condition (a thread pool's
     futures cost more than the send they wrap, once per token)."""
@@ -173,6 +137,7 @@ class BlsSettings:
     tokenizer_dir: str
     limits: EngineLimits
     engine_model: str
+    engine_url: str  # the server's gRPC endpoint, where the BLS reaches the engine model
     max_concurrency: int
     add_special_tokens: bool
     decoupled: bool
@@ -211,8 +176,7 @@ class BlsOrchestrator:
         self.token_bytes = TokenBytes(self.preprocessor.tokenizer)
         self.pool = ThreadPoolExecutor(max_workers=settings.max_concurrency, thread_name_prefix="bls")
         self.senders = _Senders(SENDER_THREADS)
-        self.graveyard = _IteratorGraveyard()
-        self.engine_calls = threading.BoundedSemaphore(ENGINE_CALLS_WAITING)
+        self.engine = EngineStream(settings.engine_url, settings.engine_model)
 
     def submit(self, request) -> None:
         """Called from execute(): parse now (errors answer at once), generate in the pool."""
@@ -246,8 +210,8 @@ class BlsOrchestrator:
         rows = value.reshape(value.shape[0], -1)
         return [[decode_utf8("stop_words", item) for item in rows[row]] for row in range(batch)]
 
-    def _engine_inputs(self, inputs: dict[str, np.ndarray], encoded: EncodedRequest, row: int) -> list:
-        pb_utils = self.pb_utils
+    def _engine_inputs(self, inputs: dict[str, np.ndarray], encoded: EncodedRequest, row: int
+                       ) -> dict[str, np.ndarray]:
         tensors = {**encoded.engine_inputs(row), "streaming": np.array([[self.settings.decoupled]]),
                    "exclude_input_in_output": np.array([[True]])}
         for client_name, engine_name in CLIENT_TO_ENGINE.items():
@@ -256,21 +220,13 @@ class BlsOrchestrator:
                 if value.ndim == 1:  # an input NVIDIA's BLS config reshapes to a scalar: [B] → [B, 1]
                     value = value.reshape(-1, 1)
                 tensors[engine_name] = value[row:row + 1] if value.shape[0] > 1 else value
-        return output_tensors(pb_utils, tensors)
+        return tensors
 
     def _stop_engine(self, request_id: str) -> None:
-        """Cancel the engine's request: Triton 2.51 cannot cancel a BLS call, so use the `stop` input.
-        A non-decoupled engine has always finished by the time the BLS could ask."""
-        if not self.settings.decoupled:
-            return
-        pb_utils = self.pb_utils
-        stop = pb_utils.InferenceRequest(
-            model_name=self.settings.engine_model, request_id=request_id, requested_output_names=[],
-            inputs=output_tensors(pb_utils, stop_request_inputs()))
-        responses = stop.exec(decoupled=True)
-        for _ in responses:
-            pass
-        self.graveyard.keep(responses)
+        """Stop the engine's request through its `stop` input (how NVIDIA's clients cancel one request of a
+        stream). A non-decoupled engine has always finished by the time the BLS could ask."""
+        if self.settings.decoupled:
+            self.engine.stop(request_id)
 
     def _run_row(self, inputs, encoded: EncodedRequest, row: int, stop_phrases: list[str], stream: bool,
                  exclude_input: bool, completion: _Completion) -> None:
@@ -294,49 +250,35 @@ class BlsOrchestrator:
 
         outbox = _StreamOutbox(self.senders, completion, streamed_response)
         try:
-            engine_request = pb_utils.InferenceRequest(
-                model_name=self.settings.engine_model, request_id=request_id,
-                inputs=self._engine_inputs(inputs, encoded, row),
-                requested_output_names=[*ENGINE_OUTPUTS, *wanted_statistics])
-            # A non-decoupled engine answers once, with every token; a decoupled one streams. Either way the
-            # call returns with the engine's first response, and only then lets go of the backend's thread.
-            with self.engine_calls:
-                responses = (engine_request.exec(decoupled=True) if self.settings.decoupled
-                             else [engine_request.exec()])
-            try:
-                for response in responses:
-                    if response.has_error():
-                        raise EngineStepError(response.error().message(), response.error().code())
-                    # One pass over the response's tensors: pb_utils.get_output_tensor_by_name lists them
-                    # all again on every call, once per output per token.
-                    tensors = {tensor.name(): tensor for tensor in response.output_tensors()}
-                    ids_tensor = tensors.get("output_ids")
-                    if ids_tensor is None:  # the empty response that carries FINAL
-                        continue
-                    ids = ids_tensor.as_numpy().reshape(-1)
-                    length = int(tensors["sequence_length"].as_numpy().reshape(-1)[0])
-                    tokens_unsent += length
-                    for name in wanted_statistics:
-                        tensor = tensors.get(name)
-                        if tensor is not None:
-                            statistics[name] = tensor.as_numpy().copy()
-                    if return_log_probs:
-                        log_probs.extend(tensors["output_log_probs"].as_numpy().reshape(-1)[:length].tolist())
-                    if stopped_engine:
-                        continue
-                    text = stop_filter.push(detokenizer.push(ids[:length].tolist()))
-                    if stream and text:
-                        outbox.add(text, tokens_unsent)
-                        tokens_unsent = 0
-                    elif text:
-                        pieces.append(text)
-                    if outbox.send_failed:
-                        raise ResponseSendError()
-                    if stop_filter.stopped or completion.cancelled():
-                        self._stop_engine(request_id)
-                        stopped_engine = True
-            finally:
-                self.graveyard.keep(responses)
+            # A non-decoupled engine answers once, with every token; a decoupled one streams.
+            responses = self.engine.call(request_id, self._engine_inputs(inputs, encoded, row),
+                                         [*ENGINE_OUTPUTS, *wanted_statistics])
+            for tensors in responses:
+                ids_tensor = tensors.get("output_ids")
+                if ids_tensor is None:  # a response without tokens
+                    continue
+                ids = ids_tensor.reshape(-1)
+                length = int(tensors["sequence_length"].reshape(-1)[0])
+                tokens_unsent += length
+                for name in wanted_statistics:
+                    value = tensors.get(name)
+                    if value is not None:
+                        statistics[name] = value
+                if return_log_probs:
+                    log_probs.extend(tensors["output_log_probs"].reshape(-1)[:length].tolist())
+                if stopped_engine:
+                    continue
+                text = stop_filter.push(detokenizer.push(ids[:length].tolist()))
+                if stream and text:
+                    outbox.add(text, tokens_unsent)
+                    tokens_unsent = 0
+                elif text:
+                    pieces.append(text)
+                if outbox.send_failed:
+                    raise ResponseSendError()
+                if stop_filter.stopped or completion.cancelled():
+                    self._stop_engine(request_id)
+                    stopped_engine = True
             unsent, unsent_tokens = outbox.drain()
             if outbox.send_failed:  # one of the last chunks: still an error, not a stream with a gap
                 stopped_engine = True  # the engine has already finished this request
@@ -386,15 +328,7 @@ class BlsOrchestrator:
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.senders.shutdown()
-        self.graveyard.clear()
-
-
-class EngineStepError(RuntimeError):
-    """An error answered by the engine step, passed on to the client with its message and code."""
-
-    def __init__(self, message: str, triton_code: int):
-        super().__init__(message)
-        self.triton_code = triton_code
+        self.engine.close()
 
 
 def _log_failure(future) -> None:

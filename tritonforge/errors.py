@@ -3,6 +3,8 @@
 `RequestError` is the client's mistake (Triton's INVALID_ARG: HTTP 400, gRPC INVALID_ARGUMENT);
 `UnsupportedError` is a valid request this engine cannot serve (UNSUPPORTED: HTTP 501, gRPC UNIMPLEMENTED);
 `ResponseSendError` is the server's side failing to deliver a response (INTERNAL), which ends that request.
+`EngineCallError` is the engine's own error answer to the BLS, passed on verbatim (INTERNAL: gRPC carries no
+code); `EngineStreamError`, the BLS's stream to the engine failing (UNAVAILABLE).
 The model.py adapters map them to per-request `TritonError`s; nothing else reaches the client's eyes.
 """
 
@@ -27,3 +29,11 @@ class ResponseSendError(RuntimeError):
 
     def __init__(self):
         super().__init__("a streamed response could not be sent; the generation was stopped")
+
+
+class EngineCallError(RuntimeError):
+    """The engine answered the BLS's request with this error."""
+
+
+class EngineStreamError(EngineCallError):
+    """The stream that carried the BLS's engine request failed: the server is going away or unreachable."""

@@ -84,6 +84,9 @@ class BlsParameters(ModelParameters):
     max_input_len: int
     max_seq_len: int
     tensorrt_llm_model_name: str = ENGINE_MODEL  # NVIDIA's BLS names its engine model with this key
+    # Where the BLS reaches the engine: this server's gRPC endpoint (engine_stream.py says why). Triton's
+    # default port; a launcher that picks another one overrides it for the stubs (ENGINE_GRPC_URL_ENV).
+    engine_grpc_url: str = "localhost:8001"
     max_concurrency: int = BLS_MAX_CONCURRENCY
     add_special_tokens: bool = True
 

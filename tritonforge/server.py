@@ -28,6 +28,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .engine_stream import ENGINE_GRPC_URL_ENV
 from .triton_adapter import HEARTBEAT_DIR_ENV
 
 logger = logging.getLogger(__name__)
@@ -156,6 +157,12 @@ class TritonServer:
     def grpc_url(self) -> str:
         return f"{self.address}:{self.grpc_port}"
 
+    @property
+    def loopback_grpc_url(self) -> str:
+        """The gRPC endpoint as a process on this host reaches it (the BLS, to call the engine)."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.address, self.address)
+        return f"[{host}]:{self.grpc_port}" if ":" in host else f"{host}:{self.grpc_port}"
+
     def command(self, binary: ServerBinary, rank: int = 0) -> list[str]:
         key = self.restricted_api_key or os.urandom(16).hex()
         restricted = []
@@ -205,6 +212,7 @@ class TritonServer:
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         if self.heartbeat_dir is not None:
             env[HEARTBEAT_DIR_ENV] = str(self.heartbeat_dir)
+        env[ENGINE_GRPC_URL_ENV] = self.loopback_grpc_url
         # The stub links libpython by soname: make it find this interpreter's, not another build's
         # (a mismatch fails at import time with undefined symbols).
         libdir = sysconfig.get_config_var("LIBDIR") if sysconfig.get_config_var("Py_ENABLE_SHARED") else None

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import RequestError, ResponseSendError, UnsupportedError
+from .errors import EngineCallError, EngineStreamError, RequestError, ResponseSendError, UnsupportedError
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +39,10 @@ def to_triton_error(pb_utils, error: Exception):
     """A client-safe TritonError: our own messages verbatim, anything else without internals."""
     from .generation import QueueFullError
 
-    if hasattr(error, "triton_code"):  # an error another model already answered: pass it on unchanged
-        return pb_utils.TritonError(str(error), error.triton_code)
+    if isinstance(error, EngineStreamError):
+        return pb_utils.TritonError(str(error), pb_utils.TritonError.UNAVAILABLE)
+    if isinstance(error, EngineCallError):  # the engine's own answer: pass it on unchanged
+        return pb_utils.TritonError(str(error), pb_utils.TritonError.INTERNAL)
     if isinstance(error, QueueFullError):
         return pb_utils.TritonError(str(error), pb_utils.TritonError.UNAVAILABLE)
     if isinstance(error, UnsupportedError):

@@ -7,9 +7,12 @@ a client's cancel and a stop phrase both stop the engine's request. One instance
 `max_concurrency` requests at once.
 """
 
+import os
+
 import triton_python_backend_utils as pb_utils
 
 from tritonforge.bls import BlsOrchestrator, BlsSettings
+from tritonforge.engine_stream import ENGINE_GRPC_URL_ENV
 from tritonforge.limits import EngineLimits
 from tritonforge.model_parameters import BlsParameters
 from tritonforge.triton_adapter import is_decoupled, resolve_path, start_heartbeat
@@ -22,7 +25,9 @@ class TritonPythonModel:
         self.orchestrator = BlsOrchestrator(pb_utils, BlsSettings(
             tokenizer_dir=resolve_path(args, parameters.tokenizer_dir),
             limits=EngineLimits(max_input_len=parameters.max_input_len, max_seq_len=parameters.max_seq_len),
-            engine_model=parameters.tensorrt_llm_model_name, max_concurrency=parameters.max_concurrency,
+            engine_model=parameters.tensorrt_llm_model_name,
+            engine_url=os.environ.get(ENGINE_GRPC_URL_ENV) or parameters.engine_grpc_url,
+            max_concurrency=parameters.max_concurrency,
             add_special_tokens=parameters.add_special_tokens, decoupled=is_decoupled(args)))
 
     def execute(self, requests):

@@ -91,9 +91,9 @@ def queue_served(tiny_models, tmp_path_factory):
 
 
 def test_streams_waiting_for_the_engine_do_not_stall_the_running_ones(queue_served):
-    """Each BLS engine call holds one of the instance's 32 backend threads until its first token, and those
-    threads also send the instance's responses: with more streams than that queued, the running streams got
-    no chunk for seconds. The BLS lets at most 16 rows of an instance wait in an engine call."""
+    """A BLS engine call made through the Python backend held one of the instance's 32 backend threads until
+    its first token, and those threads also send the instance's responses: with more streams than that
+    queued, the running streams got no chunk for seconds. Engine calls over the gRPC stream hold none."""
 
     async def longest_gaps():
         client = AsyncGrpcClient(queue_served.grpc_url, "tensorrt_llm_bls")

@@ -1,0 +1,153 @@
+"""The BLS's stream to the engine (tritonforge/engine_stream.py): responses reach their own request among many
+on one stream, an error ends only its request, and a stream that fails or cannot open ends every open request
+with an error instead of leaving it waiting. The far end is a test double of Triton's gRPC streaming endpoint
+that answers from a script; the BLS over a real tritonserver is tested in tests/integration/test_bls.py."""
+
+import threading
+from concurrent import futures
+
+import grpc
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from tritonforge.engine_stream import EngineStream
+from tritonforge.errors import EngineCallError, EngineStreamError
+from tritonforge.server import free_port
+
+GIVE_UP_S = 30  # far beyond any answer here: past it the call hung
+
+
+def reply(request_id: str, tokens: list[int] | None = None, final: bool = False, error: str = ""):
+    message = service_pb2.ModelStreamInferResponse(error_message=error)
+    response = message.infer_response
+    response.id = request_id
+    if tokens is not None:
+        ids = np.array([tokens], dtype=np.int32)
+        response.outputs.add(name="output_ids", datatype="INT32", shape=ids.shape)
+        response.raw_output_contents.append(ids.tobytes())
+    response.parameters["triton_final_response"].bool_param = final
+    return message
+
+
+class ScriptedEngine(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Once a stream has brought `wait_for` requests, answers with `script(context)`; keeps every request."""
+
+    def __init__(self):
+        self.received: list = []
+        self.wait_for = 1
+        self.script = lambda context: []
+
+    def ModelStreamInfer(self, request_iterator, context):  # noqa: N802 - the gRPC method's name
+        count = 0
+        for request in request_iterator:
+            self.received.append(request)
+            count += 1
+            if count == self.wait_for:
+                yield from self.script(context)
+
+
+@pytest.fixture()
+def engine():
+    scripted = ScriptedEngine()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(scripted, server)
+    url = f"127.0.0.1:{free_port()}"
+    server.add_insecure_port(url)
+    server.start()
+    stream = EngineStream(url, "tensorrt_llm")
+    yield scripted, stream
+    stream.close()
+    server.stop(grace=None)
+
+
+def collect(call) -> list:
+    """Every response of `call`, or the error that ended it, within GIVE_UP_S."""
+    outcome: list = []
+
+    def read():
+        try:
+            outcome.extend(response["output_ids"].tolist() for response in call)
+        except EngineCallError as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    thread.join(GIVE_UP_S)
+    assert not thread.is_alive(), "the call never ended"
+    return outcome
+
+
+def inputs(length: int) -> dict[str, np.ndarray]:
+    return {"input_ids": np.arange(length, dtype=np.int32).reshape(1, -1),
+            "input_lengths": np.array([[length]], dtype=np.int32), "streaming": np.array([[True]])}
+
+
+def test_interleaved_responses_reach_their_own_request_in_order(engine):
+    scripted, stream = engine
+    scripted.wait_for = 2
+    scripted.script = lambda context: [reply("a", [1]), reply("b", [7]), reply("a", [2]), reply("b", [8, 9]),
+                                       reply("a", final=True), reply("b", [10], final=True)]
+    first = stream.call("a", inputs(3), ["output_ids"])
+    second = stream.call("b", inputs(2), ["output_ids"])
+    assert collect(first) == [[[1]], [[2]]]
+    assert collect(second) == [[[7]], [[8, 9]], [[10]]]
+    request = scripted.received[0]  # what the engine was sent: the inputs as they were, and the final flag asked for
+    assert (request.model_name, request.id, [tensor.name for tensor in request.outputs]) == (
+        "tensorrt_llm", "a", ["output_ids"])
+    assert [(tensor.name, tensor.datatype, list(tensor.shape)) for tensor in request.inputs] == [
+        ("input_ids", "INT32", [1, 3]), ("input_lengths", "INT32", [1, 1]), ("streaming", "BOOL", [1, 1])]
+    assert np.frombuffer(request.raw_input_contents[0], dtype=np.int32).tolist() == [0, 1, 2]
+    assert request.parameters["triton_enable_empty_final_response"].bool_param
+
+
+def test_an_engine_error_ends_its_own_request_only(engine):
+    scripted, stream = engine
+    scripted.wait_for = 2
+    scripted.script = lambda context: [reply("a", [1]), reply("b", error="request_output_len: too long"),
+                                       reply("a", [2], final=True)]
+    first = stream.call("a", inputs(1), ["output_ids"])
+    second = stream.call("b", inputs(1), ["output_ids"])
+    [error] = collect(second)
+    assert type(error) is EngineCallError and str(error) == "request_output_len: too long"
+    assert collect(first) == [[[1]], [[2]]]
+
+
+def test_a_stop_goes_to_the_engine_with_the_requests_id(engine):
+    scripted, stream = engine
+    scripted.wait_for = 2
+    scripted.script = lambda context: [reply("a", final=True)]  # the stop's empty final answer
+    call = stream.call("a", inputs(1), ["output_ids"])
+    stream.stop("a")
+    assert collect(call) == []
+    stop = scripted.received[1]
+    assert stop.id == "a" and "stop" in [tensor.name for tensor in stop.inputs]
+
+
+def test_a_failed_stream_ends_every_open_request_with_an_error_and_the_next_request_opens_a_new_one(engine):
+    scripted, stream = engine
+    scripted.wait_for = 2
+
+    def fail(context):
+        yield reply("a", [1])
+        context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
+
+    scripted.script = fail
+    first = stream.call("a", inputs(1), ["output_ids"])
+    second = stream.call("b", inputs(1), ["output_ids"])
+    *delivered, error = collect(first)
+    assert delivered == [[[1]]] and isinstance(error, EngineStreamError)
+    assert "UNAVAILABLE" in str(error) and "the server is shutting down" in str(error)
+    assert isinstance(collect(second)[0], EngineStreamError)
+    scripted.wait_for = 1
+    scripted.script = lambda context: [reply("c", [5], final=True)]
+    assert collect(stream.call("c", inputs(1), ["output_ids"])) == [[[5]]]
+
+
+def test_an_unreachable_server_ends_the_request_with_an_error_naming_the_setting():
+    stream = EngineStream(f"127.0.0.1:{free_port()}", "tensorrt_llm")
+    try:
+        [error] = collect(stream.call("a", inputs(1), ["output_ids"]))
+    finally:
+        stream.close()
+    assert isinstance(error, EngineStreamError) and "engine_grpc_url" in str(error)

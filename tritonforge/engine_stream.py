@@ -1,0 +1,174 @@
+"""The BLS's calls to the engine model, over the server's own gRPC streaming API.
+
+One bidirectional `ModelStreamInfer` stream per BLS instance carries all of its engine requests, told apart
+by request id (as NVIDIA's streaming clients send a request and its `stop` on one stream); one reader thread
+hands each response to its request's queue.
+
+Why not the Python backend's BLS (`InferenceRequest.exec(decoupled=True)`): Triton 2.51's stub (python_backend
+r24.10, unchanged since) deadlocks when many requests of one instance stream from the engine at once. A
+thread returning from `exec` holds the GIL and waits for the stub's response-iterator map; the stub's
+response thread holds that map and waits for one iterator's lock; that iterator's reader, woken in
+`__next__`, holds its lock and waits for the GIL. The engine then stops for every path, since the server
+waits on the stub to take each response (README, Faults). A gRPC stream takes no lock of the stub's, and an
+engine call no longer holds one of the backend's 32 threads until its first token.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
+
+from .contract import stop_request_inputs
+from .errors import EngineCallError, EngineStreamError
+
+logger = logging.getLogger(__name__)
+
+# Where the BLS finds the server's gRPC endpoint: the launcher that picks the port says so through this
+# variable, which the stubs inherit; otherwise the BLS's `engine_grpc_url` parameter (Triton's default port).
+ENGINE_GRPC_URL_ENV = "TRITONFORGE_ENGINE_GRPC_URL"
+FINAL_PARAMETER = "triton_final_response"
+_UNLIMITED = -1
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", _UNLIMITED), ("grpc.max_send_message_length", _UNLIMITED)]
+_CLOSE = object()  # ends the request iterator, which closes the stream
+
+
+@dataclass(frozen=True)
+class EngineResponse:
+    outputs: dict[str, np.ndarray]
+    final: bool
+
+
+class EngineCall:
+    """One engine request's responses, in order, as the stream's reader delivers them."""
+
+    def __init__(self, request_id: str):
+        self.request_id = request_id
+        self._responses: queue.SimpleQueue = queue.SimpleQueue()  # EngineResponse or EngineCallError
+
+    def deliver(self, item: EngineResponse | EngineCallError) -> None:
+        self._responses.put(item)
+
+    def __iter__(self):
+        """Each response with outputs; ends after the final one, raises the engine's error."""
+        while True:
+            item = self._responses.get()
+            if isinstance(item, EngineCallError):
+                raise item
+            if item.outputs:
+                yield item.outputs
+            if item.final:
+                return
+
+
+class EngineStream:
+    """The stream to `model` at `url`, opened at the first request and again after it fails."""
+
+    def __init__(self, url: str, model: str):
+        self.url, self.model = url, model
+        self._lock = threading.Lock()
+        self._calls: dict[str, EngineCall] = {}  # open requests by id
+        self._requests: queue.SimpleQueue | None = None  # what the open stream sends; None: no stream
+        self._channel: grpc.Channel | None = None
+
+    def call(self, request_id: str, inputs: dict[str, np.ndarray], outputs: list[str]) -> EngineCall:
+        engine_call = EngineCall(request_id)
+        message = _request(self.model, request_id, inputs, outputs)
+        with self._lock:
+            self._calls[request_id] = engine_call
+            self._open_locked().put(message)
+        return engine_call
+
+    def stop(self, request_id: str) -> None:
+        """Stop the engine's request `request_id` (the engine's `stop` input, sent with the same id). Its
+        answer and whatever the stopped request still sends go to the request's call, if still open."""
+        message = _request(self.model, request_id, stop_request_inputs(), [])
+        with self._lock:
+            self._open_locked().put(message)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._requests is not None:
+                self._requests.put(_CLOSE)
+            self._requests = None
+            if self._channel is not None:
+                self._channel.close()
+            self._channel = None
+
+    def _open_locked(self) -> queue.SimpleQueue:
+        if self._requests is None:
+            if self._channel is not None:  # the failed stream's
+                self._channel.close()
+            self._channel = grpc.insecure_channel(self.url, options=_CHANNEL_OPTIONS)
+            requests: queue.SimpleQueue = queue.SimpleQueue()
+            responses = service_pb2_grpc.GRPCInferenceServiceStub(self._channel).ModelStreamInfer(
+                iter(requests.get, _CLOSE))
+            threading.Thread(target=self._read, args=(responses, requests), name="bls-engine-stream",
+                             daemon=True).start()
+            self._requests = requests
+        return self._requests
+
+    def _read(self, responses, requests: queue.SimpleQueue) -> None:
+        try:
+            for message in responses:
+                self._route(message)
+            failure = EngineStreamError(f"the stream to the engine model {self.model!r} at {self.url} closed")
+        except grpc.RpcError as error:
+            failure = EngineStreamError(
+                f"the stream to the engine model {self.model!r} at {self.url} failed: {error.code().name}: "
+                f"{error.details()} (the BLS reaches the engine through the server's gRPC endpoint: its "
+                f"`engine_grpc_url` parameter or ${ENGINE_GRPC_URL_ENV})")
+        with self._lock:
+            if self._requests is requests:  # not already replaced by a newer stream
+                self._requests = None
+            failed, self._calls = self._calls, {}
+        if failed:
+            logger.error("%s; failing %d engine requests", failure, len(failed))
+        for engine_call in failed.values():
+            engine_call.deliver(failure)
+
+    def _route(self, message) -> None:
+        reply = message.infer_response
+        if message.error_message:
+            with self._lock:
+                engine_call = self._calls.pop(reply.id, None)
+            if engine_call is not None:  # errors end a request (not every one carries the final flag)
+                engine_call.deliver(EngineCallError(message.error_message))
+            return
+        final = FINAL_PARAMETER in reply.parameters and reply.parameters[FINAL_PARAMETER].bool_param
+        with self._lock:
+            engine_call = self._calls.pop(reply.id, None) if final else self._calls.get(reply.id)
+        if engine_call is not None:  # None: a stop's answer, or a stopped request's last words
+            engine_call.deliver(EngineResponse(_outputs(reply), final))
+
+
+def _request(model: str, request_id: str, inputs: dict[str, np.ndarray], outputs: list[str]):
+    request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    for name, value in inputs.items():
+        datatype = np_to_triton_dtype(value.dtype) if value.dtype != np.object_ else "BYTES"
+        request.inputs.add(name=name, datatype=datatype, shape=value.shape)
+        if datatype == "BYTES":
+            request.raw_input_contents.append(serialize_byte_tensor(value).item() if value.size else b"")
+        else:
+            request.raw_input_contents.append(np.ascontiguousarray(value).tobytes())
+    for name in outputs:
+        request.outputs.add(name=name)
+    return request
+
+
+def _outputs(reply) -> dict[str, np.ndarray]:
+    outputs = {}
+    for tensor, raw in zip(reply.outputs, reply.raw_output_contents):
+        if tensor.datatype == "BYTES":
+            value = deserialize_bytes_tensor(raw)
+        else:
+            value = np.frombuffer(raw, dtype=triton_to_np_dtype(tensor.datatype))
+        outputs[tensor.name] = value.reshape(tuple(tensor.shape))
+    return outputs
