@@ -249,34 +249,43 @@ class BlsOrchestrator:
                                   dict(statistics), tokens if count_tokens else None)
 
         outbox = _StreamOutbox(self.senders, completion, streamed_response)
+
+        def on_response(tensors: dict[str, np.ndarray]) -> None:
+            """One engine response, in the engine stream's reader thread: detokenize, hand text to the outbox."""
+            nonlocal tokens_unsent, stopped_engine
+            ids_tensor = tensors.get("output_ids")
+            if ids_tensor is None:  # a response without tokens
+                return
+            ids = ids_tensor.reshape(-1)
+            length = int(tensors["sequence_length"].reshape(-1)[0])
+            tokens_unsent += length
+            for name in wanted_statistics:
+                value = tensors.get(name)
+                if value is not None:
+                    statistics[name] = value
+            if return_log_probs:
+                log_probs.extend(tensors["output_log_probs"].reshape(-1)[:length].tolist())
+            if stopped_engine:
+                return
+            text = stop_filter.push(detokenizer.push(ids[:length].tolist()))
+            if stream and text:
+                outbox.add(text, tokens_unsent)
+                tokens_unsent = 0
+            elif text:
+                pieces.append(text)
+            if outbox.send_failed:
+                raise ResponseSendError()
+            if stop_filter.stopped:
+                self._stop_engine(request_id)
+                stopped_engine = True
+
         try:
-            # A non-decoupled engine answers once, with every token; a decoupled one streams.
-            responses = self.engine.call(request_id, self._engine_inputs(inputs, encoded, row),
-                                         [*ENGINE_OUTPUTS, *wanted_statistics])
-            for tensors in responses:
-                ids_tensor = tensors.get("output_ids")
-                if ids_tensor is None:  # a response without tokens
-                    continue
-                ids = ids_tensor.reshape(-1)
-                length = int(tensors["sequence_length"].reshape(-1)[0])
-                tokens_unsent += length
-                for name in wanted_statistics:
-                    value = tensors.get(name)
-                    if value is not None:
-                        statistics[name] = value
-                if return_log_probs:
-                    log_probs.extend(tensors["output_log_probs"].reshape(-1)[:length].tolist())
-                if stopped_engine:
-                    continue
-                text = stop_filter.push(detokenizer.push(ids[:length].tolist()))
-                if stream and text:
-                    outbox.add(text, tokens_unsent)
-                    tokens_unsent = 0
-                elif text:
-                    pieces.append(text)
-                if outbox.send_failed:
-                    raise ResponseSendError()
-                if stop_filter.stopped or completion.cancelled():
+            # A non-decoupled engine answers once, with every token; a decoupled one streams. This thread
+            # only watches for the client's cancel meanwhile (an IPC round trip, kept off the reader).
+            engine_call = self.engine.call(request_id, self._engine_inputs(inputs, encoded, row),
+                                           [*ENGINE_OUTPUTS, *wanted_statistics], on_response)
+            while not engine_call.wait(CANCEL_CHECK_PERIOD_S):
+                if not stopped_engine and completion.cancelled():
                     self._stop_engine(request_id)
                     stopped_engine = True
             unsent, unsent_tokens = outbox.drain()

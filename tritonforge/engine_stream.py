@@ -2,7 +2,7 @@
 
 One bidirectional `ModelStreamInfer` stream per BLS instance carries all of its engine requests, told apart
 by request id (as NVIDIA's streaming clients send a request and its `stop` on one stream); one reader thread
-hands each response to its request's queue.
+hands each response to its request's handler.
 
 Why not the Python backend's BLS (`InferenceRequest.exec(decoupled=True)`): Triton 2.51's stub (python_backend
 r24.10, unchanged since) deadlocks when many requests of one instance stream from the engine at once. A
@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import grpc
 import numpy as np
@@ -39,32 +39,40 @@ _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", _UNLIMITED), ("grpc.max_
 _CLOSE = object()  # ends the request iterator, which closes the stream
 
 
-@dataclass(frozen=True)
-class EngineResponse:
-    outputs: dict[str, np.ndarray]
-    final: bool
-
-
 class EngineCall:
-    """One engine request's responses, in order, as the stream's reader delivers them."""
+    """One engine request. The stream's reader hands each response with outputs to `on_response`, in order and
+    in the reader's thread (no hand-off per token); the caller waits for the end with `wait`."""
 
-    def __init__(self, request_id: str):
+    def __init__(self, request_id: str, on_response: Callable[[dict[str, np.ndarray]], None]):
         self.request_id = request_id
-        self._responses: queue.SimpleQueue = queue.SimpleQueue()  # EngineResponse or EngineCallError
+        self._on_response = on_response
+        self._done = threading.Event()
+        self._failure: Exception | None = None
 
-    def deliver(self, item: EngineResponse | EngineCallError) -> None:
-        self._responses.put(item)
+    def deliver(self, outputs: dict[str, np.ndarray], final: bool) -> bool:
+        """Called by the reader; True once the call is over (its final response, or `on_response` failed)."""
+        if outputs:
+            try:
+                self._on_response(outputs)
+            except Exception as error:  # noqa: BLE001 - it ends this call, which `wait` raises
+                self.end(error)
+                return True
+        if final:
+            self.end()
+        return final
 
-    def __iter__(self):
-        """Each response with outputs; ends after the final one, raises the engine's error."""
-        while True:
-            item = self._responses.get()
-            if isinstance(item, EngineCallError):
-                raise item
-            if item.outputs:
-                yield item.outputs
-            if item.final:
-                return
+    def end(self, failure: Exception | None = None) -> None:
+        if not self._done.is_set():
+            self._failure = failure
+            self._done.set()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """True when the call is over, False on timeout; raises what ended it, if anything did."""
+        if not self._done.wait(timeout_s):
+            return False
+        if self._failure is not None:
+            raise self._failure
+        return True
 
 
 class EngineStream:
@@ -77,8 +85,9 @@ class EngineStream:
         self._requests: queue.SimpleQueue | None = None  # what the open stream sends; None: no stream
         self._channel: grpc.Channel | None = None
 
-    def call(self, request_id: str, inputs: dict[str, np.ndarray], outputs: list[str]) -> EngineCall:
-        engine_call = EngineCall(request_id)
+    def call(self, request_id: str, inputs: dict[str, np.ndarray], outputs: list[str],
+             on_response: Callable[[dict[str, np.ndarray]], None]) -> EngineCall:
+        engine_call = EngineCall(request_id, on_response)
         message = _request(self.model, request_id, inputs, outputs)
         with self._lock:
             self._calls[request_id] = engine_call
@@ -87,7 +96,8 @@ class EngineStream:
 
     def stop(self, request_id: str) -> None:
         """Stop the engine's request `request_id` (the engine's `stop` input, sent with the same id). Its
-        answer and whatever the stopped request still sends go to the request's call, if still open."""
+        answer and whatever the stopped request still sends go to the request's call, if still open: the
+        first final response of the two ends it."""
         message = _request(self.model, request_id, stop_request_inputs(), [])
         with self._lock:
             self._open_locked().put(message)
@@ -131,21 +141,23 @@ class EngineStream:
         if failed:
             logger.error("%s; failing %d engine requests", failure, len(failed))
         for engine_call in failed.values():
-            engine_call.deliver(failure)
+            engine_call.end(failure)
 
     def _route(self, message) -> None:
         reply = message.infer_response
-        if message.error_message:
-            with self._lock:
-                engine_call = self._calls.pop(reply.id, None)
-            if engine_call is not None:  # errors end a request (not every one carries the final flag)
-                engine_call.deliver(EngineCallError(message.error_message))
-            return
-        final = FINAL_PARAMETER in reply.parameters and reply.parameters[FINAL_PARAMETER].bool_param
         with self._lock:
-            engine_call = self._calls.pop(reply.id, None) if final else self._calls.get(reply.id)
-        if engine_call is not None:  # None: a stop's answer, or a stopped request's last words
-            engine_call.deliver(EngineResponse(_outputs(reply), final))
+            engine_call = self._calls.get(reply.id)
+        if engine_call is None:  # a stop's answer, or a stopped request's last words
+            return
+        if message.error_message:  # errors end a request (not every one carries the final flag)
+            engine_call.end(EngineCallError(message.error_message))
+            over = True
+        else:
+            final = FINAL_PARAMETER in reply.parameters and reply.parameters[FINAL_PARAMETER].bool_param
+            over = engine_call.deliver(_outputs(reply), final)
+        if over:
+            with self._lock:
+                self._calls.pop(reply.id, None)
 
 
 def _request(model: str, request_id: str, inputs: dict[str, np.ndarray], outputs: list[str]):

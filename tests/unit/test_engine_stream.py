@@ -3,7 +3,6 @@ on one stream, an error ends only its request, and a stream that fails or cannot
 with an error instead of leaving it waiting. The far end is a test double of Triton's gRPC streaming endpoint
 that answers from a script; the BLS over a real tritonserver is tested in tests/integration/test_bls.py."""
 
-import threading
 from concurrent import futures
 
 import grpc
@@ -61,21 +60,21 @@ def engine():
     server.stop(grace=None)
 
 
-def collect(call) -> list:
-    """Every response of `call`, or the error that ended it, within GIVE_UP_S."""
-    outcome: list = []
+class Call:
+    """An engine call whose responses are collected as their token lists."""
 
-    def read():
+    def __init__(self, stream: EngineStream, request_id: str, length: int = 1):
+        self.received: list = []
+        self.call = stream.call(request_id, inputs(length), ["output_ids"],
+                                lambda outputs: self.received.append(outputs["output_ids"].tolist()))
+
+    def outcome(self) -> list:
+        """Every response, then the error that ended the call if one did."""
         try:
-            outcome.extend(response["output_ids"].tolist() for response in call)
+            assert self.call.wait(GIVE_UP_S), "the call never ended"
         except EngineCallError as error:
-            outcome.append(error)
-
-    thread = threading.Thread(target=read, daemon=True)
-    thread.start()
-    thread.join(GIVE_UP_S)
-    assert not thread.is_alive(), "the call never ended"
-    return outcome
+            return [*self.received, error]
+        return self.received
 
 
 def inputs(length: int) -> dict[str, np.ndarray]:
@@ -88,10 +87,9 @@ def test_interleaved_responses_reach_their_own_request_in_order(engine):
     scripted.wait_for = 2
     scripted.script = lambda context: [reply("a", [1]), reply("b", [7]), reply("a", [2]), reply("b", [8, 9]),
                                        reply("a", final=True), reply("b", [10], final=True)]
-    first = stream.call("a", inputs(3), ["output_ids"])
-    second = stream.call("b", inputs(2), ["output_ids"])
-    assert collect(first) == [[[1]], [[2]]]
-    assert collect(second) == [[[7]], [[8, 9]], [[10]]]
+    first, second = Call(stream, "a", length=3), Call(stream, "b", length=2)
+    assert first.outcome() == [[[1]], [[2]]]
+    assert second.outcome() == [[[7]], [[8, 9]], [[10]]]
     request = scripted.received[0]  # what the engine was sent: the inputs as they were, and the final flag asked for
     assert (request.model_name, request.id, [tensor.name for tensor in request.outputs]) == (
         "tensorrt_llm", "a", ["output_ids"])
@@ -106,20 +104,19 @@ def test_an_engine_error_ends_its_own_request_only(engine):
     scripted.wait_for = 2
     scripted.script = lambda context: [reply("a", [1]), reply("b", error="request_output_len: too long"),
                                        reply("a", [2], final=True)]
-    first = stream.call("a", inputs(1), ["output_ids"])
-    second = stream.call("b", inputs(1), ["output_ids"])
-    [error] = collect(second)
+    first, second = Call(stream, "a"), Call(stream, "b")
+    [error] = second.outcome()
     assert type(error) is EngineCallError and str(error) == "request_output_len: too long"
-    assert collect(first) == [[[1]], [[2]]]
+    assert first.outcome() == [[[1]], [[2]]]
 
 
 def test_a_stop_goes_to_the_engine_with_the_requests_id(engine):
     scripted, stream = engine
     scripted.wait_for = 2
     scripted.script = lambda context: [reply("a", final=True)]  # the stop's empty final answer
-    call = stream.call("a", inputs(1), ["output_ids"])
+    call = Call(stream, "a")
     stream.stop("a")
-    assert collect(call) == []
+    assert call.outcome() == []
     stop = scripted.received[1]
     assert stop.id == "a" and "stop" in [tensor.name for tensor in stop.inputs]
 
@@ -133,21 +130,39 @@ def test_a_failed_stream_ends_every_open_request_with_an_error_and_the_next_requ
         context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
 
     scripted.script = fail
-    first = stream.call("a", inputs(1), ["output_ids"])
-    second = stream.call("b", inputs(1), ["output_ids"])
-    *delivered, error = collect(first)
+    first, second = Call(stream, "a"), Call(stream, "b")
+    *delivered, error = first.outcome()
     assert delivered == [[[1]]] and isinstance(error, EngineStreamError)
     assert "UNAVAILABLE" in str(error) and "the server is shutting down" in str(error)
-    assert isinstance(collect(second)[0], EngineStreamError)
+    assert isinstance(second.outcome()[0], EngineStreamError)
     scripted.wait_for = 1
     scripted.script = lambda context: [reply("c", [5], final=True)]
-    assert collect(stream.call("c", inputs(1), ["output_ids"])) == [[[5]]]
+    assert Call(stream, "c").outcome() == [[[5]]]
 
 
 def test_an_unreachable_server_ends_the_request_with_an_error_naming_the_setting():
     stream = EngineStream(f"127.0.0.1:{free_port()}", "tensorrt_llm")
     try:
-        [error] = collect(stream.call("a", inputs(1), ["output_ids"]))
+        [error] = Call(stream, "a").outcome()
     finally:
         stream.close()
     assert isinstance(error, EngineStreamError) and "engine_grpc_url" in str(error)
+
+
+def test_a_handler_that_fails_ends_its_own_call_with_that_error_and_gets_nothing_more(engine):
+    scripted, stream = engine
+    scripted.wait_for = 2
+    scripted.script = lambda context: [reply("a", [1]), reply("b", [7]), reply("a", [2]), reply("b", [8], final=True),
+                                       reply("a", [3], final=True)]
+    handled = []
+
+    def fail_once(outputs):
+        handled.append(outputs["output_ids"].tolist())
+        raise RuntimeError("the client went away")
+
+    failing = stream.call("a", inputs(1), ["output_ids"], fail_once)
+    other = Call(stream, "b")
+    with pytest.raises(RuntimeError, match="the client went away"):
+        failing.wait(GIVE_UP_S)
+    assert other.outcome() == [[[7]], [[8]]]
+    assert handled == [[[1]]]
