@@ -4,10 +4,11 @@ Same client contract as the ensemble, with what the ensemble cannot do:
 - per-request incremental detokenization: every streamed chunk is complete UTF-8 characters;
 - string-level stop phrases (held back until decided, never emitted), which then stop the engine's request
   through its `stop` input so its slot frees; a client's cancel does the same;
-- many requests per instance: each request runs in a worker thread of the instance's pool, reading its
-  engine responses from the instance's one gRPC stream to the engine (`engine_stream`: why not the Python
-  backend's own BLS calls), so concurrency is `max_concurrency` per instance, not one;
-- streamed text coalesced under load (`_StreamOutbox`): a request's reader thread only detokenizes, a few
+- many requests per instance, so concurrency is `max_concurrency` per instance, not one: each request's
+  worker thread (of the instance's pool) starts its engine call, watches for the client's cancel and ends
+  the stream; its engine responses are handled as they arrive by the reader thread of the instance's one
+  gRPC stream to the engine (`engine_stream`: why not the Python backend's own BLS calls);
+- streamed text coalesced under load (`_StreamOutbox`): the stream's reader only detokenizes, a few
   sender threads send. While a response of a stream is being sent, the text the engine delivers meanwhile
   waits and goes out as one chunk. A response send is a round trip to the server that one stub makes one
   at a time; at a real engine's ~15k tokens/s that, not decoding, is the limit, and coalescing turns it

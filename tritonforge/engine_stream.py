@@ -43,8 +43,7 @@ class EngineCall:
     """One engine request. The stream's reader hands each response with outputs to `on_response`, in order and
     in the reader's thread (no hand-off per token); the caller waits for the end with `wait`."""
 
-    def __init__(self, request_id: str, on_response: Callable[[dict[str, np.ndarray]], None]):
-        self.request_id = request_id
+    def __init__(self, on_response: Callable[[dict[str, np.ndarray]], None]):
         self._on_response = on_response
         self._done = threading.Event()
         self._failure: Exception | None = None
@@ -87,7 +86,7 @@ class EngineStream:
 
     def call(self, request_id: str, inputs: dict[str, np.ndarray], outputs: list[str],
              on_response: Callable[[dict[str, np.ndarray]], None]) -> EngineCall:
-        engine_call = EngineCall(request_id, on_response)
+        engine_call = EngineCall(on_response)
         message = _request(self.model, request_id, inputs, outputs)
         with self._lock:
             self._calls[request_id] = engine_call
@@ -164,7 +163,7 @@ def _request(model: str, request_id: str, inputs: dict[str, np.ndarray], outputs
     request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
     request.parameters["triton_enable_empty_final_response"].bool_param = True
     for name, value in inputs.items():
-        datatype = np_to_triton_dtype(value.dtype) if value.dtype != np.object_ else "BYTES"
+        datatype = np_to_triton_dtype(value.dtype)
         request.inputs.add(name=name, datatype=datatype, shape=value.shape)
         if datatype == "BYTES":
             request.raw_input_contents.append(serialize_byte_tensor(value).item() if value.size else b"")

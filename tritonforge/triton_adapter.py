@@ -65,7 +65,7 @@ def output_tensors(pb_utils, outputs: dict[str, np.ndarray], requested: frozense
 
     A response must not carry outputs its caller did not request: the 2.51 stub drops them in
     `ResponseSender.send` without holding the GIL, which crashes the stub under Python 3.12 (the Python of
-    NVIDIA's containers). A BLS call that asks for a subset of the engine's outputs is such a caller.
+    NVIDIA's containers). A Python-backend BLS call that asks for a subset of a model's outputs is such a caller.
     """
     return [pb_utils.Tensor(name, value) for name, value in outputs.items() if requested is None or name in requested]
 

@@ -79,7 +79,8 @@ class Call:
 
 def inputs(length: int) -> dict[str, np.ndarray]:
     return {"input_ids": np.arange(length, dtype=np.int32).reshape(1, -1),
-            "input_lengths": np.array([[length]], dtype=np.int32), "streaming": np.array([[True]])}
+            "input_lengths": np.array([[length]], dtype=np.int32), "streaming": np.array([[True]]),
+            "guided_decoding_guide_type": np.array([[b"json"]], dtype=object)}
 
 
 def test_interleaved_responses_reach_their_own_request_in_order(engine):
@@ -94,8 +95,10 @@ def test_interleaved_responses_reach_their_own_request_in_order(engine):
     assert (request.model_name, request.id, [tensor.name for tensor in request.outputs]) == (
         "tensorrt_llm", "a", ["output_ids"])
     assert [(tensor.name, tensor.datatype, list(tensor.shape)) for tensor in request.inputs] == [
-        ("input_ids", "INT32", [1, 3]), ("input_lengths", "INT32", [1, 1]), ("streaming", "BOOL", [1, 1])]
+        ("input_ids", "INT32", [1, 3]), ("input_lengths", "INT32", [1, 1]), ("streaming", "BOOL", [1, 1]),
+        ("guided_decoding_guide_type", "BYTES", [1, 1])]
     assert np.frombuffer(request.raw_input_contents[0], dtype=np.int32).tolist() == [0, 1, 2]
+    assert request.raw_input_contents[3] == b"\x04\x00\x00\x00json"  # Triton's BYTES: length, then the bytes
     assert request.parameters["triton_enable_empty_final_response"].bool_param
 
 
