@@ -10,7 +10,7 @@ import pytest
 
 from tritonforge import model_configs as configs
 from tritonforge.build import BuildOptions, build
-from tritonforge.client import AsyncGrpcClient, GenerateRequest, GenerationError, GrpcClient
+from tritonforge.client import AsyncGrpcClient, GenerateRequest, GenerationError, GrpcClient, HttpClient
 from tritonforge.tokenization import load_tokenizer
 
 from .conftest import ascii_only, running, stream_concurrently
@@ -146,3 +146,18 @@ def test_bls_errors_name_the_field_and_the_next_request_is_served(clients):
     with pytest.raises(GenerationError, match="messages"):
         bls.generate(GenerateRequest(messages=json.loads('[{"role": 1}]'), max_tokens=4))
     assert bls.generate("A", max_tokens=4) == ensemble.generate("A", max_tokens=4)
+
+
+def test_a_repository_built_without_streaming_answers_through_the_bls_as_through_the_ensemble(tiny_models, tmp_path):
+    """NVIDIA's `decoupled_mode` false: the engine answers each request once, and the BLS asks it over the gRPC
+    stream for that one answer, which must end its call (a non-decoupled response carries the final flag)."""
+    repository = build(BuildOptions(model=tiny_models["sentencepiece"], engine="replay", replay_step_ms=2,
+                                    output=tmp_path / "repo", max_input_len=64, max_seq_len=128, max_batch_size=4,
+                                    serving=configs.ServingConfig(bls_instances=1, decoupled=False)),
+                       progress=lambda _: None)
+    with running(repository) as server:
+        # A call the final flag does not end would hang: a minute is far beyond the answer.
+        bls = HttpClient(server.http_url, "tensorrt_llm_bls", timeout_s=60)
+        ensemble = HttpClient(server.http_url, timeout_s=60)
+        text = ensemble.generate("The server reads", max_tokens=MAX_TOKENS)
+        assert text and bls.generate("The server reads", max_tokens=MAX_TOKENS) == text
