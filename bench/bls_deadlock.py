@@ -1,5 +1,5 @@
 """The load that deadlocked Triton 2.51's Python-backend stub when the BLS called the engine through the
-backend's own BLS API (`InferenceRequest.exec(decoupled=True)`), run against today's BLS, which calls the
+backend's own BLS API (`InferenceRequest.exec(decoupled=True)`), run against the BLS that now calls the
 engine over the server's gRPC stream (tritonforge/engine_stream.py); with --supervised, under
 `tritonforge serve`'s supervisor.
 
@@ -8,7 +8,8 @@ Triton's Python backend"): a row thread returning from `exec` held the GIL and w
 response-iterator map lock; the stub's thread that delivers BLS responses held that lock and waited for one
 iterator's lock; that iterator's row thread, woken inside `__next__`, held it and waited for the GIL. With one
 BLS instance running 64 rows it stalled within 0 to 13 rounds in each of seven runs
-(`bench/results/bls-deadlock-cpu*.md`, from the BLS of commit e588cb4).
+(`bench/results/bls-deadlock-cpu.md`, `-supervised.md`, `-one-row-per-instance.md`: the BLS of commit
+e588cb4); the BLS over gRPC ran 20 rounds clean (`bls-deadlock-cpu-engine-stream.md`).
 
 Rounds of closed-loop BLS streams (short requests, a fast replay engine, one BLS instance: many engine calls
 and responses a second) until one makes no progress for --stall-s, or --rounds pass.
