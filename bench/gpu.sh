@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The pipeline measurement on the GPU machine (16 cores), perf_analyzer as the load generator, against the
 # replay engine at a real engine's rate: 16 Python engine-step instances sharing one batch of 128 at 8.5 ms a
-# step (~15k tokens/s), with the Python instances `tritonforge tune` chose (4 pre, 8 post, 16 BLS). Each
+# step (~15k tokens/s), with the Python instances of the README's table (4 pre, 8 post, 16 BLS; the build
+# now plans 8 BLS, which kept more side by side: bench/results/gpu-bls-instances/). Each
 # point is profiled (CPU by process, Triton's statistics). The build's default (postprocessing keeps each
 # stream's order) at 1-256 streams; with --unordered, postprocessing without preserve_ordering (NVIDIA's
 # setting) at 128 and 256 streams instead.

@@ -146,12 +146,14 @@ def plan_memory(shape: ModelShape, *, gpu_memory_gib: float, dtype: str = "float
     concurrency = min(max_batch_size, sequences)
     # Python instances scaled with the streams the engine runs, as `tritonforge tune` chose them on a 16-core
     # H200 host at 128 streams (~15k tokens/s): 4 preprocessing (one call per request), 8 postprocessing
-    # (one call per token), 16 BLS (one response round trip per chunk; README, Performance).
+    # (one call per token), 8 BLS (one response round trip per chunk; with its engine calls on one gRPC
+    # stream per instance, 8 kept more of the engine's rate than 16 at 128 and 256 streams; README,
+    # Performance).
     return MemoryPlan(
         weight_bytes_per_gpu=weights_per_gpu, kv_bytes_per_token=kv_per_token, kv_memory_bytes=kv_memory,
         kv_tokens=kv_tokens, max_sequences=sequences,
         preprocessing_instances=max(2, min(4, math.ceil(concurrency / 32))),
         postprocessing_instances=max(2, min(8, math.ceil(concurrency / 16))),
-        bls_instances=max(1, min(16, math.ceil(concurrency / 8))),
+        bls_instances=max(1, min(8, math.ceil(concurrency / 16))),
         bls_max_concurrency=2 * max_batch_size, max_queue_size=4 * max_batch_size,
         max_queue_delay_microseconds=0)
