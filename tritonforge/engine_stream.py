@@ -133,6 +133,11 @@ class EngineStream:
                 f"the stream to the engine model {self.model!r} at {self.url} failed: {error.code().name}: "
                 f"{error.details()} (the BLS reaches the engine through the server's gRPC endpoint: its "
                 f"`engine_grpc_url` parameter or ${ENGINE_GRPC_URL_ENV})")
+        except Exception as error:  # noqa: BLE001 - a response it could not read: no open request may wait on
+            logger.exception("reading the stream to the engine model %r failed", self.model)
+            responses.cancel()  # the stream is given up; the next request opens a new one
+            failure = EngineStreamError(f"reading the stream to the engine model {self.model!r} failed: "
+                                        f"{type(error).__name__}")
         with self._lock:
             if self._requests is requests:  # not already replaced by a newer stream
                 self._requests = None

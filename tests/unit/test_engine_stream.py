@@ -1,7 +1,8 @@
 """The BLS's stream to the engine (tritonforge/engine_stream.py): responses reach their own request among many
-on one stream, an error ends only its request, and a stream that fails or cannot open ends every open request
-with an error instead of leaving it waiting. The far end is a test double of Triton's gRPC streaming endpoint
-that answers from a script; the BLS over a real tritonserver is tested in tests/integration/test_bls.py."""
+on one stream, an error ends only its request, and a stream that fails, cannot open or brings a response that
+cannot be read ends every open request with an error instead of leaving it waiting. The far end is a test
+double of Triton's gRPC streaming endpoint that answers from a script; the BLS over a real tritonserver is
+tested in tests/integration/test_bls.py."""
 
 from concurrent import futures
 
@@ -169,3 +170,21 @@ def test_a_handler_that_fails_ends_its_own_call_with_that_error_and_gets_nothing
         failing.wait(GIVE_UP_S)
     assert other.outcome() == [[[7]], [[8]]]
     assert handled == [[[1]]]
+
+
+def test_a_response_that_cannot_be_read_ends_every_open_request_and_the_next_request_opens_a_new_stream(engine):
+    scripted, stream = engine
+    scripted.wait_for = 2
+
+    def malformed(context):
+        bad = reply("a", [1])
+        bad.infer_response.outputs[0].shape[:] = [1, 3]  # 3 tokens announced, 4 bytes sent
+        yield bad
+
+    scripted.script = malformed
+    first, second = Call(stream, "a"), Call(stream, "b")
+    assert isinstance(first.outcome()[-1], EngineStreamError)
+    assert isinstance(second.outcome()[-1], EngineStreamError)
+    scripted.wait_for = 1
+    scripted.script = lambda context: [reply("c", [5], final=True)]
+    assert Call(stream, "c").outcome() == [[[5]]]
