@@ -3,8 +3,9 @@
 `RequestError` is the client's mistake (Triton's INVALID_ARG: HTTP 400, gRPC INVALID_ARGUMENT);
 `UnsupportedError` is a valid request this engine cannot serve (UNSUPPORTED: HTTP 501, gRPC UNIMPLEMENTED);
 `ResponseSendError` is the server's side failing to deliver a response (INTERNAL), which ends that request.
-`EngineCallError` is the engine's own error answer to the BLS, passed on verbatim (INTERNAL: gRPC carries no
-code); `EngineStreamError`, the BLS's stream to the engine failing (UNAVAILABLE).
+`EngineCallError` is the engine's own error answer to the BLS, passed on verbatim (gRPC carries no code: its
+kind is read from the message, `answered_error_kind`); `EngineStreamError`, the BLS's stream to the engine
+failing (UNAVAILABLE).
 The model.py adapters map them to per-request `TritonError`s; nothing else reaches the client's eyes.
 """
 
@@ -37,3 +38,20 @@ class EngineCallError(RuntimeError):
 
 class EngineStreamError(EngineCallError):
     """The stream that carried the BLS's engine request failed: the server is going away or unreachable."""
+
+
+# What kind of error another model answered, for a caller that gets only its message (a gRPC stream carries
+# no status code): the models answer a bad request with "<field>: <reason>", a full queue or a missing server
+# as unavailable, anything else without internals as "internal error".
+INVALID, UNAVAILABLE, INTERNAL = "invalid", "unavailable", "internal"
+_INTERNAL_SIGNS = ("internal error", "stub process")
+_UNAVAILABLE_SIGNS = ("unavailable", "is full", "not ready", "failed to connect", "socket closed")
+
+
+def answered_error_kind(message: str) -> str:
+    lowered = message.lower()
+    if any(sign in lowered for sign in _INTERNAL_SIGNS):
+        return INTERNAL
+    if any(sign in lowered for sign in _UNAVAILABLE_SIGNS):
+        return UNAVAILABLE
+    return INVALID

@@ -37,6 +37,7 @@ from .client import (
     response_outputs,
 )
 from .contract import BLS_MODEL
+from .errors import INTERNAL, UNAVAILABLE, answered_error_kind
 from .gateway_metrics import MULTIPROCESS_DIR_ENV, GatewayMetrics, forget_worker
 
 # OpenAI's sampling fields → the ensemble's inputs (the BLS takes the same names).
@@ -205,10 +206,10 @@ def _triton_error(error: GenerationError) -> OpenAIError:
     message = str(error)
     if isinstance(error, ResponseTimeout):  # the server went silent: it, not the request, is at fault
         return OpenAIError(504, message, kind="server_error")
-    lowered = message.lower()
-    if "internal error" in lowered or "stub process" in lowered:
+    kind = answered_error_kind(message)
+    if kind == INTERNAL:
         return OpenAIError(500, message, kind="server_error")
-    if any(sign in lowered for sign in ("unavailable", "is full", "not ready", "failed to connect", "socket closed")):
+    if kind == UNAVAILABLE:
         return OpenAIError(503, message, kind="server_error")
     return OpenAIError(400, message)
 

@@ -15,7 +15,17 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import EngineCallError, EngineStreamError, RequestError, ResponseSendError, UnsupportedError
+from .errors import (
+    INTERNAL,
+    INVALID,
+    UNAVAILABLE,
+    EngineCallError,
+    EngineStreamError,
+    RequestError,
+    ResponseSendError,
+    UnsupportedError,
+    answered_error_kind,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +51,10 @@ def to_triton_error(pb_utils, error: Exception):
 
     if isinstance(error, EngineStreamError):
         return pb_utils.TritonError(str(error), pb_utils.TritonError.UNAVAILABLE)
-    if isinstance(error, EngineCallError):  # the engine's own answer: pass it on unchanged
-        return pb_utils.TritonError(str(error), pb_utils.TritonError.INTERNAL)
+    if isinstance(error, EngineCallError):  # the engine's own answer: its message unchanged, its kind read from it
+        code = {INVALID: pb_utils.TritonError.INVALID_ARG, UNAVAILABLE: pb_utils.TritonError.UNAVAILABLE,
+                INTERNAL: pb_utils.TritonError.INTERNAL}[answered_error_kind(str(error))]
+        return pb_utils.TritonError(str(error), code)
     if isinstance(error, QueueFullError):
         return pb_utils.TritonError(str(error), pb_utils.TritonError.UNAVAILABLE)
     if isinstance(error, UnsupportedError):

@@ -1,4 +1,5 @@
-"""The edge to Triton's Python backend: responses carry only the outputs their caller requested.
+"""The edge to Triton's Python backend: responses carry only the outputs their caller requested, and an
+error another model answered keeps its message and its kind.
 
 The 2.51 stub drops unrequested outputs without holding the GIL, which kills it under Python 3.12 (seen with
 a BLS call that requests a subset of the engine's outputs), so the adapter must never send them.
@@ -7,8 +8,10 @@ a BLS call that requests a subset of the engine's outputs), so the adapter must 
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
-from tritonforge.triton_adapter import output_tensors, requested_outputs
+from tritonforge.errors import EngineCallError, EngineStreamError
+from tritonforge.triton_adapter import output_tensors, requested_outputs, to_triton_error
 
 # Only the constructor the adapter calls; the real pb_utils exists only inside the server's stub.
 PB_UTILS_STAND_IN = SimpleNamespace(Tensor=lambda name, value: (name, value))
@@ -45,3 +48,23 @@ def test_a_stub_beats_into_the_supervisors_folder_only_when_asked(tmp_path, monk
     while not beat.exists() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert 0 <= time.monotonic() - float(beat.read_text()) < FIRST_BEAT_S  # the stub's clock is this clock
+
+
+class _TritonError:
+    """The stand-in of pb_utils.TritonError: its codes and what it was made with."""
+
+    INVALID_ARG, UNAVAILABLE, INTERNAL, UNSUPPORTED = "INVALID_ARG", "UNAVAILABLE", "INTERNAL", "UNSUPPORTED"
+
+    def __init__(self, message, code):
+        self.message, self.code = message, code
+
+
+@pytest.mark.parametrize("error, code", [
+    (EngineCallError("temperature: must be >= 0, got -1.0"), "INVALID_ARG"),  # the request is at fault
+    (EngineCallError("request: the engine queue is full (8 waiting)"), "UNAVAILABLE"),
+    (EngineCallError("internal error: KeyError"), "INTERNAL"),
+    (EngineStreamError("the stream to the engine model 'tensorrt_llm' at localhost:8001 closed"), "UNAVAILABLE")])
+def test_an_error_the_engine_answered_the_bls_keeps_its_message_and_gets_its_kind(error, code):
+    """Over gRPC the engine's answer carries only its message: its code is read from it, as the gateway does."""
+    triton_error = to_triton_error(SimpleNamespace(TritonError=_TritonError), error)
+    assert (triton_error.message, triton_error.code) == (str(error), code)
