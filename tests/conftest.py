@@ -1,11 +1,18 @@
-"""Shared fixtures: tiny checkpoints for both tokenizer families, built once per session."""
+"""Shared fixtures: tiny checkpoints for both tokenizer families, built once per session; a gRPC server for test
+doubles of Triton's gRPC service."""
 
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
+from concurrent import futures
+from contextlib import contextmanager
 
+import grpc
 import pytest
+from tritonclient.grpc import service_pb2_grpc
 
+from tritonforge.server import free_port
 from tritonforge.tiny_model import TOKENIZER_FAMILIES, make_tiny_model
 
 
@@ -18,6 +25,20 @@ def tiny_model(request, tmp_path_factory):
 def tiny_models(tmp_path_factory):
     return {family: make_tiny_model(tmp_path_factory.mktemp(f"tiny-all-{family}"), tokenizer_family=family)
             for family in TOKENIZER_FAMILIES}
+
+
+@contextmanager
+def serving_grpc(servicer: service_pb2_grpc.GRPCInferenceServiceServicer) -> Iterator[str]:
+    """A local gRPC server answering with `servicer` (a test double of Triton's service); yields host:port."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    url = f"127.0.0.1:{free_port()}"
+    server.add_insecure_port(url)
+    server.start()
+    try:
+        yield url
+    finally:
+        server.stop(grace=None)
 
 
 def _interrupt(signum, frame):

@@ -7,9 +7,7 @@ Python backend")."""
 import asyncio
 import threading
 import time
-from concurrent import futures
 
-import grpc
 import pytest
 from tritonclient.grpc import service_pb2_grpc
 
@@ -21,7 +19,8 @@ from tritonforge.client import (
     ResponseTimeout,
     stop_engine_request,
 )
-from tritonforge.server import free_port
+
+from ..conftest import serving_grpc
 
 GIVE_UP_S = STOP_TIMEOUT_S + 10  # the client's limits plus a margin: beyond it the client hangs
 
@@ -39,13 +38,8 @@ class SilentTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 @pytest.fixture()
 def silent_url():
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(SilentTriton(), server)
-    url = f"127.0.0.1:{free_port()}"
-    server.add_insecure_port(url)
-    server.start()
-    yield url
-    server.stop(grace=None)
+    with serving_grpc(SilentTriton()) as url:
+        yield url
 
 
 def finishes(work) -> bool:

@@ -4,7 +4,6 @@ cannot be read ends every open request with an error instead of leaving it waiti
 double of Triton's gRPC streaming endpoint that answers from a script; the BLS over a real tritonserver is
 tested in tests/integration/test_bls.py."""
 
-from concurrent import futures
 
 import grpc
 import numpy as np
@@ -14,6 +13,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonforge.engine_stream import EngineStream
 from tritonforge.errors import EngineCallError, EngineStreamError
 from tritonforge.server import free_port
+
+from ..conftest import serving_grpc
 
 GIVE_UP_S = 30  # far beyond any answer here: past it the call hung
 
@@ -50,15 +51,10 @@ class ScriptedEngine(service_pb2_grpc.GRPCInferenceServiceServicer):
 @pytest.fixture()
 def engine():
     scripted = ScriptedEngine()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(scripted, server)
-    url = f"127.0.0.1:{free_port()}"
-    server.add_insecure_port(url)
-    server.start()
-    stream = EngineStream(url, "tensorrt_llm")
-    yield scripted, stream
-    stream.close()
-    server.stop(grace=None)
+    with serving_grpc(scripted) as url:
+        stream = EngineStream(url, "tensorrt_llm")
+        yield scripted, stream
+        stream.close()
 
 
 class Call:
