@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from tritonforge.accuracy import run_eval
-from tritonforge.benchmark import machine_description
+from tritonforge.benchmark import machine_description, with_extension
 from tritonforge.build import BuildOptions, build
 from tritonforge.repository import tokenizer_dir
 from tritonforge.server import TritonServer
@@ -53,7 +53,7 @@ def main() -> int:
               "rows": rows}
     stem = args.results_dir / "accuracy-gate"
     stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    with_extension(stem, ".json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [f"Accuracy gate against degradation — {result['meta']['machine']}, {result['meta']['date']}, "
              f"{args.tokens} greedy tokens × the built-in prompts", "",
              "| variant | greedy agreement | mean first divergence | log-prob MAE | tokens off > 0.1 | gate |",
@@ -62,8 +62,8 @@ def main() -> int:
         lines.append(f"| {row['variant']} | {row['greedy_agreement']:.3f} | {row['mean_first_divergence']:.1f} | "
                      f"{row['logprob_mae']:.4f} | {row['logprob_off_share']:.3f} | "
                      f"{'pass' if row['passed'] else 'FAIL'} |")
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    plot(rows, stem.with_suffix(".png"), result["meta"])
+    with_extension(stem, ".md").write_text("\n".join(lines) + "\n")
+    plot(rows, with_extension(stem, ".png"), result["meta"])
     print("\n".join(lines))
     return 0
 

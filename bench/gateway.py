@@ -36,6 +36,7 @@ from tritonforge.benchmark import (
     perf_analyzer_load,
     perf_analyzer_openai_load,
     summarize,
+    with_extension,
 )
 from tritonforge.build import BuildOptions, build
 from tritonforge.cli import positive_ints
@@ -144,10 +145,11 @@ def perf_analyzer_point(path: str, concurrency: int, args, prompts, grpc_url: st
     cpu = waited_children_cpu_seconds()
     if path == "ensemble":
         timings, wall = perf_analyzer_load(grpc_url, "ensemble", prompts, concurrency, args.output_tokens,
-                                           args.duration_s, work)
+                                           args.duration_s, work, ms_per_token=args.replay_step_ms)
     else:
         timings, wall = perf_analyzer_openai_load(base_url, SERVED_MODEL_NAME, prompts, concurrency,
-                                                  args.output_tokens, args.duration_s, work)
+                                                  args.output_tokens, args.duration_s, work,
+                                                  ms_per_token=args.replay_step_ms)
     return timings, wall, waited_children_cpu_seconds() - cpu
 
 
@@ -193,6 +195,9 @@ def main() -> int:
     parser.add_argument("--replay-step-ms", type=float, default=20.0,
                         help="20 ms keeps a 2-core machine below saturation; 8.5 is a real engine's step")
     parser.add_argument("--engine-instances", type=int, default=2)
+    parser.add_argument("--replay-native", action="store_true",
+                        help="the replay engine as a C++ backend (as NVIDIA's, it costs the pipeline no Python)")
+    parser.add_argument("--replay-sender-threads", type=int, default=1)
     parser.add_argument("--engine-max-batch-size", type=int, default=128)
     parser.add_argument("--postprocessing-instances", type=int, default=2)
     parser.add_argument("--bls-instances", type=int, default=1)
@@ -216,7 +221,8 @@ def main() -> int:
                                         postprocessing_instances=args.postprocessing_instances,
                                         bls_instances=args.bls_instances)
         repository = build(BuildOptions(model=model, output=work / "repo", engine="replay",
-                                        replay_step_ms=args.replay_step_ms,
+                                        replay_step_ms=args.replay_step_ms, replay_native=args.replay_native,
+                                        replay_sender_threads=args.replay_sender_threads,
                                         max_batch_size=args.engine_max_batch_size, max_input_len=64,
                                         max_seq_len=64 + args.output_tokens, serving=serving),
                            progress=lambda _: None)
@@ -278,8 +284,8 @@ def main() -> int:
               "with its workers) / streamed chunks received"]
     stem = args.results_dir / args.name
     stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    with_extension(stem, ".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    with_extension(stem, ".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0 if all(row["errors"] == 0 for row in rows) else 1
 

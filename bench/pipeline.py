@@ -29,12 +29,14 @@ from pathlib import Path
 
 from tritonforge import model_configs as configs
 from tritonforge.benchmark import (
+    DEFAULT_MS_PER_TOKEN,
     PATHS,
     add_efficiency,
     machine_description,
     make_prompts,
     markdown,
     measure_server,
+    with_extension,
     write_results,
 )
 from tritonforge.build import BuildOptions, build
@@ -58,7 +60,8 @@ def build_repository(args, model_dir: Path, engine: str, output: Path) -> None:
     build(BuildOptions(model=model_dir, output=output, engine=engine, max_batch_size=engine_batch,
                        max_input_len=args.max_prompt_tokens + 8,
                        max_seq_len=args.max_prompt_tokens + 8 + args.output_tokens, dtype=args.dtype,
-                       serving=serving, replay_step_ms=args.replay_step_ms, force=True), progress=lambda _: None)
+                       serving=serving, replay_step_ms=args.replay_step_ms, replay_native=args.replay_native,
+                       replay_sender_threads=args.replay_sender_threads, force=True), progress=lambda _: None)
 
 
 def measure_engine(args, model_dir: Path, engine: str, work: Path, rows: list[dict], save) -> None:
@@ -77,7 +80,8 @@ def measure_engine(args, model_dir: Path, engine: str, work: Path, rows: list[di
         measured = measure_server(server.grpc_url, prompts, concurrencies=args.concurrency,
                                   output_tokens=args.output_tokens, duration_s=args.duration_s, tool=args.tool,
                                   work=work, label=engine, server_pid=server.pid, on_row=on_row,
-                                  stacks_dir=args.stacks_dir, paths=args.paths)
+                                  stacks_dir=args.stacks_dir, paths=args.paths,
+                                  ms_per_token=args.replay_step_ms if engine == "replay" else DEFAULT_MS_PER_TOKEN)
         if any(row["errors"] for row in measured):
             print(f"--- tritonserver log ---\n{server.failure_summary(max_lines=40)}", file=sys.stderr)
     except BaseException:
@@ -119,6 +123,10 @@ def main() -> int:
     parser.add_argument("--preprocessing-instances", type=int, default=2)
     parser.add_argument("--postprocessing-instances", type=int, default=2)
     parser.add_argument("--bls-instances", type=int, default=1)
+    parser.add_argument("--replay-native", action="store_true",
+                        help="the replay engine as a C++ backend (as NVIDIA's, it costs the pipeline no Python)")
+    parser.add_argument("--replay-sender-threads", type=int, default=1,
+                        help="--replay-native: threads sending the engine's responses")
     parser.add_argument("--engine-instances", type=int, default=1,
                         help="replay engine: Python stubs sharing the engine's batch (8 reach a real engine's rate "
                              "on 16 cores)")
@@ -144,7 +152,7 @@ def main() -> int:
 
     if args.report:
         result = json.loads(args.report.read_text())
-        write_results(result, args.report.with_suffix(""))
+        write_results(result, args.report.with_name(args.report.name.removesuffix(".json")))
         print(markdown(result))
         return 0
     if args.tool == "perf_analyzer" and not shutil.which("perf_analyzer"):
@@ -161,7 +169,7 @@ def main() -> int:
 
     def save() -> None:  # after every point: a run cut short still leaves its figures
         add_efficiency(rows)
-        stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+        with_extension(stem, ".json").write_text(json.dumps(result, indent=1) + "\n")
 
     with tempfile.TemporaryDirectory() as temporary:
         work = Path(temporary)

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from tritonforge import model_configs as configs
-from tritonforge.benchmark import _one_request, machine_description, make_prompts, request_arrays
+from tritonforge.benchmark import _one_request, machine_description, make_prompts, request_arrays, with_extension
 from tritonforge.build import BuildOptions, build
 from tritonforge.profiling import all_stub_pids
 from tritonforge.repository import tokenizer_dir
@@ -123,8 +123,8 @@ def main() -> int:
         lines.append(f"| {name} | {start_memory.get(name, '-')} | {end_memory[name]} |")
     args.results_dir.mkdir(parents=True, exist_ok=True)
     stem = args.results_dir / args.name
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    with_extension(stem, ".json").write_text(json.dumps(result, indent=1) + "\n")
+    with_extension(stem, ".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0 if all(row["errors"] == 0 for row in result["paths"].values()) else 1
 

@@ -158,11 +158,14 @@ def asyncio_load(url, path, prompts, concurrency, output_tokens, duration_s):
 PERF_ANALYZER_MIN_TIMEOUT_S = 120
 PERF_ANALYZER_TIMEOUT_PER_POINT_S = 20  # seconds allowed per second of the point's duration
 PERF_ANALYZER_WINDOWS = 3  # measurement windows per point
+# The engine's time per token that sizes perf_analyzer's count windows when the caller knows no better: the
+# replay engine's default step (a ~15k tokens/s engine at 128 streams). Pass the engine's real step.
+DEFAULT_MS_PER_TOKEN = 8.5
 OPENAI_COMPLETIONS_ENDPOINT = "v1/completions"
 
 
 def perf_analyzer_command(url: str, model: str, input_file: Path, concurrency: int, duration_s: float,
-                          output_tokens: int, export: Path, *, expected_ms_per_token: float = 8.5,
+                          output_tokens: int, export: Path, *, expected_ms_per_token: float = DEFAULT_MS_PER_TOKEN,
                           openai: bool = False) -> list[str]:
     """perf_analyzer, set up to measure decoupled streams reliably.
 
@@ -197,7 +200,7 @@ def perf_analyzer_error(completed: subprocess.CompletedProcess) -> str:
 
 
 def perf_analyzer_load(url: str, path: str, prompts, concurrency: int, output_tokens: int, duration_s: float,
-                       work: Path) -> tuple[list[Timing], float]:
+                       work: Path, *, ms_per_token: float = DEFAULT_MS_PER_TOKEN) -> tuple[list[Timing], float]:
     """perf_analyzer against one of the server's paths (Triton's gRPC API)."""
     data = []
     for prompt in prompts:
@@ -209,24 +212,26 @@ def perf_analyzer_load(url: str, path: str, prompts, concurrency: int, output_to
             entry[name] = {"content": values, "shape": list(array.shape[1:])}
         data.append(entry)
     return _run_perf_analyzer(url, PATH_MODELS[path], data, f"{path}-{concurrency}", concurrency, duration_s,
-                              output_tokens, work, openai=False)
+                              output_tokens, work, openai=False, ms_per_token=ms_per_token)
 
 
 def perf_analyzer_openai_load(base_url: str, model: str, prompts, concurrency: int, output_tokens: int,
-                              duration_s: float, work: Path) -> tuple[list[Timing], float]:
+                              duration_s: float, work: Path, *,
+                              ms_per_token: float = DEFAULT_MS_PER_TOKEN) -> tuple[list[Timing], float]:
     """perf_analyzer against an OpenAI-compatible server: streamed completions of exactly `output_tokens`."""
     data = [{"payload": [{"model": model, "prompt": text, "max_tokens": output_tokens, "min_tokens": output_tokens,
                           "stream": True}]} for text, _ in prompts]
     return _run_perf_analyzer(base_url, model, data, f"openai-{concurrency}", concurrency, duration_s,
-                              output_tokens, work, openai=True)
+                              output_tokens, work, openai=True, ms_per_token=ms_per_token)
 
 
 def _run_perf_analyzer(url: str, model: str, data: list[dict], label: str, concurrency: int, duration_s: float,
-                       output_tokens: int, work: Path, *, openai: bool) -> tuple[list[Timing], float]:
+                       output_tokens: int, work: Path, *, openai: bool,
+                       ms_per_token: float) -> tuple[list[Timing], float]:
     """One point; a failed perf_analyzer fails the point alone, its own error lines in the point's report."""
     try:
         return _perf_analyzer_timings(url, model, data, label, concurrency, duration_s, output_tokens, work,
-                                      openai=openai)
+                                      openai=openai, ms_per_token=ms_per_token)
     except subprocess.TimeoutExpired as error:
         message = f"perf_analyzer: no result in {error.timeout:.0f} s (a stream that never ended?); stopped"
         return [Timing(sent=0.0, arrivals=[], tokens=0, error=message)], duration_s
@@ -236,13 +241,13 @@ def _run_perf_analyzer(url: str, model: str, data: list[dict], label: str, concu
 
 def _perf_analyzer_timings(url: str, model: str, data: list[dict], label: str, concurrency: int,
                            duration_s: float, output_tokens: int, work: Path, *,
-                           openai: bool) -> tuple[list[Timing], float]:
+                           openai: bool, ms_per_token: float) -> tuple[list[Timing], float]:
     input_file = work / f"input-{label}.json"
     input_file.write_text(json.dumps({"data": data}))
     # perf_analyzer refuses an existing export file: one new name per run.
     export = work / f"export-{label}-{time.monotonic_ns()}.json"
     command = perf_analyzer_command(url, model, input_file, concurrency, duration_s, output_tokens, export,
-                                    openai=openai)
+                                    expected_ms_per_token=ms_per_token, openai=openai)
     timeout_s = max(PERF_ANALYZER_MIN_TIMEOUT_S, PERF_ANALYZER_TIMEOUT_PER_POINT_S * duration_s)
     completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     if completed.returncode != 0 or not export.exists():
@@ -379,12 +384,18 @@ def plot(result: dict, png: Path) -> None:
     plt.close(figure)
 
 
+def with_extension(stem: Path, extension: str) -> Path:
+    """`stem` + `extension`, keeping every dot of the stem (`Path.with_suffix` would cut "run-4.25ms" at
+    its dot, so two runs named apart would write the same files)."""
+    return stem.with_name(stem.name + extension)
+
+
 def write_results(result: dict, stem: Path) -> None:
     stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    stem.with_suffix(".md").write_text(markdown(result))
+    with_extension(stem, ".json").write_text(json.dumps(result, indent=1) + "\n")
+    with_extension(stem, ".md").write_text(markdown(result))
     try:
-        plot(result, stem.with_suffix(".png"))
+        plot(result, with_extension(stem, ".png"))
     except ImportError:
         print("matplotlib is not installed: no plot (pip install -e .[bench])", file=sys.stderr)
 
@@ -407,7 +418,7 @@ def machine_description() -> str:
 def measure_server(url: str, prompts, *, paths=PATHS, concurrencies=(1, 8, 32, 128), output_tokens: int = 64,
                    duration_s: float = 10.0, tool: str = "asyncio", work: Path, label: str = "",
                    server_pid: int | None = None, stacks_dir: Path | None = None,
-                   on_row=lambda row: None) -> list[dict]:
+                   ms_per_token: float = DEFAULT_MS_PER_TOKEN, on_row=lambda row: None) -> list[dict]:
     """Warm up, then measure every path at every concurrency (the paths of one concurrency back to back).
 
     Each row also says where the time went (tritonforge.profiling): CPU cores by process, and Triton's
@@ -417,7 +428,7 @@ def measure_server(url: str, prompts, *, paths=PATHS, concurrencies=(1, 8, 32, 1
         point = (url, path, prompts, concurrency, output_tokens, seconds)
         if tool == "asyncio":
             return asyncio_load(*point)
-        return perf_analyzer_load(*point, work=work)
+        return perf_analyzer_load(*point, work=work, ms_per_token=ms_per_token)
 
     # Warm-up: first calls load kernels, fill pools, start the stubs' threads.
     for path in paths:

@@ -15,7 +15,12 @@ from pathlib import Path
 from . import model_configs as configs
 from . import trtllm
 from .limits import EngineLimits
-from .model_parameters import CANCELLATION_CHECK_PERIOD_MS, ReplayEngineParameters, TransformersEngineParameters
+from .model_parameters import (
+    CANCELLATION_CHECK_PERIOD_MS,
+    NativeReplayEngineParameters,
+    ReplayEngineParameters,
+    TransformersEngineParameters,
+)
 from .planner import ModelShape, plan_memory
 from .repository import (
     CHECKPOINT_SUBDIR,
@@ -57,6 +62,10 @@ class BuildOptions:
                                               "e.g. the original of a pre-quantized checkpoint", parse=Path)
     replay_step_ms: float = setting(8.5, "--engine replay (benchmarking only): ms per step, one token per running "
                                     "request")
+    replay_native: bool = setting(False, "--engine replay: the engine as a C++ backend compiled at build time "
+                                  "(costs the pipeline no Python, as NVIDIA's C++ backend; needs g++)")
+    replay_sender_threads: int = setting(1, "--replay-native: threads sending the engine's responses, each running "
+                                         "its share of the batch")
     tp_size: int = setting(1, "tensor parallel size", group=TRT)
     pp_size: int = setting(1, "pipeline parallel size", group=TRT)
     quantization: str = setting("none", choices=trtllm.QUANTIZATIONS, group=TRT)
@@ -90,6 +99,13 @@ class BuildOptions:
             raise ValueError(f"--max-batch-size must be >= 1, got {self.max_batch_size}")
         if self.replay_step_ms <= 0:
             raise ValueError(f"--replay-step-ms must be > 0, got {self.replay_step_ms}")
+        if self.replay_native and self.engine != "replay":
+            raise ValueError("--replay-native is for --engine replay only")
+        if self.replay_native and self.serving.engine_instances > 1:
+            raise ValueError("--replay-native runs as one instance: set --replay-sender-threads instead of "
+                             "--engine-instances")
+        if self.replay_sender_threads < 1:
+            raise ValueError(f"--replay-sender-threads must be >= 1, got {self.replay_sender_threads}")
         if self.serving.engine_instances > 1 and self.engine != "replay":
             raise ValueError(f"--engine-instances > 1 is for the replay engine only; the {self.engine} engine runs "
                              f"as one instance that batches in flight")
@@ -139,6 +155,13 @@ def replay_engine_parameters(options: BuildOptions, vocab_size: int) -> dict[str
         shared_batch=options.serving.engine_instances > 1, max_batch_size=options.max_batch_size,
         max_input_len=options.max_input_len, max_seq_len=options.max_seq_len,
         exclude_input_in_output=options.serving.exclude_input_in_output).to_config()
+
+
+def native_replay_engine_parameters(options: BuildOptions) -> dict[str, str]:
+    return NativeReplayEngineParameters(
+        replay_tokens=f"1/{REPLAY_TOKENS}", replay_step_ms=options.replay_step_ms,
+        max_batch_size=options.max_batch_size, exclude_input_in_output=options.serving.exclude_input_in_output,
+        replay_sender_threads=options.replay_sender_threads).to_config()
 
 
 def tensorrtllm_engine_parameters(options: BuildOptions) -> dict[str, str]:
@@ -262,12 +285,15 @@ def build(options: BuildOptions, progress=print) -> Path:
     if options.engine == "tensorrtllm":
         build_tensorrtllm(options, checkpoint_config, limits, progress)
         return run_accuracy_gate(options, progress)
-    if options.engine == "replay":
+    if options.engine == "replay" and options.replay_native:
+        parameters = native_replay_engine_parameters(options)
+    elif options.engine == "replay":
         parameters = replay_engine_parameters(options, vocab_size=checkpoint_config["vocab_size"])
     else:
         parameters = transformers_engine_parameters(options)
     plan = RepositoryPlan(output=options.output, engine=options.engine, frontends=options.frontends,
-                          serving=options.serving, limits=limits, engine_parameters=parameters)
+                          serving=options.serving, limits=limits, engine_parameters=parameters,
+                          native_replay=options.replay_native)
     existing = prepare_output(options.output, force=options.force, checkpoint=options.model)
     write_repository(plan, tokenizer_source=options.model, checkpoint=options.model, existing=existing,
                      manifest={"tritonforge_build": _options_record(options)})

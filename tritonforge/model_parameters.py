@@ -115,3 +115,14 @@ class ReplayEngineParameters(EngineParameters):
     replay_step_ms: float
     vocab_size: int
     shared_batch: bool = False  # several instances share one batch (replay_engine.SharedBatch)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NativeReplayEngineParameters(ModelParameters):
+    """What the C++ replay backend reads (tritonforge/native/replay_backend.cc, by these names)."""
+
+    replay_tokens: str
+    replay_step_ms: float
+    max_batch_size: int
+    exclude_input_in_output: bool = True
+    replay_sender_threads: int = 1  # threads sending responses, each running its share of the batch

@@ -16,6 +16,7 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 from . import model_configs as configs
+from . import native_replay
 from .contract import BLS_MODEL, ENGINE_MODEL, ENSEMBLE_MODEL, POSTPROCESSING_MODEL, PREPROCESSING_MODEL
 from .limits import EngineLimits
 
@@ -52,6 +53,7 @@ class RepositoryPlan:
     serving: configs.ServingConfig
     limits: EngineLimits
     engine_parameters: dict[str, str]
+    native_replay: bool = False  # the replay engine as the C++ backend (tritonforge/native_replay.py)
 
     def __post_init__(self):
         if self.engine not in configs.ENGINES:
@@ -80,15 +82,20 @@ def build_configs(plan: RepositoryPlan) -> dict[str, mc.ModelConfig]:
     out = {
         PREPROCESSING_MODEL: configs.preprocessing_config(plan.serving, plan.limits, tokenizer),
         POSTPROCESSING_MODEL: configs.postprocessing_config(plan.serving, shared_tokenizer),
-        ENGINE_MODEL: configs.engine_config(
-            plan.serving, backend="tensorrtllm" if plan.engine == "tensorrtllm" else "python",
-            parameters=plan.engine_parameters),
+        ENGINE_MODEL: configs.engine_config(plan.serving, backend=engine_backend(plan),
+                                            parameters=plan.engine_parameters),
     }
     if "ensemble" in plan.frontends:
         out[ENSEMBLE_MODEL] = configs.ensemble_config(plan.serving)
     if "bls" in plan.frontends:
         out[BLS_MODEL] = configs.bls_config(plan.serving, plan.limits, shared_tokenizer)
     return out
+
+
+def engine_backend(plan: RepositoryPlan) -> str:
+    if plan.engine == "tensorrtllm":
+        return "tensorrtllm"
+    return native_replay.BACKEND if plan.native_replay else "python"
 
 
 def replay_tokens(tokenizer_source: Path) -> list[int]:
@@ -175,7 +182,9 @@ def write_repository(plan: RepositoryPlan, *, tokenizer_source: Path, checkpoint
         version_dir = output / name / "1"
         version_dir.mkdir(parents=True, exist_ok=True)
         source_key = f"{name}:{plan.engine}" if name == ENGINE_MODEL else name
-        if source_key in MODEL_SOURCES:
+        if name == ENGINE_MODEL and plan.native_replay:
+            native_replay.compile_backend(version_dir)
+        elif source_key in MODEL_SOURCES:
             shutil.copy2(model_source(source_key), version_dir / "model.py")
         (output / name / "config.pbtxt").write_text(configs.to_text(config))
 

@@ -1,0 +1,87 @@
+// The part of Triton's C API that replay_backend.cc calls: declarations of functions exported by
+// libtritonserver.so (the server process provides them when it loads the backend), with the enum values of
+// tritonserver.h / tritonbackend.h (triton-inference-server/core, API 1.x, unchanged from Triton 2.51 on).
+// Declared here so the backend compiles with a plain C++ compiler and no Triton headers installed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+extern "C" {
+
+struct TRITONSERVER_Error;
+struct TRITONSERVER_Message;
+struct TRITONBACKEND_Model;
+struct TRITONBACKEND_ModelInstance;
+struct TRITONBACKEND_Request;
+struct TRITONBACKEND_Input;
+struct TRITONBACKEND_Response;
+struct TRITONBACKEND_ResponseFactory;
+struct TRITONBACKEND_Output;
+
+enum TRITONSERVER_DataType {
+  TRITONSERVER_TYPE_INVALID, TRITONSERVER_TYPE_BOOL, TRITONSERVER_TYPE_UINT8, TRITONSERVER_TYPE_UINT16,
+  TRITONSERVER_TYPE_UINT32, TRITONSERVER_TYPE_UINT64, TRITONSERVER_TYPE_INT8, TRITONSERVER_TYPE_INT16,
+  TRITONSERVER_TYPE_INT32, TRITONSERVER_TYPE_INT64, TRITONSERVER_TYPE_FP16, TRITONSERVER_TYPE_FP32,
+  TRITONSERVER_TYPE_FP64, TRITONSERVER_TYPE_BYTES, TRITONSERVER_TYPE_BF16
+};
+enum TRITONSERVER_MemoryType { TRITONSERVER_MEMORY_CPU, TRITONSERVER_MEMORY_CPU_PINNED, TRITONSERVER_MEMORY_GPU };
+enum TRITONSERVER_Error_Code {
+  TRITONSERVER_ERROR_UNKNOWN, TRITONSERVER_ERROR_INTERNAL, TRITONSERVER_ERROR_NOT_FOUND,
+  TRITONSERVER_ERROR_INVALID_ARG, TRITONSERVER_ERROR_UNAVAILABLE, TRITONSERVER_ERROR_UNSUPPORTED,
+  TRITONSERVER_ERROR_ALREADY_EXISTS, TRITONSERVER_ERROR_CANCELLED
+};
+enum TRITONBACKEND_ArtifactType { TRITONBACKEND_ARTIFACT_FILESYSTEM };
+constexpr uint32_t TRITONSERVER_REQUEST_RELEASE_ALL = 1;
+constexpr uint32_t TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1;
+
+TRITONSERVER_Error* TRITONSERVER_ErrorNew(TRITONSERVER_Error_Code code, const char* msg);
+void TRITONSERVER_ErrorDelete(TRITONSERVER_Error* error);
+const char* TRITONSERVER_ErrorMessage(TRITONSERVER_Error* error);
+TRITONSERVER_Error* TRITONSERVER_MessageSerializeToJson(TRITONSERVER_Message* message, const char** base,
+                                                        size_t* byte_size);
+TRITONSERVER_Error* TRITONSERVER_MessageDelete(TRITONSERVER_Message* message);
+
+TRITONSERVER_Error* TRITONBACKEND_ModelConfig(TRITONBACKEND_Model* model, uint32_t config_version,
+                                              TRITONSERVER_Message** model_config);
+TRITONSERVER_Error* TRITONBACKEND_ModelRepository(TRITONBACKEND_Model* model,
+                                                  TRITONBACKEND_ArtifactType* artifact_type, const char** location);
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceModel(TRITONBACKEND_ModelInstance* instance,
+                                                     TRITONBACKEND_Model** model);
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceState(TRITONBACKEND_ModelInstance* instance, void** state);
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceSetState(TRITONBACKEND_ModelInstance* instance, void* state);
+
+TRITONSERVER_Error* TRITONBACKEND_RequestId(TRITONBACKEND_Request* request, const char** id);
+TRITONSERVER_Error* TRITONBACKEND_RequestInput(TRITONBACKEND_Request* request, const char* name,
+                                               TRITONBACKEND_Input** input);
+TRITONSERVER_Error* TRITONBACKEND_RequestOutputCount(TRITONBACKEND_Request* request, uint32_t* count);
+TRITONSERVER_Error* TRITONBACKEND_RequestOutputName(TRITONBACKEND_Request* request, uint32_t index,
+                                                    const char** output_name);
+TRITONSERVER_Error* TRITONBACKEND_RequestRelease(TRITONBACKEND_Request* request, uint32_t release_flags);
+TRITONSERVER_Error* TRITONBACKEND_InputProperties(TRITONBACKEND_Input* input, const char** name,
+                                                  TRITONSERVER_DataType* datatype, const int64_t** shape,
+                                                  uint32_t* dims_count, uint64_t* byte_size, uint32_t* buffer_count);
+TRITONSERVER_Error* TRITONBACKEND_InputBuffer(TRITONBACKEND_Input* input, uint32_t index, const void** buffer,
+                                              uint64_t* buffer_byte_size, TRITONSERVER_MemoryType* memory_type,
+                                              int64_t* memory_type_id);
+
+TRITONSERVER_Error* TRITONBACKEND_ResponseFactoryNew(TRITONBACKEND_ResponseFactory** factory,
+                                                     TRITONBACKEND_Request* request);
+TRITONSERVER_Error* TRITONBACKEND_ResponseFactoryDelete(TRITONBACKEND_ResponseFactory* factory);
+TRITONSERVER_Error* TRITONBACKEND_ResponseFactorySendFlags(TRITONBACKEND_ResponseFactory* factory,
+                                                           uint32_t send_flags);
+TRITONSERVER_Error* TRITONBACKEND_ResponseFactoryIsCancelled(TRITONBACKEND_ResponseFactory* factory,
+                                                             bool* is_cancelled);
+TRITONSERVER_Error* TRITONBACKEND_ResponseNewFromFactory(TRITONBACKEND_Response** response,
+                                                         TRITONBACKEND_ResponseFactory* factory);
+TRITONSERVER_Error* TRITONBACKEND_ResponseOutput(TRITONBACKEND_Response* response, TRITONBACKEND_Output** output,
+                                                 const char* name, TRITONSERVER_DataType datatype,
+                                                 const int64_t* shape, uint32_t dims_count);
+TRITONSERVER_Error* TRITONBACKEND_OutputBuffer(TRITONBACKEND_Output* output, void** buffer,
+                                               uint64_t buffer_byte_size, TRITONSERVER_MemoryType* memory_type,
+                                               int64_t* memory_type_id);
+TRITONSERVER_Error* TRITONBACKEND_ResponseSend(TRITONBACKEND_Response* response, uint32_t send_flags,
+                                               TRITONSERVER_Error* error);
+TRITONSERVER_Error* TRITONBACKEND_ResponseDelete(TRITONBACKEND_Response* response);
+
+}  // extern "C"
