@@ -14,7 +14,8 @@
 // unless `exclude_input_in_output`). Responses carry `output_ids` [1, 1, n] and `sequence_length` [1, 1],
 // when requested. A `stop` request ends the running request with its request id; a cancelled request ends
 // at the next step. `replay_sender_threads` threads each run their own share of the batch, on one clock.
-// It publishes no engine metrics and no per-model statistics.
+// It reports Triton's per-model statistics for the time it takes to accept requests (perf_analyzer needs
+// them for every model it profiles), and publishes no engine metrics.
 
 #include <algorithm>
 #include <atomic>
@@ -38,6 +39,10 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+uint64_t NowNs() {  // the clock Triton's own statistics use
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
 
 void LogError(const char* what, TRITONSERVER_Error* error) {
   if (error == nullptr) return;
@@ -411,6 +416,7 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
   TRITONSERVER_Error* error = TRITONBACKEND_ModelInstanceState(instance, &state);
   if (error != nullptr) return error;
   Engine* engine = static_cast<Engine*>(state);
+  const uint64_t started_ns = NowNs();
   for (uint32_t i = 0; i < count; ++i) {
     TRITONBACKEND_ResponseFactory* factory = nullptr;
     error = TRITONBACKEND_ResponseFactoryNew(&factory, requests[i]);
@@ -420,6 +426,10 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
     }
     Stream* stream = nullptr;
     error = Accept(engine, requests[i], factory, &stream);
+    const uint64_t accepted_ns = NowNs();
+    LogError("statistics", TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[i], error == nullptr,
+                                                                       started_ns, started_ns, accepted_ns,
+                                                                       accepted_ns));
     // The factory outlives the request: release it now, as it is read.
     LogError("release request", TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL));
     if (error != nullptr) {
@@ -433,6 +443,9 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
       engine->Submit(stream);
     }
   }
+  const uint64_t ended_ns = NowNs();
+  LogError("batch statistics",
+           TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, count, started_ns, started_ns, ended_ns, ended_ns));
   return nullptr;
 }
 

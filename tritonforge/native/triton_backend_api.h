@@ -51,6 +51,15 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceModel(TRITONBACKEND_ModelInstance
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceState(TRITONBACKEND_ModelInstance* instance, void** state);
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceSetState(TRITONBACKEND_ModelInstance* instance, void* state);
 
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportStatistics(TRITONBACKEND_ModelInstance* instance,
+                                                              TRITONBACKEND_Request* request, bool success,
+                                                              uint64_t exec_start_ns, uint64_t compute_start_ns,
+                                                              uint64_t compute_end_ns, uint64_t exec_end_ns);
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportBatchStatistics(TRITONBACKEND_ModelInstance* instance,
+                                                                   uint64_t batch_size, uint64_t exec_start_ns,
+                                                                   uint64_t compute_start_ns,
+                                                                   uint64_t compute_end_ns, uint64_t exec_end_ns);
+
 TRITONSERVER_Error* TRITONBACKEND_RequestId(TRITONBACKEND_Request* request, const char** id);
 TRITONSERVER_Error* TRITONBACKEND_RequestInput(TRITONBACKEND_Request* request, const char* name,
                                                TRITONBACKEND_Input** input);
