@@ -58,12 +58,11 @@ struct Settings {
   std::vector<int32_t> tokens;
 };
 
-// The string value of a model parameter in the config's JSON ({"key":{"string_value":"..."}}), or "".
+// The string value of a model parameter in the config's compact JSON ("key":{"string_value":"..."}), or "".
+// The whole pattern is matched: a parameter may share its name with a top-level field (max_batch_size).
 std::string Parameter(const std::string& config_json, const std::string& key) {
-  size_t at = config_json.find("\"" + key + "\"");
-  if (at == std::string::npos) return "";
-  const std::string marker = "\"string_value\":\"";
-  at = config_json.find(marker, at);
+  const std::string marker = "\"" + key + "\":{\"string_value\":\"";
+  size_t at = config_json.find(marker);
   if (at == std::string::npos) return "";
   at += marker.size();
   return config_json.substr(at, config_json.find('"', at) - at);
