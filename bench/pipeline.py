@@ -61,7 +61,8 @@ def build_repository(args, model_dir: Path, engine: str, output: Path) -> None:
                        max_input_len=args.max_prompt_tokens + 8,
                        max_seq_len=args.max_prompt_tokens + 8 + args.output_tokens, dtype=args.dtype,
                        serving=serving, replay_step_ms=args.replay_step_ms, replay_native=args.replay_native,
-                       replay_sender_threads=args.replay_sender_threads, force=True), progress=lambda _: None)
+                       replay_sender_threads=args.replay_sender_threads, stream_interval=args.stream_interval,
+                       force=True), progress=lambda _: None)
 
 
 def measure_engine(args, model_dir: Path, engine: str, work: Path, rows: list[dict], save) -> None:
@@ -127,6 +128,8 @@ def main() -> int:
                         help="the replay engine as a C++ backend (as NVIDIA's, it costs the pipeline no Python)")
     parser.add_argument("--replay-sender-threads", type=int, default=1,
                         help="--replay-native: threads sending the engine's responses")
+    parser.add_argument("--stream-interval", type=int, default=1,
+                        help="streamed tokens per engine response after the first (1: every token)")
     parser.add_argument("--engine-instances", type=int, default=1,
                         help="replay engine: Python stubs sharing the engine's batch (8 reach a real engine's rate "
                              "on 16 cores)")

@@ -66,6 +66,9 @@ class BuildOptions:
                                   "(costs the pipeline no Python, as NVIDIA's C++ backend; needs g++)")
     replay_sender_threads: int = setting(1, "--replay-native: threads sending the engine's responses, each running "
                                          "its share of the batch")
+    stream_interval: int = setting(1, "transformers and replay engines: streamed tokens per response after the "
+                                   "first (fewer responses through the pipeline, chunks that many steps apart); "
+                                   "1 streams every token, as the tensorrtllm backend always does")
     tp_size: int = setting(1, "tensor parallel size", group=TRT)
     pp_size: int = setting(1, "pipeline parallel size", group=TRT)
     quantization: str = setting("none", choices=trtllm.QUANTIZATIONS, group=TRT)
@@ -104,6 +107,11 @@ class BuildOptions:
         if self.replay_native and self.serving.engine_instances > 1:
             raise ValueError("--replay-native runs as one instance: set --replay-sender-threads instead of "
                              "--engine-instances")
+        if self.stream_interval < 1:
+            raise ValueError(f"--stream-interval must be >= 1, got {self.stream_interval}")
+        if self.stream_interval > 1 and self.engine == "tensorrtllm":
+            raise ValueError("--stream-interval: the tensorrtllm backend streams one response per token and has no "
+                             "such setting; it is for the transformers and replay engines")
         if self.replay_sender_threads < 1:
             raise ValueError(f"--replay-sender-threads must be >= 1, got {self.replay_sender_threads}")
         if self.serving.engine_instances > 1 and self.engine != "replay":
@@ -144,7 +152,8 @@ def transformers_engine_parameters(options: BuildOptions) -> dict[str, str]:
     return TransformersEngineParameters(
         model_path=f"1/{CHECKPOINT_SUBDIR}", max_batch_size=options.max_batch_size,
         max_input_len=options.max_input_len, max_seq_len=options.max_seq_len, dtype=options.dtype,
-        device=options.device, exclude_input_in_output=options.serving.exclude_input_in_output).to_config()
+        device=options.device, exclude_input_in_output=options.serving.exclude_input_in_output,
+        stream_interval=options.stream_interval).to_config()
 
 
 def replay_engine_parameters(options: BuildOptions, vocab_size: int) -> dict[str, str]:
@@ -154,14 +163,15 @@ def replay_engine_parameters(options: BuildOptions, vocab_size: int) -> dict[str
         replay_tokens=f"1/{REPLAY_TOKENS}", replay_step_ms=options.replay_step_ms, vocab_size=vocab_size,
         shared_batch=options.serving.engine_instances > 1, max_batch_size=options.max_batch_size,
         max_input_len=options.max_input_len, max_seq_len=options.max_seq_len,
-        exclude_input_in_output=options.serving.exclude_input_in_output).to_config()
+        exclude_input_in_output=options.serving.exclude_input_in_output,
+        stream_interval=options.stream_interval).to_config()
 
 
 def native_replay_engine_parameters(options: BuildOptions) -> dict[str, str]:
     return NativeReplayEngineParameters(
         replay_tokens=f"1/{REPLAY_TOKENS}", replay_step_ms=options.replay_step_ms,
         max_batch_size=options.max_batch_size, exclude_input_in_output=options.serving.exclude_input_in_output,
-        replay_sender_threads=options.replay_sender_threads).to_config()
+        replay_sender_threads=options.replay_sender_threads, stream_interval=options.stream_interval).to_config()
 
 
 def tensorrtllm_engine_parameters(options: BuildOptions) -> dict[str, str]:

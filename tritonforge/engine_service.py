@@ -48,6 +48,7 @@ class EngineSettings:
     exclude_input_in_output: bool = True
     cancellation_check_period_ms: int = CANCELLATION_CHECK_PERIOD_MS
     decoupled: bool = True
+    stream_interval: int = 1  # streamed tokens per response after the first (model_parameters.EngineParameters)
 
     @classmethod
     def from_parameters(cls, parameters: EngineParameters, *, decoupled: bool, max_queue_size: int,
@@ -62,6 +63,7 @@ class EngineSettings:
             exclude_input_in_output=parameters.exclude_input_in_output,
             cancellation_check_period_ms=parameters.cancellation_check_period_ms,
             decoupled=decoupled,
+            stream_interval=parameters.stream_interval,
         )
 
     @classmethod
@@ -136,10 +138,12 @@ class _RowSink:
     never (one sequence per request) — as `ModelInstanceState::fillTritonResponse` does.
     """
 
-    def __init__(self, state: _RequestState, row: EngineRow, batch_index: int):
+    def __init__(self, state: _RequestState, row: EngineRow, batch_index: int, stream_interval: int = 1):
         self.state = state
         self.row = row
         self.batch_index = batch_index
+        self.stream_interval = stream_interval
+        self.pending: tuple[list[int], list[float]] = ([], [])  # streamed tokens not yet sent
         self.streamed = 0  # tokens already sent by a streaming row
         self.send_failed = False  # a streamed response could not be sent: the engine drops the row
         self.arrival_ns = _now_ns()
@@ -185,9 +189,17 @@ class _RowSink:
         self.scheduled_ns = _now_ns()
 
     def tokens(self, token_ids: list[int], log_probs: list[float]) -> None:
+        """New tokens of a streaming row: sent at once when they are its first, else once `stream_interval`
+        of them wait (the rest go out with `finish`)."""
         self._token_times()
-        self.streamed += len(token_ids)
-        if not self.state.send(self._response(token_ids, log_probs), row_done=False):
+        pending_ids, pending_log_probs = self.pending
+        pending_ids.extend(token_ids)
+        pending_log_probs.extend(log_probs)
+        if self.streamed and len(pending_ids) < self.stream_interval:
+            return
+        self.pending = ([], [])
+        self.streamed += len(pending_ids)
+        if not self.state.send(self._response(pending_ids, pending_log_probs), row_done=False):
             self.send_failed = True
 
     def finish(self, result: GenerationResult | None, error: Exception | None) -> None:
@@ -266,7 +278,7 @@ class EngineService:
                     max_new_tokens=row.max_new_tokens, end_id=row.end_id, sampling=row.sampling,
                     stop_sequences=row.stop_sequences, bad_sequences=row.bad_sequences, stream=row.stream,
                     return_log_probs=row.return_log_probs, embedding_bias=row.embedding_bias,
-                    sink=_RowSink(state, row, index))
+                    sink=_RowSink(state, row, index, self.settings.stream_interval))
                 self.engine.validate(generation)
                 requests.append(generation)
         except Exception as error:  # noqa: BLE001 - every failure becomes this request's error response

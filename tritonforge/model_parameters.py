@@ -100,6 +100,9 @@ class EngineParameters(ModelParameters):
     max_seq_len: int
     exclude_input_in_output: bool = True
     cancellation_check_period_ms: int = CANCELLATION_CHECK_PERIOD_MS
+    # Streamed tokens per response after the first, as trtllm-serve's and vLLM's `stream_interval`: fewer
+    # responses for the pipeline to carry, at the price of chunks that arrive that many steps apart.
+    stream_interval: int = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,3 +129,4 @@ class NativeReplayEngineParameters(ModelParameters):
     max_batch_size: int
     exclude_input_in_output: bool = True
     replay_sender_threads: int = 1  # threads sending responses, each running its share of the batch
+    stream_interval: int = 1  # as EngineParameters.stream_interval

@@ -11,7 +11,8 @@
 // the prompt; up to `max_batch_size` requests run at once, the rest wait and join at a step. A request runs
 // to `request_output_len`; sampling, end_id, stop and bad words are ignored. Streaming requests get one
 // response per token (the last one flagged final); others one response with every token (after the prompt
-// unless `exclude_input_in_output`). Responses carry `output_ids` [1, 1, n] and `sequence_length` [1, 1],
+// unless `exclude_input_in_output`); with `stream_interval` N, the first token goes out at once and then N
+// at a time. Responses carry `output_ids` [1, 1, n] and `sequence_length` [1, 1],
 // when requested. A `stop` request ends the running request with its request id; a cancelled request ends
 // at the next step. `replay_sender_threads` threads each run their own share of the batch, on one clock.
 // It reports Triton's per-model statistics for the time it takes to accept requests (perf_analyzer needs
@@ -54,6 +55,7 @@ struct Settings {
   double step_ms = 8.5;
   int max_batch_size = 1;
   int sender_threads = 1;
+  int stream_interval = 1;  // streamed tokens per response after the first
   bool exclude_input_in_output = true;
   std::vector<int32_t> tokens;
 };
@@ -89,6 +91,7 @@ struct Stream {
   std::string id;
   std::vector<int32_t> prompt;
   std::vector<int32_t> generated;
+  size_t sent = 0;  // streamed tokens already sent
   int max_new_tokens = 0;
   size_t offset = 0;
   bool streaming = false;
@@ -200,8 +203,7 @@ class Engine {
   void Finish(Stream* stream) {
     Forget(stream);
     if (stream->streaming) {
-      const size_t unsent = stream->generated.empty() || stream->stopped ? 0 : 1;
-      Send(stream, stream->generated.data() + stream->generated.size() - unsent, unsent, true);
+      Send(stream, stream->generated.data() + stream->sent, stream->generated.size() - stream->sent, true);
       return;
     }
     std::vector<int32_t> ids = stream->exclude_input ? std::vector<int32_t>() : stream->prompt;
@@ -251,7 +253,11 @@ class Engine {
         Finish(stream);  // the last token goes out with the final flag
         continue;
       }
-      if (stream->streaming) Send(stream, &stream->generated.back(), 1, false);
+      const size_t unsent = stream->generated.size() - stream->sent;
+      if (stream->streaming && (stream->sent == 0 || unsent >= static_cast<size_t>(settings_.stream_interval))) {
+        Send(stream, stream->generated.data() + stream->sent, unsent, false);
+        stream->sent = stream->generated.size();
+      }
       (*running)[kept++] = stream;
     }
     running->resize(kept);
@@ -389,14 +395,16 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelIns
     const std::string threads = Parameter(config, "replay_sender_threads");
     settings.sender_threads = threads.empty() ? 1 : std::stoi(threads);
     settings.exclude_input_in_output = Parameter(config, "exclude_input_in_output") != "false";
+    const std::string interval = Parameter(config, "stream_interval");
+    settings.stream_interval = interval.empty() ? 1 : std::stoi(interval);
   } catch (const std::exception&) {
     return InvalidArg("tritonforge_replay: parameters replay_step_ms and max_batch_size must be numbers");
   }
   const std::string tokens_path = std::string(location) + "/" + Parameter(config, "replay_tokens");
   settings.tokens = ReadTokenIds(tokens_path);
   if (settings.tokens.empty()) return InvalidArg("tritonforge_replay: no token ids in " + tokens_path);
-  if (settings.step_ms <= 0 || settings.max_batch_size < 1)
-    return InvalidArg("tritonforge_replay: replay_step_ms must be > 0 and max_batch_size >= 1");
+  if (settings.step_ms <= 0 || settings.max_batch_size < 1 || settings.stream_interval < 1)
+    return InvalidArg("tritonforge_replay: replay_step_ms must be > 0, max_batch_size and stream_interval >= 1");
   std::fprintf(stderr, "tritonforge_replay: the REPLAY engine (benchmarking only): %d slots, %.3f ms a step, "
                "%d sender threads\n", settings.max_batch_size, settings.step_ms, settings.sender_threads);
   return TRITONBACKEND_ModelInstanceSetState(instance, new Engine(std::move(settings)));
