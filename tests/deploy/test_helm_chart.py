@@ -48,9 +48,41 @@ def kubernetes_validate() -> str:
     return path
 
 
-@pytest.fixture(scope="module", params=EXAMPLE_NAMES)
+# Other values than the examples', as a user's: each must render manifests that pass the same validation.
+VARIANTS = {
+    "tp2-pp2-ensemble": merged(MINIMAL, {
+        "parallelism": {"tensor": 2, "pipeline": 2},
+        "serve": {"openaiModel": "ensemble", "extraArgs": ["--log-file=/tmp/triton.log"]},
+        "service": {"type": "LoadBalancer", "sessionAffinity": "ClientIP"},
+        "podDisruptionBudget": {"enabled": False},
+        "probes": {"liveness": {"enabled": False}},
+    }),
+    "other-ports-and-key": merged(MINIMAL, {
+        "ports": {"http": 18000, "grpc": 18001, "metrics": 18002, "openai": 18080},
+        "apiKey": {"value": "sk-x"},
+        "monitoring": {"podMonitor": {"enabled": True}},
+        "serviceAccount": {"create": False, "name": "existing"},
+        "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"},
+    }),
+    "build-pp2-autoscaled": {
+        "parallelism": {"pipeline": 2},
+        "repository": {"source": "build",
+                       "build": {"checkpointClaimName": "ckpt", "resources": {"requests": {"cpu": "4"}}}},
+        "autoscaling": {"enabled": True, "maxReplicas": 8},
+        "inferencePool": {"enabled": True},
+    },
+    "four-nodes-of-four": merged(MINIMAL, {
+        "parallelism": {"tensor": 4, "pipeline": 4},
+        "multiNode": {"enabled": True, "gpusPerNode": 4},
+        "replicaCount": 3,
+        "monitoring": {"podMonitor": {"enabled": True}, "dashboard": {"enabled": True}},
+    }),
+}
+
+
+@pytest.fixture(scope="module", params=(*EXAMPLE_NAMES, *VARIANTS))
 def rendered(request):
-    return request.param, render(example(request.param))
+    return request.param, render(example(request.param) if request.param in EXAMPLE_NAMES else VARIANTS[request.param])
 
 
 @pytest.mark.parametrize("name", (None, *EXAMPLE_NAMES))
@@ -118,22 +150,25 @@ def test_each_pod_asks_for_its_share_of_tensor_times_pipeline_gpus(name, gpus_pe
         values.get("parallelism", {}).get("pipeline", 1)
 
 
+def test_the_examples_api_key_comes_from_their_secret():
+    for name in EXAMPLE_NAMES:
+        template = pod_templates(render(example(name)))["server"]
+        env = {e["name"]: e for e in container(template)["env"]}
+        assert env["TRITONFORGE_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "tritonforge-api-key",
+                                                                            "key": "api-key"}
+
+
 def test_the_serving_command_is_one_tritonforge_serve_accepts(rendered):
     _, manifests = rendered
     template = pod_templates(manifests)["server"]
     command = container(template)["command"]
     serve = command[command.index("tritonforge"):]
     args = make_parser().parse_args(serve[1:])
-    values = example(rendered[0])
     assert str(args.repository) == "/models" and args.address == "0.0.0.0"
-    assert (args.http_port, args.grpc_port, args.metrics_port, args.openai_port) == (8000, 8001, 8002, 9000)
     assert args.api_key is None  # the key comes from the environment (a Secret), never the command line
     ports = {p["name"]: p["containerPort"] for p in container(template)["ports"]}
-    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002, "openai": 9000}
-    assert values["apiKey"]["existingSecret"]
-    env = {e["name"]: e for e in container(template)["env"]}
-    assert env["TRITONFORGE_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": values["apiKey"]["existingSecret"],
-                                                                        "key": "api-key"}
+    assert ports == {"http": args.http_port, "grpc": args.grpc_port, "metrics": args.metrics_port,
+                     "openai": args.openai_port}
 
 
 def test_probes_ask_the_gateway_for_readiness_and_a_generation_for_liveness(rendered):
@@ -141,9 +176,12 @@ def test_probes_ask_the_gateway_for_readiness_and_a_generation_for_liveness(rend
     serving = container(pod_templates(manifests)["server"])
     for probe in ("startupProbe", "readinessProbe"):
         assert serving[probe]["httpGet"] == {"path": "/health", "port": "openai"}
+    if "livenessProbe" not in serving:
+        return  # probes.liveness.enabled false
     probe = serving["livenessProbe"]
     args = make_parser().parse_args(probe["exec"]["command"][1:])
-    assert (args.url, args.model) == ("127.0.0.1:8001", "tensorrt_llm_bls")
+    serve = make_parser().parse_args(serving["command"][serving["command"].index("tritonforge") + 1:])
+    assert (args.url, args.model) == (f"127.0.0.1:{serve.grpc_port}", serve.openai_model)
     # The probe waits up to its --timeout-s, then up to 5 s to stop: the kubelet must wait longer.
     assert probe["timeoutSeconds"] > args.timeout_s + 5
     worker = pod_templates(manifests).get("worker")
@@ -155,8 +193,8 @@ def test_the_service_and_its_companions_select_only_serving_pods(rendered):
     _, manifests = rendered
     templates = pod_templates(manifests)
     serving_labels = templates["server"]["metadata"]["labels"]
-    selectors = [one(manifests, "Service")["spec"]["selector"], one(manifests, "PodDisruptionBudget")["spec"]
-                 ["selector"]["matchLabels"]]
+    selectors = [one(manifests, "Service")["spec"]["selector"]]
+    selectors += [m["spec"]["selector"]["matchLabels"] for m in by_kind(manifests, "PodDisruptionBudget")]
     selectors += [m["spec"]["selector"]["matchLabels"] for m in by_kind(manifests, "PodMonitor")]
     selectors += [m["spec"]["selector"]["matchLabels"] for m in by_kind(manifests, "InferencePool")]
     for selector in selectors:
