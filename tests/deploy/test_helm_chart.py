@@ -3,6 +3,7 @@
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -37,7 +38,8 @@ pytest.importorskip("helm_python", reason="helm-python-sdk (Helm's Go library fo
 
 # The Kubernetes versions the manifests are validated against: the chart's oldest (Chart.yaml's kubeVersion) and
 # the newest kubernetes-validate knows.
-KUBERNETES_VERSIONS = ("1.29.0", None)
+OLDEST_KUBERNETES = re.search(r"(\d+\.\d+\.\d+)", yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"])[1]
+KUBERNETES_VERSIONS = (OLDEST_KUBERNETES, None)
 MINIMAL = {"repository": {"pvc": {"claimName": "repository"}}}
 
 
