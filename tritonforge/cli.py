@@ -130,10 +130,11 @@ def serve_command(args: argparse.Namespace) -> int:
     gateway = None
     try:
         if args.openai_port:
-            from .openai_gateway import GatewayThread
+            from .openai_gateway import GatewayThread, api_key_from_environment
 
             gateway = GatewayThread(server.grpc_url, host=args.address, port=args.openai_port,
-                                    model=args.openai_model, served_model_name=args.served_model_name).start()
+                                    model=args.openai_model, served_model_name=args.served_model_name,
+                                    api_key=api_key_from_environment(args.api_key)).start()
             print(f"OpenAI API: {gateway.base_url}/v1 (model {args.served_model_name!r} → {args.openai_model})")
         print(f"serving {args.repository}: HTTP {server.http_url}, gRPC {server.grpc_url}; log {server.log_path}",
               flush=True)
@@ -163,11 +164,11 @@ def eval_command(args: argparse.Namespace) -> int:
 
 
 def openai_command(args: argparse.Namespace) -> int:
-    from .openai_gateway import run
+    from .openai_gateway import api_key_from_environment, run
 
     print(f"OpenAI API on http://{args.host}:{args.port}/v1 → {args.model} at {args.url}", file=sys.stderr)
     run(args.url, host=args.host, port=args.port, model=args.model, served_model_name=args.served_model_name,
-        workers=args.workers)
+        workers=args.workers, api_key=api_key_from_environment(args.api_key))
     return 0
 
 
@@ -342,6 +343,10 @@ def _demo_serve(args: argparse.Namespace, repository: Path) -> int:
     return 0
 
 
+API_KEY_HELP = ("require 'Authorization: Bearer KEY' on every OpenAI request but GET /health (401 otherwise); "
+                "default: $TRITONFORGE_API_KEY, no key when unset")
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tritonforge", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -368,6 +373,7 @@ def make_parser() -> argparse.ArgumentParser:
                        help=f"what the OpenAI API calls: {BLS_MODEL} or {ENSEMBLE_MODEL} "
                             f"(default: {OPENAI_DEFAULT_MODEL})")
     serve.add_argument("--served-model-name", default=SERVED_MODEL_NAME, help="the model name the OpenAI API shows")
+    serve.add_argument("--api-key", default=None, help=API_KEY_HELP)
     serve.add_argument("--log-file", type=Path, default=None,
                        help="tritonserver's log, kept after exit (default: a temporary file removed at exit)")
     serve.add_argument("--open-apis", action="store_true",
@@ -460,6 +466,7 @@ def make_parser() -> argparse.ArgumentParser:
     gateway.add_argument("--model", default=OPENAI_DEFAULT_MODEL,
                          help=f"what it calls: {BLS_MODEL} or {ENSEMBLE_MODEL} (default: {OPENAI_DEFAULT_MODEL})")
     gateway.add_argument("--served-model-name", default=SERVED_MODEL_NAME, help="the model name /v1/models shows")
+    gateway.add_argument("--api-key", default=None, help=API_KEY_HELP)
     gateway.add_argument("--workers", type=int, default=1,
                          help="gateway processes sharing the port: one handles a few thousand streamed chunks a "
                               "second")

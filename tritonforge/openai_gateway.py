@@ -10,13 +10,16 @@ come from the engine (`return_num_input_tokens` / `return_num_output_tokens`); `
 `length` when the engine produced `max_tokens` tokens, else `stop`. Unknown fields are accepted and ignored
 (as vLLM does); what the engine cannot do (`n` > 1, `logprobs`, `echo`, `best_of` > 1, `logit_bias`,
 `response_format`, tools) is answered with OpenAI's error object and HTTP 400. A client that disconnects
-cancels its gRPC stream.
+cancels its gRPC stream. With an API key (`--api-key`, or $TRITONFORGE_API_KEY so that it can come from a
+Kubernetes Secret), every request but `GET /health` must carry `Authorization: Bearer <key>`, or it is
+answered 401 with OpenAI's error object, as vLLM's and trtllm-serve's `--api-key` do.
 """
 
 # No `from __future__ import annotations` here: FastAPI reads the route handlers' annotations (`Request`) at
 # runtime, and they are imported inside create_app so that this module imports without FastAPI.
 import asyncio
 import functools
+import hmac
 import json
 import os
 import tempfile
@@ -53,6 +56,11 @@ DEFAULT_MODEL = BLS_MODEL
 # The only outputs the gateway reads: responses carry nothing else (less to send, parse and copy per chunk).
 GATEWAY_OUTPUTS = ("text_output", "num_input_tokens", "num_output_tokens")
 CLIENT_CLOSED = 499  # the status the metrics count for a client that disconnected (nginx's convention)
+# Where the key comes from when no --api-key is given: an environment variable, so that a Kubernetes Secret
+# can hand it over without putting it on a command line (/proc/PID/cmdline is readable by local users).
+API_KEY_ENV = "TRITONFORGE_API_KEY"
+# The one path answered without the key: a load balancer's or kubelet's health check carries no credentials.
+UNAUTHENTICATED_PATHS = frozenset({"/health"})
 
 
 class OpenAIError(Exception):
@@ -217,8 +225,48 @@ def _triton_error(error: GenerationError) -> OpenAIError:
 SERVED_MODEL_NAME = "tritonforge"  # the model name /v1/models shows unless the operator names it
 
 
-def create_app(url: str, *, model: str = DEFAULT_MODEL, served_model_name: str = SERVED_MODEL_NAME):
-    """The ASGI app: OpenAI's API over the repository served at `url` (gRPC)."""
+def api_key_from_environment(explicit: str | None = None) -> str | None:
+    """The API key the gateway requires: the one given, else $TRITONFORGE_API_KEY; None (or empty) = no key."""
+    key = explicit if explicit is not None else os.environ.get(API_KEY_ENV)
+    return key or None
+
+
+def authorized(authorization: str | None, api_key: str) -> bool:
+    """Does an `Authorization` header carry `Bearer <api_key>`? Compared in constant time."""
+    scheme, _, credentials = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(credentials.strip().encode(), api_key.encode())
+
+
+UNAUTHORIZED = OpenAIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
+                           kind="invalid_request_error")
+
+
+class RequireApiKey:
+    """ASGI middleware: a request without `Authorization: Bearer <key>` is answered 401 with OpenAI's error
+    object, except on UNAUTHENTICATED_PATHS. Checked before routing, so an unknown path or method is 401 too.
+    Plain ASGI rather than Starlette's BaseHTTPMiddleware, which would relay every streamed chunk through a
+    queue of its own; this one only reads the headers and then hands the connection over untouched."""
+
+    def __init__(self, app, api_key: str):
+        self.app, self.api_key = app, api_key
+        self.denial = json.dumps(UNAUTHORIZED.body()).encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] in UNAUTHENTICATED_PATHS:
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        if authorized(headers.get(b"authorization", b"").decode("latin-1"), self.api_key):
+            return await self.app(scope, receive, send)
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"),
+                                (b"content-length", str(len(self.denial)).encode())]})
+        await send({"type": "http.response.body", "body": self.denial})
+
+
+def create_app(url: str, *, model: str = DEFAULT_MODEL, served_model_name: str = SERVED_MODEL_NAME,
+               api_key: str | None = None):
+    """The ASGI app: OpenAI's API over the repository served at `url` (gRPC). With `api_key`, every request but
+    `GET /health` needs `Authorization: Bearer <api_key>`."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -326,6 +374,8 @@ def create_app(url: str, *, model: str = DEFAULT_MODEL, served_model_name: str =
     async def chat_completions(request: Request):
         return await handle(request, "chat")
 
+    if api_key:
+        app.add_middleware(RequireApiKey, api_key=api_key)
     return app
 
 
@@ -375,7 +425,7 @@ def _whole(kind: str, ident: str, created: int, model: str, generation: Generati
 
 
 def run(url: str, *, host: str = "127.0.0.1", port: int = 9000, model: str = DEFAULT_MODEL,
-        served_model_name: str = SERVED_MODEL_NAME, workers: int = 1) -> None:
+        served_model_name: str = SERVED_MODEL_NAME, workers: int = 1, api_key: str | None = None) -> None:
     """Serve the gateway until interrupted. One process handles a few thousand streamed chunks a second;
     `workers` processes share the port, each connection going to the one with the fewest open connections
     (`tritonforge.gateway_workers`), and share their metrics."""
@@ -383,7 +433,8 @@ def run(url: str, *, host: str = "127.0.0.1", port: int = 9000, model: str = DEF
 
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
-    make_app = functools.partial(create_app, url, model=model, served_model_name=served_model_name)
+    make_app = functools.partial(create_app, url, model=model, served_model_name=served_model_name,
+                                 api_key=api_key)
     if workers == 1:
         uvicorn.run(make_app(), host=host, port=port, log_level="warning")
         return
@@ -398,13 +449,13 @@ class GatewayThread:
     """The gateway served by uvicorn in a background thread (beside `tritonforge serve`, and in tests)."""
 
     def __init__(self, url: str, *, host: str = "127.0.0.1", port: int = 9000, model: str = DEFAULT_MODEL,
-                 served_model_name: str = SERVED_MODEL_NAME):
+                 served_model_name: str = SERVED_MODEL_NAME, api_key: str | None = None):
         import threading
 
         import uvicorn
 
-        config = uvicorn.Config(create_app(url, model=model, served_model_name=served_model_name), host=host,
-                                port=port, log_level="warning")
+        app = create_app(url, model=model, served_model_name=served_model_name, api_key=api_key)
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.base_url = f"http://{host}:{port}"
         self.thread = threading.Thread(target=self.server.run, name="openai-gateway", daemon=True)

@@ -270,3 +270,21 @@ def test_gateway_workers_on_a_taken_port_say_so():
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (f"error: --host/--port: cannot listen on 127.0.0.1:{port} "
                                                       "(Address already in use)")
+
+
+def test_with_an_api_key_the_keyed_client_streams_and_a_keyless_one_gets_401(tiny_servers):
+    server = tiny_servers("bpe")
+    gateway = GatewayThread(server.grpc_url, port=free_port(), served_model_name=MODEL, api_key="sk-serve").start()
+    try:
+        keyed = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="sk-serve", max_retries=0)
+        stream = keyed.completions.create(model=MODEL, prompt="The server", max_tokens=6, temperature=0,
+                                          stream=True, extra_body={"min_tokens": 6})
+        assert "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+        wrong = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="sk-other", max_retries=0)
+        with pytest.raises(openai.AuthenticationError) as caught:
+            wrong.completions.create(model=MODEL, prompt="The server", max_tokens=6)
+        assert caught.value.status_code == 401 and caught.value.body["type"] == "invalid_request_error"
+        with urllib.request.urlopen(f"{gateway.base_url}/health", timeout=10) as response:  # no key needed
+            assert response.status == 200
+    finally:
+        gateway.stop()
