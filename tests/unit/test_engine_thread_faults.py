@@ -131,3 +131,18 @@ def test_a_stop_is_answered_by_the_engine_thread_and_not_while_that_thread_is_st
     assert not stop.final.wait(0.5)  # a stub that answered for itself would have by now
     stuck.release.set()
     assert stop.final.wait(WAIT_S) and stuck.final.wait(WAIT_S)
+
+
+def test_a_stream_interval_sends_the_first_token_at_once_then_that_many_a_response():
+    limits = EngineLimits(max_batch_size=4, max_input_len=8, max_seq_len=64)
+    engine = ReplayEngine(list(range(10, 50)), step_ms=2, limits=limits, vocab_size=100)
+    service = EngineService(PB_UTILS_STAND_IN, EngineSettings(limits=limits, stream_interval=3), engine)
+    try:
+        sender = Sender()
+        service.handle(Request("interval", sender, tokens=9))
+        assert sender.final.wait(WAIT_S)
+    finally:
+        service.shutdown()
+    ids = [dict(response.tensors)["output_ids"].reshape(-1).tolist() for response, _ in sender.sent]
+    assert [len(chunk) for chunk in ids] == [1, 3, 3, 2]  # the last two go out with the final flag
+    assert sum(ids, []) == list(range(13, 22))  # every token once, in order (offset: the prompt's sum)

@@ -13,6 +13,10 @@ def test_perf_analyzer_measures_streams_in_count_windows_and_reports_its_errors(
     # 128 streams × 64 tokens at 8.5 ms: ~235 requests/s, so ~2 s a window makes 470 requests.
     assert flag["--measurement-request-count"] == "470"
     assert flag["--stability-percentage"] == "999" and flag["--max-threads"] == "128"
+    # An engine twice as fast completes twice the requests in the same time: windows sized from its step.
+    faster = perf_analyzer_command("h:1", "ensemble", Path("in.json"), 128, 6.0, 64, Path("out.json"),
+                                   expected_ms_per_token=4.25)
+    assert faster[faster.index("--measurement-request-count") + 1] == "941"
     usage = "Usage: perf_analyzer [options]\n -m <model>\n" * 40
     failed = subprocess.CompletedProcess([], 99, stdout=usage,
                                          stderr="Error: Failed to parse --profile-export-file. Path must not "
@@ -88,3 +92,12 @@ def test_a_perf_analyzer_that_never_ends_fails_its_point_within_its_timeout(tmp_
     assert timings[0].error.startswith("perf_analyzer: no result in 120 s")
     benchmark.perf_analyzer_load("h:1", "ensemble", [("Hi", [1])], 8, 64, 30.0, tmp_path)
     assert waited == [120, 600]
+
+
+def test_result_files_keep_every_dot_of_their_name(tmp_path):
+    from tritonforge.benchmark import with_extension
+
+    for name in ("run-4.25ms", "run-8.5ms"):
+        with_extension(tmp_path / name, ".json").write_text(name)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run-4.25ms.json", "run-8.5ms.json"]
+
