@@ -263,3 +263,26 @@ def test_an_anonymous_stop_stops_nobody(served):
             assert errors and "request id" in errors[0]
     client.close()
     assert len(chunks) == 20  # the replay engine streams one chunk per token, to the end
+
+
+def test_a_bls_stop_phrase_ends_the_generation_and_frees_its_engine_slot(served):
+    """The BLS matches stop phrases on text: once one matches it must stop the engine, or the slot stays taken
+    for the whole long generation."""
+    server, repository = served
+    bls = GrpcClient(server.grpc_url, "tensorrt_llm_bls")
+    prompt = "The server"
+    opening = bls.generate(prompt, max_tokens=8)
+    phrase = opening.split()[1]  # a word the generation reaches within its first tokens
+    prompt_ids = load_tokenizer(repository / "preprocessing" / "tokenizer")("The engine").input_ids
+    holders = open_long_engine_streams(server.grpc_url, prompt_ids, BATCH - 1)  # the other slot stays taken
+    try:
+        started = time.monotonic()
+        text = bls.generate(prompt, max_tokens=LONG_GENERATION, stop_words=[phrase])
+        assert time.monotonic() - started < ANSWER_S, "the call waited for the engine to run to max_tokens"
+        assert phrase not in text and opening.startswith(text)
+        assert answer_within(server.grpc_url, ANSWER_S), "the stopped generation kept its engine slot"
+    finally:
+        bls.close()
+        for client in holders:
+            client.stop_stream(cancel_requests=True)
+            client.close()

@@ -1,0 +1,86 @@
+"""Edges a change can silently move: the largest request the limits allow is served, one bad request of a batch
+fails alone, and a full engine queue is the server's condition (503), never the client's mistake (400)."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from tritonforge.client import GenerationError
+from tritonforge.errors import RequestError
+from tritonforge.generation import GenerationRequest, QueueFullError, check_limits
+from tritonforge.limits import EngineLimits
+from tritonforge.openai_gateway import _triton_error
+from tritonforge.preprocess import PREPROCESSING_TENSORS, Preprocessor
+from tritonforge.triton_adapter import answer_each, to_triton_error
+
+LIMITS = EngineLimits(max_input_len=32, max_seq_len=101, max_batch_size=2, max_queue_size=3)
+PROMPT = [5, 6, 7, 8]
+
+
+class _TritonError:
+    INTERNAL, INVALID_ARG, UNAVAILABLE, UNSUPPORTED = "INTERNAL", "INVALID_ARG", "UNAVAILABLE", "UNSUPPORTED"
+
+    def __init__(self, message, code):
+        self.message, self.code = message, code
+
+
+# Only what the adapter calls; the real pb_utils exists only inside the server's stub.
+PB_UTILS_STAND_IN = SimpleNamespace(
+    Tensor=lambda name, value: (name, value), TritonError=_TritonError,
+    InferenceResponse=lambda tensors=None, error=None: SimpleNamespace(tensors=tensors, error=error))
+
+
+def generation(max_new_tokens: int, prompt=PROMPT) -> GenerationRequest:
+    return GenerationRequest(request_id="", prompt_ids=list(prompt), max_new_tokens=max_new_tokens, sink=None)
+
+
+def test_the_engine_serves_a_request_that_fills_max_seq_len_exactly_and_refuses_one_more_token():
+    check_limits(generation(LIMITS.max_seq_len - len(PROMPT)), LIMITS, vocab_size=100, pending=0)
+    with pytest.raises(RequestError, match="^request_output_len: .*exceeds max_seq_len 101"):
+        check_limits(generation(LIMITS.max_seq_len - len(PROMPT) + 1), LIMITS, vocab_size=100, pending=0)
+
+
+def test_the_engine_serves_the_longest_prompt_and_refuses_one_token_more():
+    check_limits(generation(1, prompt=[5] * LIMITS.max_input_len), LIMITS, vocab_size=100, pending=0)
+    with pytest.raises(RequestError, match="^input_ids: prompt has 33 tokens"):
+        check_limits(generation(1, prompt=[5] * (LIMITS.max_input_len + 1)), LIMITS, vocab_size=100, pending=0)
+
+
+def test_preprocessing_accepts_the_largest_max_tokens_and_refuses_one_more(tiny_models):
+    preprocessor = Preprocessor(str(tiny_models["sentencepiece"]), LIMITS)
+    query = np.array([[b"Hello world"]], dtype=object)
+    largest = LIMITS.max_output_len
+    encoded = preprocessor.encode({"QUERY": query, "REQUEST_OUTPUT_LEN": np.array([[largest]], np.int32)},
+                                  PREPROCESSING_TENSORS)
+    assert encoded.max_tokens == [largest]
+    with pytest.raises(RequestError, match=rf"^max_tokens: must be in \[1, {largest}\], got {largest + 1}"):
+        preprocessor.encode({"QUERY": query, "REQUEST_OUTPUT_LEN": np.array([[largest + 1]], np.int32)},
+                            PREPROCESSING_TENSORS)
+
+
+def _request(value):
+    return SimpleNamespace(inputs=lambda: [SimpleNamespace(name=lambda: "X", as_numpy=lambda: value)],
+                           requested_output_names=lambda: [])
+
+
+def test_one_bad_request_of_a_batch_gets_its_error_and_the_others_their_answers():
+    def compute(inputs):
+        if inputs["X"][0] < 0:
+            raise RequestError("X", "must be >= 0")
+        return {"Y": inputs["X"] * 2}
+
+    responses = answer_each(PB_UTILS_STAND_IN, [_request(np.array([1])), _request(np.array([-1])),
+                                                _request(np.array([3]))], compute)
+    assert [response.error.code if response.error else None for response in responses] == [None, "INVALID_ARG", None]
+    assert [dict(response.tensors)["Y"].tolist() for response in (responses[0], responses[2])] == [[2], [6]]
+    assert responses[1].error.message == "X: must be >= 0"
+
+
+def test_a_full_engine_queue_is_unavailable_at_the_model_and_503_at_the_gateway():
+    with pytest.raises(QueueFullError) as full:
+        check_limits(generation(8), LIMITS, vocab_size=100, pending=LIMITS.max_queue_size)
+    assert to_triton_error(PB_UTILS_STAND_IN, full.value).code == "UNAVAILABLE"
+    # Over a gRPC stream the gateway gets the model's message alone: it must still read it as the server's.
+    answered = _triton_error(GenerationError(str(full.value)))
+    assert answered.status == 503
