@@ -21,6 +21,7 @@ WAIT_S = 120  # generous: CI machines are shared
 class Sink:
     def __init__(self, cancel_after: int | None = None):
         self.done, self.streamed, self.result, self.error = threading.Event(), [], None, None
+        self.first_token = threading.Event()
         self.cancel_after = cancel_after
 
     def scheduled(self):
@@ -28,6 +29,7 @@ class Sink:
 
     def tokens(self, ids, log_probs):
         self.streamed += ids
+        self.first_token.set()
 
     def finish(self, result, error):
         self.result, self.error = result, error
@@ -68,8 +70,9 @@ def test_greedy_equals_generate_with_requests_joining_midway(setup):
     tokenizer, model, engine = setup
     sinks = []
     for prompt in PROMPTS * 2:  # more requests than the batch holds: some wait, some join mid-generation
+        if sinks:  # each one joins once the one before it is generating (or finished: a short generation)
+            assert sinks[-1].first_token.wait(WAIT_S) or sinks[-1].done.is_set()
         sinks.append(submit(engine, tokenizer, prompt, Sink()))
-        time.sleep(0.005)
     for prompt, sink in zip(PROMPTS * 2, sinks):
         assert sink.done.wait(WAIT_S) and sink.error is None
         assert sink.result.token_ids == sink.streamed + sink.final_tokens == reference(model, tokenizer, prompt, 24)

@@ -32,14 +32,18 @@ def test_a_model_that_never_answers_is_wedged_once_its_probe_is_older_than_the_l
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen()
+        started = time.monotonic()
         probes = LivenessProbes(f"127.0.0.1:{silent.getsockname()[1]}", ["preprocessing", "tensorrt_llm_bls"],
                                 period_s=0.1, wedged_after_s=WEDGED_AFTER_S).start()
         try:
             assert probes.wedged() == []
-            deadline = time.monotonic() + WEDGED_AFTER_S + NOTICE_S
+            deadline = started + WEDGED_AFTER_S + NOTICE_S
             while len(probes.wedged()) < 2 and time.monotonic() < deadline:
-                time.sleep(0.1)
+                time.sleep(0.1)  # polling the probes' state, which no event announces
+            wedged_at = time.monotonic()
             assert probes.wedged() == ["preprocessing", "tensorrt_llm_bls"]
+            # never before its limit: a probe is wedged only once it is WEDGED_AFTER_S old
+            assert wedged_at - started >= WEDGED_AFTER_S
         finally:
             probes.stop()
 
