@@ -198,6 +198,8 @@ def main() -> int:
     parser.add_argument("--replay-native", action="store_true",
                         help="the replay engine as a C++ backend (as NVIDIA's, it costs the pipeline no Python)")
     parser.add_argument("--replay-sender-threads", type=int, default=1)
+    parser.add_argument("--stream-interval", type=int, default=1,
+                        help="streamed tokens per engine response after the first (1: every token)")
     parser.add_argument("--engine-max-batch-size", type=int, default=128)
     parser.add_argument("--postprocessing-instances", type=int, default=2)
     parser.add_argument("--bls-instances", type=int, default=1)
@@ -217,12 +219,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as temporary:
         work = Path(temporary)
         model = make_tiny_model(work / "model")
-        serving = configs.ServingConfig(max_batch_size=max(args.concurrency), engine_instances=args.engine_instances,
+        serving = configs.ServingConfig(max_batch_size=max(args.concurrency),
+                                        engine_instances=1 if args.replay_native else args.engine_instances,
                                         postprocessing_instances=args.postprocessing_instances,
                                         bls_instances=args.bls_instances)
         repository = build(BuildOptions(model=model, output=work / "repo", engine="replay",
                                         replay_step_ms=args.replay_step_ms, replay_native=args.replay_native,
                                         replay_sender_threads=args.replay_sender_threads,
+                                        stream_interval=args.stream_interval,
                                         max_batch_size=args.engine_max_batch_size, max_input_len=64,
                                         max_seq_len=64 + args.output_tokens, serving=serving),
                            progress=lambda _: None)

@@ -8,8 +8,10 @@
 # profiled (CPU by process, Triton's statistics). The build's default (postprocessing keeps each stream's
 # order); with --unordered, postprocessing without preserve_ordering (NVIDIA's setting) instead.
 # Needs tritonserver, perf_analyzer and g++ on PATH and this tree importable by the server's Python stub.
-# Usage: bash bench/gpu.sh RESULTS_DIR [--step-ms MS] [--unordered] [extra bench/pipeline.py options]
-#   e.g. bash bench/gpu.sh "$OUT" --step-ms 4.25 --concurrency 128,256
+# With --gateway, the OpenAI gateway (4 workers) in front of the BLS against the ensemble over gRPC instead
+# (bench/gateway.py; add --gateway-model ensemble for the gateway in front of the ensemble).
+# Usage: bash bench/gpu.sh RESULTS_DIR [--step-ms MS] [--unordered | --gateway] [extra options of the script]
+#   e.g. bash bench/gpu.sh "$OUT" --step-ms 4.25 --concurrency 128,256 --stream-interval 3
 set -uo pipefail
 cd "$(dirname "$0")/.."
 results=${1:-bench/results}; shift || true
@@ -19,7 +21,12 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 run=(python3 -u bench/pipeline.py --engines replay --replay-native --replay-step-ms "$step_ms" --tool perf_analyzer
      --engine-max-batch-size 128 --duration-s 6 --preprocessing-instances 4 --postprocessing-instances 8
      --bls-instances 8 --results-dir "$results")
-if [ "${1:-}" = "--unordered" ]; then
+if [ "${1:-}" = "--gateway" ]; then
+  shift
+  python3 -u bench/gateway.py --replay-native --replay-step-ms "$step_ms" --engine-max-batch-size 128 \
+    --postprocessing-instances 8 --bls-instances 8 --gateway-workers 4 --tool perf_analyzer --duration-s 6 \
+    --concurrency 1,32,128 --results-dir "$results" --name "gateway-gpu-${step_ms}ms" "$@"
+elif [ "${1:-}" = "--unordered" ]; then
   shift
   "${run[@]}" --concurrency 128,256 --paths direct,ensemble --postprocessing-unordered \
     --name "pipeline-gpu-replay-${step_ms}ms-unordered" \
