@@ -47,16 +47,15 @@ class ServingConfig:
     max_queue_delay_microseconds: int = setting(0, "preprocessing and engine queue delay",
                                                 flag="--max-queue-delay-us")
     # Postprocessing's own: a short delay gathers more streamed chunks into one execution. With ordering kept,
-    # fewer executions also mean fewer turns at Triton's ordered-send lock: on the H200 host the ensemble kept
-    # 0.91 of the engine's rate at 128 streams with 0 µs; with 1000 µs 0.98 at 128 but 0.90 at 256 (its queue
-    # never drained after the first burst), with 3000 µs 0.96 and 0.99 (README, Performance). A chunk waits at
-    # most this long, against an engine step of several milliseconds.
+    # fewer executions also mean fewer turns at Triton's ordered-send lock; 3 ms had the better worst case of
+    # the delays measured (bench/results/gpu-postprocessing-variants/). A chunk waits at most this long, against
+    # an engine step of several milliseconds.
     postprocessing_delay_microseconds: int = setting(
         3000, "postprocessing queue delay: gathers streamed chunks into fewer executions",
         flag="--postprocessing-delay-us")
     # Responses in arrival order across postprocessing instances, so a stream's chunks can never swap.
-    # Triton sends such responses one at a time under one lock for the whole model, which capped the ensemble
-    # near 14k chunks/s on 16 cores without the delay above (README, Performance); NVIDIA's config leaves it off.
+    # Triton sends such responses one at a time under one lock for the whole model (README, Performance: the
+    # ensemble's ceiling at a real engine's rate); NVIDIA's config leaves it off.
     postprocessing_preserve_ordering: bool = setting(
         True, "let postprocessing instances answer out of arrival order (NVIDIA's setting): faster, but a stream's "
         "chunks may swap under overload (README, Performance)", flag="--postprocessing-unordered")
