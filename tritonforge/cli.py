@@ -402,7 +402,8 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Every option's help ends with its default, except where there is none to show (None, a flag's False)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default in (None, False, argparse.SUPPRESS) or "%(default)" in (action.help or ""):
+        if any(action.default is nothing for nothing in (None, False, argparse.SUPPRESS)) \
+                or "%(default)" in (action.help or ""):
             return action.help or ""
         return super()._get_help_string(action)
 

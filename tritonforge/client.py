@@ -541,8 +541,8 @@ def _answer(response: http.client.HTTPResponse, address: str) -> dict:
     except ValueError:
         payload = None
     if not isinstance(payload, dict):
-        raise GenerationError(f"HTTP {response.status} from {address} is not Triton's generate answer "
-                              f"({body[:80]!r}): is it Triton's HTTP port?")
+        raise ServerUnavailable(address, "HTTP", f"what answers is not Triton's generate endpoint (HTTP "
+                                                 f"{response.status}, {body[:60]!r})")
     return payload
 
 
