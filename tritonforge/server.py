@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .engine_stream import ENGINE_GRPC_URL_ENV
-from .triton_adapter import HEARTBEAT_DIR_ENV
+from .triton_adapter import DRAINED_SUFFIX, DRAINS_SUFFIX, HEARTBEAT_DIR_ENV, HEARTBEAT_PERIOD_S, STOPPING_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +49,9 @@ HTTP_MAX_INPUT_BYTES = 8 * 1024 * 1024  # a prompt of max_input_len tokens is fa
 # supervisor's restart, a stop that had to SIGKILL) leaves its region there, a file of RAM: each server names
 # its regions with a prefix of its own, and removes what is left under that prefix once it has exited.
 SHARED_MEMORY_DIR = Path("/dev/shm")
+# After the time open requests get at a stop, how long the engine may take to end the rest (its
+# EngineService.drain waits 5 s) and to say so (a heartbeat later).
+DRAIN_END_S = 5 + 2 * HEARTBEAT_PERIOD_S
 WORK_DIR_PREFIX = "tritonforge-server-"  # in the temporary folder, one per start
 OWNER_RECORD = "owner.json"  # in a work folder: the pids it belongs to
 # A shared-memory prefix names the process that started the server, so that a sweep can tell a dead run's.
@@ -438,6 +441,7 @@ class TritonServer:
             self._remove_shared_memory()
             return None
         if self._process.poll() is None:
+            self._drain()
             os.killpg(self._process.pid, signal.SIGTERM)
             try:
                 self._process.wait(timeout=self.stop_timeout_s)
@@ -452,6 +456,25 @@ class TritonServer:
         self._remove_work_dir()
         self._remove_shared_memory()
         return self._process.returncode
+
+    def _drain(self) -> None:
+        """Before the server is signalled: open requests get its exit timeout to finish, then the engine ends
+        the rest (triton_adapter.STOPPING_FILE: an ensemble request still open when Triton is signalled is never
+        ended, and holds its exit). Returns once every model that drains has, at the latest a few seconds after
+        that time."""
+        if self.heartbeat_dir is None or not self.heartbeat_dir.is_dir():
+            return
+        draining = [path.with_suffix(DRAINED_SUFFIX) for path in self.heartbeat_dir.glob(f"*{DRAINS_SUFFIX}")]
+        if not draining:
+            return
+        deadline = time.monotonic() + self.exit_timeout_s
+        marker = self.heartbeat_dir / STOPPING_FILE
+        marker.with_suffix(".tmp").write_text(repr(deadline))
+        os.replace(marker.with_suffix(".tmp"), marker)
+        while not all(path.exists() for path in draining) and time.monotonic() < deadline + DRAIN_END_S:
+            if self._process.poll() is not None:
+                return
+            time.sleep(0.05)  # the stubs' files are the only signal across these processes
 
     @property
     def stop_timeout_s(self) -> float:
