@@ -249,3 +249,13 @@ def test_the_gateway_in_front_of_a_triton_that_is_down_answers_503_and_another_m
         log = gateway.communicate(timeout=30)[1]
     assert "Traceback" not in log, log
     assert log.count("answering 503") == 2, log  # one line per request
+
+
+def test_build_engine_py_under_a_python_without_the_packages_says_which_python_to_use():
+    """`python build_engine.py` with the system's Python (-S: without this environment's packages)."""
+    script = Path(__file__).resolve().parents[2] / "build_engine.py"
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-S", str(script), "--help"], capture_output=True, text=True,
+                            timeout=ANSWER_WITHIN_S)
+    result.seconds = time.monotonic() - started
+    assert_one_line(result, 1, ".venv/bin/python build_engine.py", "scripts/bootstrap.sh")
