@@ -256,7 +256,8 @@ class TritonServer:
     metrics_port: int = 0
     address: str = "127.0.0.1"
     ready_timeout_s: float = 300.0
-    exit_timeout_s: int = 10
+    exit_timeout_s: int = 10  # tritonserver's --exit-timeout-secs: its wait for in-flight requests, and for unloading
+    drain_timeout_s: float | None = None  # how long open requests get to finish at a stop; None: exit_timeout_s
     log_verbose: int = 0
     restricted_api_key: str | None = None  # header value that unlocks the restricted APIs; None = random
     # Which APIs need that key; "" opens them all (perf_analyzer reads the model config and statistics).
@@ -458,7 +459,7 @@ class TritonServer:
         return self._process.returncode
 
     def _drain(self) -> None:
-        """Before the server is signalled: open requests get its exit timeout to finish, then the engine ends
+        """Before the server is signalled: open requests get `drain_timeout_s` to finish, then the engine ends
         the rest (triton_adapter.STOPPING_FILE: an ensemble request still open when Triton is signalled is never
         ended, and holds its exit). Returns once every model that drains has, at the latest a few seconds after
         that time."""
@@ -467,7 +468,7 @@ class TritonServer:
         draining = [path.with_suffix(DRAINED_SUFFIX) for path in self.heartbeat_dir.glob(f"*{DRAINS_SUFFIX}")]
         if not draining:
             return
-        deadline = time.monotonic() + self.exit_timeout_s
+        deadline = time.monotonic() + (self.exit_timeout_s if self.drain_timeout_s is None else self.drain_timeout_s)
         marker = self.heartbeat_dir / STOPPING_FILE
         marker.with_suffix(".tmp").write_text(repr(deadline))
         os.replace(marker.with_suffix(".tmp"), marker)

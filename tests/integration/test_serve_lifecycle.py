@@ -18,7 +18,7 @@ import pytest
 
 from tritonforge.build import BuildOptions, build
 from tritonforge.client import GrpcClient
-from tritonforge.server import SHARED_MEMORY_DIR, TritonServer, free_port
+from tritonforge.server import DRAIN_END_S, SHARED_MEMORY_DIR, TritonServer, free_port
 from tritonforge.supervisor import Supervisor
 
 from .test_user_mistakes import assert_one_line, tritonforge
@@ -209,3 +209,21 @@ def test_the_supervisor_gives_up_on_a_server_that_does_not_come_back(repository,
     finally:
         config.write_text(original)
     assert not server.is_running()
+
+
+def test_streams_still_open_when_the_stop_deadline_comes_end_unavailable_and_nothing_is_left(repository):
+    """A stop that gives open requests 1 s, less than the open streams need: the engine ends them with
+    UNAVAILABLE, the ensemble's included, within that time and the engine's few seconds to end them. (Triton
+    2.51 then keeps those ensemble requests in flight, so that server may still need its kill after its own
+    timeouts: README, Faults.)"""
+    server = TritonServer(repository, drain_timeout_s=1).start()
+    first_chunk = threading.Barrier(2 * STREAMS + 1)
+    outcomes = open_streams(server.grpc_url, first_chunk)
+    first_chunk.wait(timeout=READY_WITHIN_S)
+    work_dir, shm_prefix = server._work_dir, server.shm_prefix
+    stopping = threading.Thread(target=server.stop)
+    stopping.start()
+    assert all(outcome["ended"].wait(1 + DRAIN_END_S + 5) for outcome in outcomes), outcomes
+    assert all("the server is shutting down" in (outcome["error"] or "") for outcome in outcomes), outcomes
+    stopping.join(timeout=server.stop_timeout_s + 30)
+    assert not work_dir.exists() and not list(SHARED_MEMORY_DIR.glob(f"{shm_prefix}*"))
