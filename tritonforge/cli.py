@@ -381,6 +381,7 @@ def _demo_serve(args: argparse.Namespace, repository: Path) -> int:
     from .server import TritonServer
 
     print(f"repository ready: {repository}")
+    _say("starting tritonserver (loading the models takes 10-60 s) ...")
     with TritonServer(repository) as server:
         print(f"tritonserver ready: HTTP {server.http_url}, gRPC {server.grpc_url}")
         grpc_client = GrpcClient(server.grpc_url)
@@ -393,6 +394,7 @@ def _demo_serve(args: argparse.Namespace, repository: Path) -> int:
         print(f"HTTP generate: {http_client.generate(args.prompt, max_tokens=args.max_tokens)}")
         print("HTTP stream:   " + "".join(http_client.stream(args.prompt, max_tokens=args.max_tokens)))
         grpc_client.close()
+        _say("stopping tritonserver (its models unload: a few seconds) ...")
     print("(random weights: the text is gibberish; the streams differ from the whole text only where a character "
           "straddles two chunks, shown as U+FFFD)")
     return 0
