@@ -5,10 +5,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
+  echo "bootstrap: creating .venv with $PYTHON" >&2
   "$PYTHON" -m venv .venv
 fi
 if ! .venv/bin/python -c "import tritonforge, torch, pytriton, fastapi, uvloop, httptools, openai, helm_python, kubernetes_validate" 2>/dev/null; then
+  echo "bootstrap: installing into .venv (pip, torch for CPUs, tritonforge and its Triton server bundle; a few minutes)" >&2
   .venv/bin/python -m pip install -q --upgrade pip
+  echo "bootstrap: torch" >&2
   .venv/bin/python -m pip install -q "torch==2.13.0"
+  echo "bootstrap: tritonforge (editable) with its server, test, bench and openai extras" >&2
   .venv/bin/python -m pip install -q -e ".[server,test,bench,openai]"
+  echo "bootstrap: done; the commands are .venv/bin/tritonforge and .venv/bin/python build_engine.py" >&2
 fi

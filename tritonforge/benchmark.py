@@ -340,8 +340,12 @@ PROFILE_GROUPS = {"tritonserver": "tritonserver", "engine stubs": f"stub:{ENGINE
 
 
 def profile_table(rows: list[dict]) -> list[str]:
-    """Where the time went, per point: CPU cores by process, postprocessing's batching and queueing."""
-    rows = [row for row in rows if row.get("cpu_cores")]
+    """Where the time went, per point: CPU cores by process, postprocessing's batching and queueing. Only
+    where the server's processes were measured (a run that knows the server's pid) or its statistics read
+    (open APIs): `tritonforge bench` against a server it did not start knows neither, and a table of zeros
+    would read as idle processes."""
+    rows = [row for row in rows
+            if set(row.get("cpu_cores") or {}) - {PROFILE_GROUPS["load gen."]} or row.get("server_stats")]
     if not rows:
         return []
     lines = ["", "Where the time went (CPU cores busy during the point, by process; postprocessing requests per "
@@ -349,10 +353,10 @@ def profile_table(rows: list[dict]) -> list[str]:
              "| engine | streams | path | " + " | ".join(PROFILE_GROUPS) + " | post batch | post queue µs |",
              "|---|---:|---|" + "---:|" * (len(PROFILE_GROUPS) + 2)]
     for row in rows:
-        cores = [row["cpu_cores"].get(group, 0.0) for group in PROFILE_GROUPS.values()]
+        cores = [row["cpu_cores"].get(group) for group in PROFILE_GROUPS.values()]
         post = row.get("server_stats", {}).get(POSTPROCESSING_MODEL, {})
         lines.append(f"| {row['engine']} | {row['concurrency']} | {row['path']} | "
-                     + " | ".join(f"{value:.2f}" for value in cores)
+                     + " | ".join("-" if value is None else f"{value:.2f}" for value in cores)
                      + f" | {post.get('batch', '')} | {post.get('queue_us', '')} |")
     return lines
 

@@ -25,7 +25,7 @@ import collections
 import logging
 import threading
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,6 +53,9 @@ CLIENT_TO_ENGINE = {client: engine for engine, client in ENGINE_FROM_CLIENT.item
 FORCED_ENGINE_INPUTS = {"streaming", "exclude_input_in_output"}
 CANCEL_CHECK_PERIOD_S = CANCELLATION_CHECK_PERIOD_MS / 1000
 SENDER_THREADS = 4  # per instance: they send the coalesced chunks of every stream
+# How long finalize waits for the open requests to send their last response once the engine stream is closed
+# (each then ends at once with UNAVAILABLE): a bound, so that a stuck request cannot hold the server's exit.
+SHUTDOWN_WAIT_S = 5.0
 class _Senders:
     """A few threads that send the streams' pending chunks: a plain deque and a condition (a thread pool's
     futures cost more than the send they wrap, once per token)."""
@@ -178,6 +181,7 @@ class BlsOrchestrator:
         self.pool = ThreadPoolExecutor(max_workers=settings.max_concurrency, thread_name_prefix="bls")
         self.senders = _Senders(SENDER_THREADS)
         self.engine = EngineStream(settings.engine_url, settings.engine_model)
+        self._running: set = set()  # the rows' futures not yet done
 
     def submit(self, request) -> None:
         """Called from execute(): parse now (errors answer at once), generate in the pool."""
@@ -202,6 +206,8 @@ class BlsOrchestrator:
         for row in range(batch):
             future = self.pool.submit(self._run_row, inputs, encoded, row, stop_phrases[row], stream, exclude_input,
                                       completion)
+            self._running.add(future)
+            future.add_done_callback(self._running.discard)
             future.add_done_callback(_log_failure)
 
     def _stop_phrases(self, inputs: dict[str, np.ndarray], batch: int) -> list[list[str]]:
@@ -336,9 +342,18 @@ class BlsOrchestrator:
         return self.pb_utils.InferenceResponse(output_tensors(self.pb_utils, outputs, completion.requested))
 
     def shutdown(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
-        self.senders.shutdown()
+        """Called by finalize, as the server stops: close the stream to the engine first, which ends every open
+        request with an error that its row sends to its client while the stub can still send, and never leave
+        the stream to the server's own gRPC endpoint open while the server waits to exit."""
         self.engine.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        running = self._running.copy()  # atomic: the rows' threads discard from it as they end
+        if running:
+            _, left = wait(running, timeout=SHUTDOWN_WAIT_S)
+            if left:
+                logger.warning("%d BLS requests did not end within %.0f s of the shutdown", len(left),
+                               SHUTDOWN_WAIT_S)
+        self.senders.shutdown()
 
 
 def _log_failure(future) -> None:

@@ -28,6 +28,7 @@ from .repository import (
     REPLAY_TOKENS,
     RepositoryPlan,
     prepare_output,
+    removed_on_failure,
     write_repository,
 )
 from .settings import comma_list, setting, version
@@ -142,10 +143,43 @@ class BuildOptions:
 
 
 def read_checkpoint_config(model: Path) -> dict:
+    if not model.is_dir():
+        raise FileNotFoundError(f"--model {model}: no such folder (a Hugging Face checkpoint folder, or make one "
+                                f"with `tritonforge make-tiny-model {model}`)")
     config = model / "config.json"
     if not config.is_file():
-        raise FileNotFoundError(f"{model} is not a Hugging Face checkpoint directory (no config.json)")
-    return json.loads(config.read_text())
+        raise FileNotFoundError(f"--model {model} is not a Hugging Face checkpoint folder (no config.json)")
+    try:
+        return json.loads(config.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"--model {model}: config.json is not valid JSON ({error})") from None
+
+
+def check_checkpoint(options: BuildOptions) -> dict:
+    """Everything the build reads from the checkpoint, checked before anything is written: its config, its
+    tokenizer, and the weights the engine needs. Returns the config."""
+    from .tokenization import load_tokenizer
+
+    checkpoint_config = read_checkpoint_config(options.model)
+    # transformers copies *.safetensors; TensorRT-LLM's converters also read PyTorch's *.bin
+    patterns = {"transformers": ("*.safetensors",), "tensorrtllm": ("*.safetensors", "*.bin")}.get(options.engine, ())
+    weights = [path for pattern in patterns for path in options.model.glob(pattern)]
+    if patterns and not any(path.is_file() for path in weights):
+        found = sorted(path.name for path in options.model.glob("*.bin"))
+        hint = (f"; it has {', '.join(found[:3])}: convert them to safetensors first" if found else
+                "; a broken link or a folder by that name is no weights file" if weights else
+                ": is the download complete?")
+        raise FileNotFoundError(f"--model {options.model} has no weights ({' or '.join(patterns)}){hint}")
+    if options.engine == "replay" and "vocab_size" not in checkpoint_config:
+        raise ValueError(f"--model {options.model}: config.json has no vocab_size, which the replay engine needs")
+    try:
+        load_tokenizer(options.model)
+    except Exception as error:  # noqa: BLE001 - transformers raises many kinds for a missing or broken file
+        raise FileNotFoundError(f"--model {options.model} has no tokenizer transformers can load "
+                                f"({type(error).__name__}: {str(error).strip().splitlines()[0][:200]}): copy the "
+                                f"tokenizer's files (tokenizer.json, tokenizer_config.json, ...) beside "
+                                f"config.json") from None
+    return checkpoint_config
 
 
 def transformers_engine_parameters(options: BuildOptions) -> dict[str, str]:
@@ -269,14 +303,16 @@ def build_tensorrtllm(options: BuildOptions, checkpoint_config: dict, limits, pr
                                 serving=serving, limits=limits,
                                 engine_parameters=tensorrtllm_engine_parameters(options))
     existing = prepare_output(options.output, force=options.force, checkpoint=options.model)
-    if not options.dry_run:
-        spec.work_dir.mkdir(parents=True, exist_ok=True)
-        spec.engine_dir.mkdir(parents=True, exist_ok=True)
-        trtllm.run_build(spec, spec.work_dir / "build.log", progress)
-        trtllm.write_engine_info(spec, commands, trtllm.runtime_facts())
-    write_repository(repository, tokenizer_source=options.model, checkpoint=None, existing=existing,
-                     manifest={"tritonforge_build": _options_record(options), **plan_record,
-                               "dry_run": options.dry_run})
+    with removed_on_failure(options.output, existing):
+        if not options.dry_run:
+            spec.work_dir.mkdir(parents=True, exist_ok=True)
+            spec.engine_dir.mkdir(parents=True, exist_ok=True)
+            progress(f"building the engine (minutes to an hour; log: {spec.work_dir / 'build.log'})")
+            trtllm.run_build(spec, spec.work_dir / "build.log", progress)
+            trtllm.write_engine_info(spec, commands, trtllm.runtime_facts())
+        write_repository(repository, tokenizer_source=options.model, checkpoint=None, existing=existing,
+                         manifest={"tritonforge_build": _options_record(options), **plan_record,
+                                   "dry_run": options.dry_run})
     return options.output
 
 
@@ -285,7 +321,8 @@ def _options_record(options: BuildOptions) -> dict:
 
 
 def build(options: BuildOptions, progress=print) -> Path:
-    checkpoint_config = read_checkpoint_config(options.model)
+    """Check the checkpoint, then write the repository; a build that fails removes what it wrote."""
+    checkpoint_config = check_checkpoint(options)
     max_positions = checkpoint_config.get("max_position_embeddings")
     if max_positions and options.max_seq_len > max_positions:
         raise ValueError(f"--max-seq-len {options.max_seq_len} exceeds the model's max_position_embeddings "
@@ -305,8 +342,10 @@ def build(options: BuildOptions, progress=print) -> Path:
                           serving=options.serving, limits=limits, engine_parameters=parameters,
                           native_replay=options.replay_native)
     existing = prepare_output(options.output, force=options.force, checkpoint=options.model)
-    write_repository(plan, tokenizer_source=options.model, checkpoint=options.model, existing=existing,
-                     manifest={"tritonforge_build": _options_record(options)})
+    progress(f"writing {options.output} ({options.engine} engine; copying the checkpoint's weights)")
+    with removed_on_failure(options.output, existing):
+        write_repository(plan, tokenizer_source=options.model, checkpoint=options.model, existing=existing,
+                         manifest={"tritonforge_build": _options_record(options)})
     return run_accuracy_gate(options, progress)
 
 

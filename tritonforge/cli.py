@@ -1,4 +1,9 @@
-"""`tritonforge`: build | serve | openai | eval | generate | bench | tune | demo | make-tiny-model."""
+"""`tritonforge`: build | serve | openai | eval | generate | probe | bench | tune | demo | make-tiny-model.
+
+Every mistake a user can make here ends in one line on stderr that names the problem and what to do, with exit
+status 2 for a usage error (a bad flag, path or port) and 1 for a runtime one (no server answers, a tool is
+missing, the server failed); `-v` adds the detail (`main`).
+"""
 
 from __future__ import annotations
 
@@ -105,16 +110,18 @@ def check_repository_engine(repository: Path) -> int:
 
 
 def serve_command(args: argparse.Namespace) -> int:
-    from .server import RESTRICTED_APIS, TritonServer
+    from .server import RESTRICTED_APIS, TritonServer, check_ports_free, check_repository
     from .supervisor import Supervisor
 
+    models = check_repository(args.repository)
     world_size = check_repository_engine(args.repository)
+    check_ports_free(args.address, {"--http-port": args.http_port, "--grpc-port": args.grpc_port,
+                                    "--metrics-port": args.metrics_port, "--openai-port": args.openai_port})
     server = TritonServer(args.repository, executable=args.tritonserver, http_port=args.http_port,
                           grpc_port=args.grpc_port, metrics_port=args.metrics_port, address=args.address,
                           log_verbose=args.log_verbose, world_size=world_size,
                           restricted_apis="" if args.open_apis else RESTRICTED_APIS, log_file=args.log_file)
     supervisor = Supervisor(server, wedged_after_s=args.wedged_after_s)
-    supervisor.start()
     stop = threading.Event()
 
     def on_signal(*_) -> None:
@@ -123,10 +130,16 @@ def serve_command(args: argparse.Namespace) -> int:
         if stop.is_set() and server.pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(server.pid, signal.SIGKILL)
+            return
         stop.set()
+        _say(f"stopping tritonserver: open streams get up to {server.exit_timeout_s} s to finish "
+             f"(Ctrl-C again: stop at once)")
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    _say(f"starting tritonserver on {args.repository} ({', '.join(models)}); loading takes a few seconds to "
+         f"minutes ...")
+    supervisor.start()
     gateway = None
     try:
         if args.openai_port:
@@ -138,12 +151,20 @@ def serve_command(args: argparse.Namespace) -> int:
             print(f"OpenAI API: {gateway.base_url}/v1 (model {args.served_model_name!r} → {args.openai_model})")
         print(f"serving {args.repository}: HTTP {server.http_url}, gRPC {server.grpc_url}; log {server.log_path}",
               flush=True)
+        _say("this terminal is the server's now: send requests from a second terminal "
+             "(tritonforge generate \"Hello\"); Ctrl-C stops it")
         supervisor.run(stop)  # restarts the server when it or a Python stub dies; stops it on the way out
     finally:
         if gateway is not None:
             gateway.stop()
         server.stop()  # already stopped by run(), unless the gateway could not start
+    _say("tritonserver stopped")
     return 0
+
+
+def _say(message: str) -> None:
+    """A progress line: on stderr, so that stdout keeps only what a command produces."""
+    print(message, file=sys.stderr, flush=True)
 
 
 def eval_command(args: argparse.Namespace) -> int:
@@ -165,7 +186,9 @@ def eval_command(args: argparse.Namespace) -> int:
 
 def openai_command(args: argparse.Namespace) -> int:
     from .openai_gateway import api_key_from_environment, run
+    from .server import check_ports_free
 
+    check_ports_free(args.host, {"--host/--port": args.port})
     print(f"OpenAI API on http://{args.host}:{args.port}/v1 → {args.model} at {args.url}", file=sys.stderr)
     run(args.url, host=args.host, port=args.port, model=args.model, served_model_name=args.served_model_name,
         workers=args.workers, api_key=api_key_from_environment(args.api_key))
@@ -191,19 +214,13 @@ def _parameters(args: argparse.Namespace) -> dict:
 
 
 def generate_command(args: argparse.Namespace) -> int:
-    from .client import GenerationError
-
     client = _client(args)
-    try:
-        if args.stream:
-            for text in client.stream(args.prompt, **_parameters(args)):
-                print(text, end="", flush=True)
-            print()
-        else:
-            print(client.generate(args.prompt, **_parameters(args)))
-    except GenerationError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    if args.stream:
+        for text in client.stream(args.prompt, **_parameters(args)):
+            print(text, end="", flush=True)
+        print()
+    else:
+        print(client.generate(args.prompt, **_parameters(args)))
     return 0
 
 
@@ -211,15 +228,13 @@ def probe_command(args: argparse.Namespace) -> int:
     """A liveness check through the engine, for servers that run without our supervisor: Triton's own
     /v2/health/live still says 200 when the engine is frozen (README, Faults). Exit 0 when a one-token
     generation answers within --timeout-s, 1 otherwise."""
-    from tritonclient.utils import InferenceServerException
-
     from .client import GenerateRequest, GenerationError, GrpcClient
 
     client = GrpcClient(args.url, model=args.model)
     try:
         for _ in client.stream_bytes(GenerateRequest(text_input="ping", max_tokens=1), timeout_s=args.timeout_s):
             pass
-    except (GenerationError, InferenceServerException) as error:
+    except GenerationError as error:
         print(f"not live: {error}", file=sys.stderr)
         return 1
     finally:
@@ -242,12 +257,16 @@ def bench_command(args: argparse.Namespace) -> int:
         markdown,
         measure_server,
     )
+    from .client import check_serving
 
     paths = tuple(p.strip() for p in args.paths.split(",") if p.strip())
     unknown = set(paths) - set(PATH_MODELS)
-    if unknown:
+    if unknown or not paths:
         raise ValueError(f"--paths: unknown {sorted(unknown)}; known: {sorted(PATH_MODELS)}")
-    prompts = make_prompts(tokenizer_dir(args.repository), 256, args.max_prompt_tokens)
+    if args.tool == "perf_analyzer":
+        require_tool("perf_analyzer")
+    prompts = make_prompts(_repository_tokenizer(args.repository), 256, args.max_prompt_tokens)
+    check_serving(args.url, {PATH_MODELS[path]: f"--paths {path}" for path in paths})
     with tempfile.TemporaryDirectory() as work:
         rows = measure_server(args.url, prompts, paths=paths,
                               concurrencies=args.concurrency,
@@ -270,8 +289,17 @@ def tune_command(args: argparse.Namespace) -> int:
     import json
 
     from .benchmark import machine_description
+    from .server import serving_processes
     from .tuning import current, grid, plot, tune
 
+    _repository_tokenizer(args.repository)
+    if args.tool == "perf_analyzer":
+        require_tool("perf_analyzer")
+    serving = serving_processes(args.repository)
+    if serving:
+        raise RepositoryInUse(f"{args.repository} is served now (process {', '.join(map(str, serving))}): tune "
+                              f"rewrites its configs, which a restart of that server would load; stop it first, "
+                              f"or tune a copy (cp -r)")
     before = current(args.repository)
     candidates = grid(args.preprocessing, args.postprocessing, args.bls, args.postprocessing_delay_us)
     result = tune(args.repository, candidates, concurrency=args.concurrency, target=args.target,
@@ -296,6 +324,34 @@ def tune_command(args: argparse.Namespace) -> int:
         plot(result, args.results.with_suffix(".png"), title)
         print(f"results: {args.results.with_suffix('.json')} / .png")
     return 0 if result.reached_target else 1
+
+
+class ToolMissing(RuntimeError):
+    """A program a command runs is not installed."""
+
+
+class RepositoryInUse(RuntimeError):
+    """A repository a command would rewrite is being served."""
+
+
+def require_tool(name: str) -> None:
+    import shutil
+
+    if shutil.which(name) is None:
+        raise ToolMissing(f"{name} is not on PATH: it comes with NVIDIA's Triton SDK container "
+                          f"(nvcr.io/nvidia/tritonserver:<version>-py3-sdk); or use --tool asyncio")
+
+
+def _repository_tokenizer(repository: Path) -> Path:
+    """A built repository's tokenizer folder; refuses a path that is none."""
+    from .server import check_repository
+
+    check_repository(repository)
+    tokenizer = tokenizer_dir(repository)
+    if not tokenizer.is_dir():
+        raise FileNotFoundError(f"{repository} has no tokenizer at {tokenizer}: pass a repository `tritonforge "
+                                f"build` wrote")
+    return tokenizer
 
 
 def make_tiny_model_command(args: argparse.Namespace) -> int:
@@ -326,6 +382,7 @@ def _demo_serve(args: argparse.Namespace, repository: Path) -> int:
     from .server import TritonServer
 
     print(f"repository ready: {repository}")
+    _say("starting tritonserver (loading the models takes 10-60 s) ...")
     with TritonServer(repository) as server:
         print(f"tritonserver ready: HTTP {server.http_url}, gRPC {server.grpc_url}")
         grpc_client = GrpcClient(server.grpc_url)
@@ -338,6 +395,7 @@ def _demo_serve(args: argparse.Namespace, repository: Path) -> int:
         print(f"HTTP generate: {http_client.generate(args.prompt, max_tokens=args.max_tokens)}")
         print("HTTP stream:   " + "".join(http_client.stream(args.prompt, max_tokens=args.max_tokens)))
         grpc_client.close()
+        _say("stopping tritonserver (its models unload: a few seconds) ...")
     print("(random weights: the text is gibberish; the streams differ from the whole text only where a character "
           "straddles two chunks, shown as U+FFFD)")
     return 0
@@ -347,31 +405,87 @@ API_KEY_HELP = ("require 'Authorization: Bearer KEY' on every OpenAI request but
                 "default: $TRITONFORGE_API_KEY, no key when unset")
 
 
-def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tritonforge", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true")
-    commands = parser.add_subparsers(dest="command", required=True)
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, except where there is none to show (None, a flag's False)."""
 
-    build_parser = commands.add_parser("build", help="checkpoint → ready-to-mount model repository")
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if any(action.default is nothing for nothing in (None, False, argparse.SUPPRESS)) \
+                or "%(default)" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """A usage error in one line (argparse's own prints the whole usage first), pointing to --help."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def port(text: str) -> int:
+    """An argparse `type` for a TCP port."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"expected a port in 1..65535, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse `type` for a count of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tritonforge")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tritonforge", description=__doc__.split("\n\n")[0], formatter_class=_HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log what happens (INFO) and show the traceback of an error")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=help_text, description=help_text, formatter_class=_HelpFormatter)
+
+    build_parser = command("build", "checkpoint → ready-to-mount model repository")
     _add_build_arguments(build_parser)
     build_parser.set_defaults(func=build_command)
 
-    serve = commands.add_parser("serve", help="run tritonserver on a repository")
-    serve.add_argument("repository", type=Path)
-    serve.add_argument("--tritonserver", default=None, help="path of the tritonserver binary")
-    serve.add_argument("--address", default="127.0.0.1")
-    serve.add_argument("--http-port", type=int, default=8000)
-    serve.add_argument("--grpc-port", type=int, default=8001)
-    serve.add_argument("--metrics-port", type=int, default=8002)
-    serve.add_argument("--log-verbose", type=int, default=0)
+    serve = command("serve", "run tritonserver on a repository, supervised (restarted when it or a model dies); "
+                             "holds the terminal until Ctrl-C")
+    serve.add_argument("repository", type=Path, help="a repository `tritonforge build` wrote")
+    serve.add_argument("--tritonserver", default=None,
+                       help="path of the tritonserver binary (default: $TRITONSERVER, then tritonserver on PATH, "
+                            "then the nvidia-pytriton wheel's)")
+    serve.add_argument("--address", default="127.0.0.1",
+                       help="address the HTTP, gRPC and metrics endpoints listen on (0.0.0.0: every interface)")
+    serve.add_argument("--http-port", type=port, default=8000, help="HTTP/REST port (generate, generate_stream)")
+    serve.add_argument("--grpc-port", type=port, default=8001, help="gRPC port (streaming)")
+    serve.add_argument("--metrics-port", type=port, default=8002, help="Prometheus metrics port")
+    serve.add_argument("--log-verbose", type=int, default=0, help="tritonserver's --log-verbose level (0: off)")
     serve.add_argument("--wedged-after-s", type=float, default=DEFAULT_WEDGED_AFTER_S,
                        help="restart the server when a Python model has answered no liveness probe for this long "
                             "(0: no probes)")
-    serve.add_argument("--openai-port", type=int, default=None,
+    serve.add_argument("--openai-port", type=port, default=None,
                        help="also serve OpenAI's API (/v1/completions, /v1/chat/completions) on this port")
-    serve.add_argument("--openai-model", default=OPENAI_DEFAULT_MODEL,
-                       help=f"what the OpenAI API calls: {BLS_MODEL} or {ENSEMBLE_MODEL} "
-                            f"(default: {OPENAI_DEFAULT_MODEL})")
+    serve.add_argument("--openai-model", default=OPENAI_DEFAULT_MODEL, choices=(BLS_MODEL, ENSEMBLE_MODEL),
+                       help="what the OpenAI API calls")
     serve.add_argument("--served-model-name", default=SERVED_MODEL_NAME, help="the model name the OpenAI API shows")
     serve.add_argument("--api-key", default=None, help=API_KEY_HELP)
     serve.add_argument("--log-file", type=Path, default=None,
@@ -380,43 +494,48 @@ def make_parser() -> argparse.ArgumentParser:
                        help="leave model-config, statistics, ... unrestricted (perf_analyzer reads them)")
     serve.set_defaults(func=serve_command)
 
-    generate = commands.add_parser("generate", help="send a prompt and print the answer")
-    generate.add_argument("prompt")
-    generate.add_argument("--stream", action="store_true")
-    generate.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
+    generate = command("generate", "send a prompt to a running server and print the answer")
+    generate.add_argument("prompt", help="the prompt text")
+    generate.add_argument("--stream", action="store_true", help="print the text as it is generated")
+    generate.add_argument("--protocol", choices=("grpc", "http"), default="grpc", help="how to reach the server")
     generate.add_argument("--url", default=None, help="host:port (default 127.0.0.1:8001 gRPC, :8000 HTTP)")
-    generate.add_argument("--model", default=ENSEMBLE_MODEL, help=f"{ENSEMBLE_MODEL} or {BLS_MODEL}")
-    generate.add_argument("--max-tokens", type=int, default=64)
-    generate.add_argument("--temperature", type=float, default=None)
-    generate.add_argument("--top-k", type=int, default=None)
-    generate.add_argument("--top-p", type=float, default=None)
-    generate.add_argument("--seed", type=int, default=None)
+    generate.add_argument("--model", default=ENSEMBLE_MODEL, choices=(ENSEMBLE_MODEL, BLS_MODEL),
+                          help="which model answers")
+    generate.add_argument("--max-tokens", type=positive_int, default=64, help="tokens to generate at most")
+    generate.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: greedy)")
+    generate.add_argument("--top-k", type=int, default=None, help="sample from the k likeliest tokens")
+    generate.add_argument("--top-p", type=float, default=None, help="sample from the smallest set of this mass")
+    generate.add_argument("--seed", type=int, default=None, help="sampling seed")
     generate.add_argument("--stop", action="append", default=[], help="stop phrase (repeatable)")
     generate.set_defaults(func=generate_command)
 
-    probe = commands.add_parser("probe", help="liveness check: does a one-token generation answer in time?")
+    probe = command("probe", "liveness check: does a one-token generation answer in time? (exit 0: yes)")
     probe.add_argument("--url", default="127.0.0.1:8001", help="gRPC host:port")
-    probe.add_argument("--model", default=ENSEMBLE_MODEL, help=f"{ENSEMBLE_MODEL} or {BLS_MODEL}")
+    probe.add_argument("--model", default=ENSEMBLE_MODEL, choices=(ENSEMBLE_MODEL, BLS_MODEL),
+                       help="which model answers")
     probe.add_argument("--timeout-s", type=positive_seconds, default=60.0,
                        help="how long a generation may take to answer, queueing included (a busy engine queues "
                             "the probe too); a timed-out probe then spends up to 5 s stopping its request")
     probe.set_defaults(func=probe_command)
 
-    bench = commands.add_parser("bench", help="measure a running server: tokens/s, TTFT, ITL per path")
+    bench = command("bench", "measure a running server: tokens/s, TTFT, ITL per path")
     bench.add_argument("repository", type=Path, help="the served repository (for its tokenizer)")
     bench.add_argument("--url", default="127.0.0.1:8001", help="gRPC host:port")
-    bench.add_argument("--paths", default="direct,ensemble,bls", help="direct (tensorrt_llm), ensemble, bls")
-    bench.add_argument("--concurrency", type=positive_ints, default="1,8,32,128")
-    bench.add_argument("--output-tokens", type=int, default=64, help="min_tokens = max_tokens per request")
-    bench.add_argument("--max-prompt-tokens", type=int, default=32)
-    bench.add_argument("--duration-s", type=float, default=10.0, help="measurement time per point")
+    bench.add_argument("--paths", default="direct,ensemble,bls",
+                       help="comma-separated: direct (tensorrt_llm), ensemble, bls")
+    bench.add_argument("--concurrency", type=positive_ints, default="1,8,32,128",
+                       help="concurrent streams per point, comma-separated")
+    bench.add_argument("--output-tokens", type=positive_int, default=64, help="min_tokens = max_tokens per request")
+    bench.add_argument("--max-prompt-tokens", type=positive_int, default=32, help="prompt length at most")
+    bench.add_argument("--duration-s", type=positive_seconds, default=10.0, help="measurement time per point")
     bench.add_argument("--tool", choices=("asyncio", "perf_analyzer"), default="asyncio",
-                       help="perf_analyzer needs a server started with --open-apis")
+                       help="load generator; perf_analyzer needs a server started with --open-apis")
     bench.add_argument("--json", type=Path, default=None, help="also write the figures here")
     bench.set_defaults(func=bench_command)
 
-    tune_parser = commands.add_parser("tune", help="pick pre/post/BLS instance counts from measurements")
-    tune_parser.add_argument("repository", type=Path, help="a built repository; its counts are rewritten")
+    tune_parser = command("tune", "pick pre/post/BLS instance counts from measurements (starts its own servers)")
+    tune_parser.add_argument("repository", type=Path,
+                             help="a built repository, not being served; its counts are rewritten")
     tune_parser.add_argument("--preprocessing", type=positive_ints, default="2,4", help="instance counts to try")
     tune_parser.add_argument("--postprocessing", type=positive_ints, default="4,8", help="instance counts to try")
     tune_parser.add_argument("--bls", type=positive_ints, default="4,8", help="BLS instance counts to try")
@@ -424,23 +543,24 @@ def make_parser() -> argparse.ArgumentParser:
                              help="postprocessing max_queue_delay_microseconds values to try")
     tune_parser.add_argument("--results", type=Path, default=None,
                              help="write STEM.json and STEM.png (throughput against TTFT p99, chosen marked)")
-    tune_parser.add_argument("--concurrency", type=int, default=128, help="concurrent streams to tune for")
+    tune_parser.add_argument("--concurrency", type=positive_int, default=128, help="concurrent streams to tune for")
     tune_parser.add_argument("--target", type=float, default=0.95, help="efficiency to reach vs the engine alone")
-    tune_parser.add_argument("--output-tokens", type=int, default=64)
-    tune_parser.add_argument("--duration-s", type=float, default=10.0)
-    tune_parser.add_argument("--tool", choices=("asyncio", "perf_analyzer"), default="asyncio")
+    tune_parser.add_argument("--output-tokens", type=positive_int, default=64, help="tokens per request")
+    tune_parser.add_argument("--duration-s", type=positive_seconds, default=10.0, help="measurement time per point")
+    tune_parser.add_argument("--tool", choices=("asyncio", "perf_analyzer"), default="asyncio",
+                             help="load generator")
     tune_parser.set_defaults(func=tune_command)
 
-    tiny = commands.add_parser("make-tiny-model", help="write a small random-weight Llama and tokenizer")
-    tiny.add_argument("output", type=Path)
-    tiny.add_argument("--tokenizer", choices=("bpe", "sentencepiece"), default="bpe")
+    tiny = command("make-tiny-model", "write a small random-weight Llama and tokenizer (its text is gibberish)")
+    tiny.add_argument("output", type=Path, help="folder to write (a new or empty one)")
+    tiny.add_argument("--tokenizer", choices=("bpe", "sentencepiece"), default="bpe", help="tokenizer family")
     tiny.add_argument("--size", choices=("tiny", "1b"), default="tiny",
                       help="tiny: ~1M parameters for CPUs; 1b: a ~1B Llama body for GPU measurements")
     tiny.set_defaults(func=make_tiny_model_command)
 
     from .accuracy import Thresholds
 
-    evaluation = commands.add_parser("eval", help="does the served engine answer like its checkpoint?")
+    evaluation = command("eval", "does the served engine answer like its checkpoint?")
     evaluation.add_argument("--url", required=True, help="Triton's gRPC address of the served repository")
     evaluation.add_argument("--reference", type=Path, required=True, help="the Hugging Face checkpoint")
     evaluation.add_argument("--tokenizer", type=Path, default=None,
@@ -450,38 +570,74 @@ def make_parser() -> argparse.ArgumentParser:
                                                                         "small built-in set)")
     evaluation.add_argument("--choices", type=Path, default=None,
                             help="multiple-choice JSONL of {\"question\", \"choices\", \"answer\"}")
-    evaluation.add_argument("--tokens", type=int, default=32, help="greedy tokens compared per prompt")
-    evaluation.add_argument("--min-greedy-agreement", type=float, default=Thresholds.min_greedy_agreement)
-    evaluation.add_argument("--max-logprob-mae", type=float, default=Thresholds.max_logprob_mae)
-    evaluation.add_argument("--logprob-tolerance", type=float, default=Thresholds.logprob_tolerance)
-    evaluation.add_argument("--max-logprob-off-share", type=float, default=Thresholds.max_logprob_off_share)
-    evaluation.add_argument("--max-task-accuracy-drop", type=float, default=Thresholds.max_task_accuracy_drop)
+    evaluation.add_argument("--tokens", type=positive_int, default=32, help="greedy tokens compared per prompt")
+    evaluation.add_argument("--min-greedy-agreement", type=float, default=Thresholds.min_greedy_agreement,
+                            help="least share of prompts whose greedy tokens all agree")
+    evaluation.add_argument("--max-logprob-mae", type=float, default=Thresholds.max_logprob_mae,
+                            help="largest mean |served - reference| log-probability")
+    evaluation.add_argument("--logprob-tolerance", type=float, default=Thresholds.logprob_tolerance,
+                            help="a token's log-probability off by more than this (nats) counts as off")
+    evaluation.add_argument("--max-logprob-off-share", type=float, default=Thresholds.max_logprob_off_share,
+                            help="largest share of tokens off")
+    evaluation.add_argument("--max-task-accuracy-drop", type=float, default=Thresholds.max_task_accuracy_drop,
+                            help="largest drop of task accuracy against the reference (--choices)")
     evaluation.add_argument("--json", type=Path, default=None, help="write the figures here")
     evaluation.set_defaults(func=eval_command)
 
-    gateway = commands.add_parser("openai", help="OpenAI-compatible HTTP API in front of a served repository")
+    gateway = command("openai", "OpenAI-compatible HTTP API in front of a served repository")
     gateway.add_argument("--url", required=True, help="Triton's gRPC address, e.g. localhost:8001")
-    gateway.add_argument("--host", default="127.0.0.1")
-    gateway.add_argument("--port", type=int, default=9000)
-    gateway.add_argument("--model", default=OPENAI_DEFAULT_MODEL,
-                         help=f"what it calls: {BLS_MODEL} or {ENSEMBLE_MODEL} (default: {OPENAI_DEFAULT_MODEL})")
-    gateway.add_argument("--served-model-name", default=SERVED_MODEL_NAME, help="the model name /v1/models shows")
+    gateway.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    gateway.add_argument("--port", type=port, default=9000, help="port to listen on")
+    gateway.add_argument("--model", default=OPENAI_DEFAULT_MODEL, choices=(BLS_MODEL, ENSEMBLE_MODEL),
+                         help="what it calls")
+    gateway.add_argument("--served-model-name", default=SERVED_MODEL_NAME,
+                         help="the model name /v1/models shows, and the only one requests may name")
     gateway.add_argument("--api-key", default=None, help=API_KEY_HELP)
-    gateway.add_argument("--workers", type=int, default=1,
+    gateway.add_argument("--workers", type=positive_int, default=1,
                          help="gateway processes sharing the port: one handles a few thousand streamed chunks a "
                               "second")
     gateway.set_defaults(func=openai_command)
 
-    demo = commands.add_parser("demo",
-                               help="tiny model → repository → tritonserver → a prompt over gRPC and HTTP")
-    demo.add_argument("--prompt", default="The server reads a request")
-    demo.add_argument("--max-tokens", type=int, default=32)
-    demo.add_argument("--tokenizer", choices=("bpe", "sentencepiece"), default="sentencepiece")
+    demo = command("demo", "tiny model → repository → tritonserver → a prompt over gRPC and HTTP")
+    demo.add_argument("--prompt", default="The server reads a request", help="the prompt")
+    demo.add_argument("--max-tokens", type=positive_int, default=32, help="tokens to generate")
+    demo.add_argument("--tokenizer", choices=("bpe", "sentencepiece"), default="sentencepiece",
+                      help="the tiny model's tokenizer family")
     demo.add_argument("--output", type=Path, default=None,
                       help="repository folder (default: inside the demo's work folder)")
-    demo.add_argument("--work-dir", default=None, help="keep the tiny model and repository here")
+    demo.add_argument("--work-dir", default=None, help="keep the tiny model and repository here (default: a "
+                                                       "temporary folder, removed at exit)")
     demo.set_defaults(func=demo_command)
     return parser
+
+
+def _exit_status(error: BaseException) -> int | None:
+    """2 for a usage error (the command line names something wrong), 1 for a runtime one; None: not ours."""
+    from .client import GenerationError, ServerUnavailable
+    from .errors import INVALID, answered_error_kind
+    from .server import PortInUse, ServerError
+
+    if isinstance(error, PortInUse):
+        return 2
+    if isinstance(error, ServerUnavailable):
+        return 1
+    if isinstance(error, GenerationError):  # the server's answer: a bad request is the command line's fault
+        return 2 if answered_error_kind(str(error)) == INVALID else 1
+    if isinstance(error, (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError)):
+        return 2
+    if isinstance(error, (ServerError, ToolMissing, RepositoryInUse, TensorRTLLMMissing, EngineMismatch,
+                          AccuracyGateFailed, OSError)):
+        return 1
+    return None
+
+
+def _advice(error: BaseException) -> str:
+    """What to do, where the message does not say it."""
+    from .client import ServerUnavailable
+
+    if isinstance(error, ServerUnavailable):
+        return "; is `tritonforge serve` running there? (start it in another terminal, or pass --url HOST:PORT)"
+    return ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -490,10 +646,20 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError, TensorRTLLMMissing, EngineMismatch,
-            AccuracyGateFailed) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 - the one place an error becomes a line and an exit status
+        status = _exit_status(error)
+        if args.verbose:
+            logging.getLogger("tritonforge").exception("%s failed", args.command)
+        if status is None:
+            print(f"error: {type(error).__name__}: {error} (a bug: `tritonforge -v {args.command} ...` shows where)",
+                  file=sys.stderr)
+            return 1
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        print(f"error: {message}{_advice(error)}", file=sys.stderr)
+        return status
 
 
 if __name__ == "__main__":

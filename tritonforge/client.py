@@ -43,6 +43,34 @@ class GenerationError(RuntimeError):
     """The server answered with an error (its message names the field at fault)."""
 
 
+class ServerUnavailable(GenerationError):
+    """No server answers at the client's address: nothing listens there, or what listens is no Triton."""
+
+    def __init__(self, url: str, protocol: str, detail: str):
+        self.url = url
+        super().__init__(f"no Triton server answers at {url} ({protocol}): {detail}")
+
+
+def _rpc_failure(url: str, code, details: str | None) -> GenerationError:
+    """The error for a gRPC call that failed as a call (not an error the server answered): UNAVAILABLE is a
+    server that cannot be reached."""
+    import grpc
+
+    name = code.name if isinstance(code, grpc.StatusCode) else str(code).removeprefix("StatusCode.")
+    detail = (details or "").strip() or name
+    if name == "UNAVAILABLE":  # gRPC's detail nests the cause last: "failed to connect ...: Connection refused"
+        return ServerUnavailable(url, "gRPC", detail.rsplit(": ", 1)[-1].rstrip("] "))
+    return GenerationError(f"{name}: {detail}")
+
+
+def _callback_error(url: str, error) -> GenerationError:
+    """A tritonclient stream callback's error: an RPC failure carries its status, an answered error none."""
+    status = error.status() if hasattr(error, "status") else None
+    if status:
+        return _rpc_failure(url, status, error.message() if hasattr(error, "message") else str(error))
+    return GenerationError(str(error))
+
+
 # A stream that gets nothing from the server for this long ends with `ResponseTimeout` instead of waiting for
 # ever (a frozen server: README, Faults); far above any wait for a first token in the engine's queue.
 RESPONSE_TIMEOUT_S = 300.0
@@ -85,6 +113,31 @@ class GenerateRequest:
                 items = [item.encode("utf-8") if isinstance(item, str) else item for item in items]
             out[name] = np.array([items], dtype=dtype)
         return out
+
+
+SERVING_CHECK_TIMEOUT_S = 10.0
+
+
+def check_serving(url: str, models: dict[str, str]) -> None:
+    """Fail at once unless the server at `url` (gRPC) is ready and serves every model (name → what asked for it,
+    e.g. a flag): a load against a server that is not there fails every request, as fast as it can send them."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        try:
+            ready = client.is_server_ready(client_timeout=SERVING_CHECK_TIMEOUT_S)
+        except InferenceServerException as error:
+            raise _callback_error(url, error) from None
+        if not ready:
+            raise ServerUnavailable(url, "gRPC", "the server is not ready (still loading, or stopping)")
+        for model, asked_by in models.items():
+            if not client.is_model_ready(model, client_timeout=SERVING_CHECK_TIMEOUT_S):
+                raise GenerationError(f"{asked_by}: the server at {url} does not serve {model!r} (a repository "
+                                      f"built without it?)")
+    finally:
+        client.close()
 
 
 class TextAssembler:
@@ -209,25 +262,39 @@ class GrpcClient:
     def stream_bytes(self, request: GenerateRequest, *, stream: bool = True,
                      request_id: str | None = None, timeout_s: float = RESPONSE_TIMEOUT_S) -> Iterator[bytes]:
         """The raw text_output bytes of each response, until the final one."""
+        from tritonclient.utils import InferenceServerException
+
         responses: queue.Queue = queue.Queue()
         request_id = request_id or uuid.uuid4().hex
         finished = False
         self.client.start_stream(callback=lambda result, error: responses.put((result, error)))
         try:
-            self.client.async_stream_infer(self.model, _grpc_inputs(request, stream), request_id=request_id,
-                                           enable_empty_final_response=True)
+            try:
+                self.client.async_stream_infer(self.model, _grpc_inputs(request, stream), request_id=request_id,
+                                               enable_empty_final_response=True)
+            except InferenceServerException:
+                # The stream already failed (a server that cannot be reached fails it at once, in tritonclient's
+                # own thread): the callback has the cause, or will have it in a moment.
+                try:
+                    _, error = responses.get(timeout=STOP_TIMEOUT_S)
+                except queue.Empty:
+                    raise GenerationError(f"the gRPC stream to {self.url} failed before the request was sent") from None
+                raise _callback_error(self.url, error) from None
             while True:
                 try:
                     result, error = responses.get(timeout=timeout_s)
                 except queue.Empty:
                     raise ResponseTimeout(self.model, timeout_s) from None
                 if error is not None:
-                    raise GenerationError(str(error))
+                    raise _callback_error(self.url, error)
                 if result.as_numpy("text_output") is not None:
                     yield _chunk_bytes(result.as_numpy("text_output"))
                 if is_final(result):
                     finished = True
                     return
+        except ServerUnavailable:
+            finished = True  # nothing reached a server: there is no generation to stop
+            raise
         finally:
             if not finished and needs_engine_stop(self.model, self.engine_model):
                 stop_engine_request(self.url, request_id, self.engine_model)
@@ -286,6 +353,7 @@ class AsyncGrpcClient:
         import tritonclient.grpc.aio as aioclient
 
         self.client = aioclient.InferenceServerClient(url)
+        self.url = url
         self.model = model
         self.engine_model = engine_model
         self.response_timeout_s = response_timeout_s
@@ -295,6 +363,7 @@ class AsyncGrpcClient:
                         outputs: Collection[str] | None = None) -> AsyncIterator:
         """Every response of one request (tritonclient results), up to the one flagged final; with `outputs`,
         responses carry only those."""
+        import grpc
         import tritonclient.grpc.aio as aioclient
         from tritonclient.utils import InferenceServerException
 
@@ -328,7 +397,11 @@ class AsyncGrpcClient:
                     finished = True
                     return
         except InferenceServerException as error:
-            raise GenerationError(str(error)) from None
+            raise _callback_error(self.url, error) from None
+        except grpc.RpcError as error:  # the call itself failed: tritonclient's aio stream passes these on
+            failure = _rpc_failure(self.url, error.code(), error.details())
+            finished = finished or isinstance(failure, ServerUnavailable)  # nothing to stop on no server
+            raise failure from None
         finally:
             silence.stop()
             if not finished and needs_engine_stop(self.model, self.engine_model):
@@ -392,16 +465,29 @@ class HttpClient:
     def __init__(self, url: str, model: str = ENSEMBLE_MODEL, timeout_s: float = RESPONSE_TIMEOUT_S,
                  engine_model: str = ENGINE_MODEL):
         host, _, port = url.replace("http://", "").partition(":")
+        if not host or not (port or "8000").isdigit():
+            raise ValueError(f"url {url!r}: expected HOST:PORT, e.g. 127.0.0.1:8000")
         self.host, self.port = host, int(port or 8000)
         self.model = model
         self.engine_model = engine_model
         self.timeout_s = timeout_s
 
     def _post(self, path: str, body: dict, model: str | None = None) -> http.client.HTTPResponse:
+        address = f"{self.host}:{self.port}"
         connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
-        connection.request("POST", f"/v2/models/{model or self.model}/{path}", body=json.dumps(body),
-                           headers={"Content-Type": "application/json"})
-        return connection.getresponse()
+        try:
+            connection.connect()
+        except OSError as error:
+            raise ServerUnavailable(address, "HTTP", error.strerror or str(error)) from None
+        try:
+            connection.request("POST", f"/v2/models/{model or self.model}/{path}", body=json.dumps(body),
+                               headers={"Content-Type": "application/json"})
+            return connection.getresponse()
+        except TimeoutError:
+            raise ResponseTimeout(model or self.model, self.timeout_s) from None
+        except (http.client.HTTPException, ConnectionError) as error:
+            raise ServerUnavailable(address, "HTTP", f"what answers there speaks no HTTP/1.1 ({error!r}): is it "
+                                                     f"Triton's HTTP port?") from None
 
     def _stop_engine_request(self, request_id: str) -> None:
         scalars = {name: value.reshape(-1)[0].item() for name, value in stop_request_inputs().items()}
@@ -410,13 +496,13 @@ class HttpClient:
             response = self._post("generate_stream", body, model=self.engine_model)
             response.read()
             response.close()
-        except OSError as error:  # a stop that fails (server gone) must not hide the caller's error
+        except (OSError, GenerationError) as error:  # a stop that fails (server gone) must not hide the caller's
             logger.warning("stopping request %s on %s failed: %r", request_id, self.engine_model, error)
 
     def generate(self, prompt: str | GenerateRequest, **parameters) -> str:
         request = prompt if isinstance(prompt, GenerateRequest) else _request(prompt, parameters)
         response = self._post("generate", request.values(stream=False))
-        payload = _json_event(response.read())
+        payload = _answer(response, f"{self.host}:{self.port}")
         if response.status != 200 or "error" in payload:
             raise GenerationError(payload.get("error", f"HTTP {response.status}"))
         return _event_bytes(payload).decode("utf-8", errors="replace")
@@ -426,6 +512,9 @@ class HttpClient:
         response = self._post("generate_stream", {"id": request_id, **request.values(stream=True)})
         finished = False
         try:
+            if response.status != 200:
+                payload = _answer(response, f"{self.host}:{self.port}")
+                raise GenerationError(payload.get("error", f"HTTP {response.status}"))
             for line in response:
                 if not line.startswith(b"data:"):
                     continue
@@ -442,6 +531,19 @@ class HttpClient:
     def stream(self, prompt: str | GenerateRequest, **parameters) -> Iterator[str]:
         request = prompt if isinstance(prompt, GenerateRequest) else _request(prompt, parameters)
         yield from _texts(self.stream_bytes(request))
+
+
+def _answer(response: http.client.HTTPResponse, address: str) -> dict:
+    """The JSON object of a whole HTTP answer; a body that is none is not Triton's generate endpoint."""
+    body = response.read()
+    try:
+        payload = _json_event(body)
+    except ValueError:
+        payload = None
+    if not isinstance(payload, dict):
+        raise ServerUnavailable(address, "HTTP", f"what answers is not Triton's generate endpoint (HTTP "
+                                                 f"{response.status}, {body[:60]!r})")
+    return payload
 
 
 def _json_event(data: bytes) -> dict:

@@ -13,12 +13,13 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from .engine_requests import EngineRow, is_stop_request, parse_engine_request
-from .errors import RequestError, ResponseSendError
+from .errors import RequestError, ResponseSendError, ServerStopping
 from .generation import GenerationRequest, GenerationResult
 from .limits import EngineLimits
 from .model_parameters import CANCELLATION_CHECK_PERIOD_MS, EngineParameters, TransformersEngineParameters
@@ -35,6 +36,7 @@ from .triton_adapter import (
 logger = logging.getLogger(__name__)
 
 REQUIRED_OUTPUTS = frozenset({"output_ids", "sequence_length"})
+DRAIN_END_S = 5.0  # how long `drain` waits for the engine to end the rows it was told to end
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,8 +94,11 @@ def load_model(settings: EngineSettings):
 class _RequestState:
     """One Triton request: its sender, and how many of its rows are still running."""
 
-    def __init__(self, pb_utils, sender, rows: int, check_period_s: float, requested: frozenset[str] | None):
+    def __init__(self, pb_utils, sender, rows: int, check_period_s: float, requested: frozenset[str] | None,
+                 server_stopping: threading.Event, on_done: Callable[[], None] = lambda: None):
         self.pb_utils = pb_utils
+        self.server_stopping = server_stopping  # set: every open row ends now, with ServerStopping
+        self.on_done = on_done  # called once, when the last row has ended
         self.sender = sender
         self.requested = requested  # the caller's requested outputs: responses carry only these
         self.rows = rows
@@ -117,6 +122,9 @@ class _RequestState:
         except Exception:  # noqa: BLE001
             logger.exception("could not send a response (final: %s)", final)
             return False
+        finally:
+            if final and row_done:
+                self.on_done()
 
 
 def _send_final(pb_utils, sender) -> None:
@@ -206,6 +214,8 @@ class _RowSink:
         pb_utils = self.state.pb_utils
         if error is None and self.send_failed:  # the client missed a chunk: end with an error, not a gap
             error = ResponseSendError()
+        if error is None and self.state.server_stopping.is_set():  # cut short: not a whole answer
+            error = ServerStopping()
         if error is not None:
             self.state.send(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)), row_done=True)
             return
@@ -222,8 +232,8 @@ class _RowSink:
 
     def cancelled(self) -> bool:
         """The client went away, or a response could not be sent: either way the engine stops the row, and
-        its finish tries once more to end the request (with what the row has)."""
-        return self.send_failed or self.state.cancelled()
+        its finish tries once more to end the request (with what the row has). So does a server that stops."""
+        return self.send_failed or self.state.server_stopping.is_set() or self.state.cancelled()
 
 
 class EngineService:
@@ -236,6 +246,31 @@ class EngineService:
             engine = InflightBatchingEngine(load_model(settings), settings.limits)
         self.engine = engine
         self.metrics = None
+        # Set when the stopping server's time for open requests is up (`drain`): the engine stops every row,
+        # and each ends with ServerStopping.
+        self.server_stopping = threading.Event()
+        self._open = 0  # Triton requests not yet answered in full
+        self._open_changed = threading.Condition()
+
+    def _opened(self) -> None:
+        with self._open_changed:
+            self._open += 1
+
+    def _closed(self) -> None:
+        with self._open_changed:
+            self._open -= 1
+            self._open_changed.notify_all()
+
+    def drain(self, deadline: float) -> None:
+        """The server is stopping (triton_adapter.start_heartbeat calls this): let open requests finish until
+        `deadline` (time.monotonic), end the rest with ServerStopping, and return once none is open (or a few
+        seconds later, for an engine that does not stop)."""
+        with self._open_changed:
+            self._open_changed.wait_for(lambda: self._open == 0, timeout=max(deadline - time.monotonic(), 0))
+            if self._open:
+                logger.warning("the server is stopping: ending %d open requests", self._open)
+                self.server_stopping.set()
+                self._open_changed.wait_for(lambda: self._open == 0, timeout=DRAIN_END_S)
 
     def publish_metrics(self, model: str, version: str) -> None:
         """The backend's nv_trt_llm_* families on Triton's /metrics (one engine instance per model)."""
@@ -270,7 +305,7 @@ class EngineService:
                 if len(rows) > 1:
                     raise RequestError("input_ids", "a batched request needs the engine model deployed decoupled")
             state = _RequestState(pb_utils, sender, len(rows), self.settings.cancellation_check_period_ms / 1000,
-                                  requested)
+                                  requested, self.server_stopping, self._closed)
             requests = []
             for index, row in enumerate(rows):
                 generation = GenerationRequest(
@@ -285,6 +320,7 @@ class EngineService:
             sender.send(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)),
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
+        self._opened()
         for generation in requests:
             self.engine.submit(generation)
 

@@ -3,6 +3,7 @@
 `RequestError` is the client's mistake (Triton's INVALID_ARG: HTTP 400, gRPC INVALID_ARGUMENT);
 `UnsupportedError` is a valid request this engine cannot serve (UNSUPPORTED: HTTP 501, gRPC UNIMPLEMENTED);
 `ResponseSendError` is the server's side failing to deliver a response (INTERNAL), which ends that request.
+`ServerStopping` ends a request that was still running when the stopping server's grace ran out (UNAVAILABLE).
 `EngineCallError` is the engine's own error answer to the BLS, passed on verbatim (gRPC carries no code: its
 kind is read from the message, `answered_error_kind`); `EngineStreamError`, the BLS's stream to the engine
 failing (UNAVAILABLE).
@@ -30,6 +31,14 @@ class ResponseSendError(RuntimeError):
 
     def __init__(self):
         super().__init__("a streamed response could not be sent; the generation was stopped")
+
+
+class ServerStopping(RuntimeError):
+    """The server is stopping and the request did not end within the time it gave open requests
+    (UNAVAILABLE): the caller may retry on another server."""
+
+    def __init__(self):
+        super().__init__("unavailable: the server is shutting down; the generation was stopped")
 
 
 class EngineCallError(RuntimeError):

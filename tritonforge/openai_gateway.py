@@ -21,6 +21,7 @@ import asyncio
 import functools
 import hmac
 import json
+import logging
 import os
 import tempfile
 import time
@@ -34,6 +35,7 @@ from .client import (
     GenerateRequest,
     GenerationError,
     ResponseTimeout,
+    ServerUnavailable,
     TextAssembler,
     first_int32,
     first_string,
@@ -62,16 +64,19 @@ API_KEY_ENV = "TRITONFORGE_API_KEY"
 # The one path answered without the key: a load balancer's or kubelet's health check carries no credentials.
 UNAUTHENTICATED_PATHS = frozenset({"/health"})
 
+logger = logging.getLogger(__name__)
+
 
 class OpenAIError(Exception):
     """An error answered as OpenAI's error object."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+                 code: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 @dataclass
@@ -103,10 +108,15 @@ def _number(body: dict, name: str, kind, low=None, high=None):
     return kind(value)
 
 
-def parse_request(body: dict, kind: str) -> tuple[GenerateRequest, bool, bool]:
-    """An OpenAI request body → (the ensemble's request, stream?, include usage in the stream?)."""
+def parse_request(body: dict, kind: str, served_model_name: str | None = None) -> tuple[GenerateRequest, bool, bool]:
+    """An OpenAI request body → (the ensemble's request, stream?, include usage in the stream?). With
+    `served_model_name`, a request that names another model is answered 404 `model_not_found`, as OpenAI does."""
     if not isinstance(body, dict):
         raise OpenAIError(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if served_model_name is not None and model is not None and model != served_model_name:
+        raise OpenAIError(404, f"The model {model!r} does not exist: this server serves {served_model_name!r} "
+                               f"(GET /v1/models)", "model", code="model_not_found")
     for name, supported in (("n", 1), ("best_of", 1)):
         if body.get(name) not in (None, supported):
             raise OpenAIError(400, f"'{name}' > 1 is not supported by this engine (one sequence per request)", name)
@@ -214,6 +224,9 @@ def _triton_error(error: GenerationError) -> OpenAIError:
     message = str(error)
     if isinstance(error, ResponseTimeout):  # the server went silent: it, not the request, is at fault
         return OpenAIError(504, message, kind="server_error")
+    if isinstance(error, ServerUnavailable):  # Triton is down or elsewhere: one line for the operator
+        logger.warning("answering 503: %s", message)
+        return OpenAIError(503, message, kind="server_error")
     kind = answered_error_kind(message)
     if kind == INTERNAL:
         return OpenAIError(500, message, kind="server_error")
@@ -306,7 +319,7 @@ def create_app(url: str, *, model: str = DEFAULT_MODEL, served_model_name: str =
     async def handle(request: Request, kind: str):
         endpoint = "/v1/completions" if kind == "completions" else "/v1/chat/completions"
         try:
-            generate_request, stream, include_usage = parse_request(await body_of(request), kind)
+            generate_request, stream, include_usage = parse_request(await body_of(request), kind, served_model_name)
         except OpenAIError as error:
             metrics.request_done(endpoint, error.status, started=False)
             raise

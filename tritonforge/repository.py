@@ -6,10 +6,12 @@ Every path inside a config is relative to its model's directory, so the folder c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,6 +119,10 @@ def _files_under(folder: Path) -> set[str]:
     return found
 
 
+def _folders_under(folder: Path) -> set[Path]:
+    return {Path(root) / name for root, names, _ in os.walk(folder) for name in names} if folder.is_dir() else set()
+
+
 def _refuse_dangerous_output(output: Path, checkpoint: Path | None) -> None:
     """An output that is, holds or sits inside the checkpoint, or is / or a home directory, is never written."""
     resolved = output.resolve()
@@ -168,6 +174,27 @@ def _remove_written(output: Path, relative_paths: list[str]) -> None:
     for folder in sorted(folders, key=lambda p: len(p.parts), reverse=True):
         if folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
+
+
+@contextlib.contextmanager
+def removed_on_failure(output: Path, existing: set[str]) -> Iterator[None]:
+    """Whatever fails inside removes the files written into `output` since `prepare_output` (all but the
+    `existing` ones), the folders they leave empty, and `output` itself when it is left empty: a failed build
+    leaves no half-written repository that a retry would refuse to replace."""
+    folders_before = _folders_under(output)
+    try:
+        yield
+    except BaseException:
+        written = sorted(_files_under(output) - existing) if output.is_dir() else []
+        _remove_written(output, written)
+        for folder in sorted(_folders_under(output) - folders_before, key=lambda p: len(p.parts), reverse=True):
+            if not any(folder.iterdir()):
+                folder.rmdir()  # made by the build (e.g. an engine folder the failed build never filled)
+        if output.is_dir() and not any(output.iterdir()):
+            output.rmdir()
+        if written:
+            logger.warning("the build failed: removed the %d files it had written into %s", len(written), output)
+        raise
 
 
 def write_repository(plan: RepositoryPlan, *, tokenizer_source: Path, checkpoint: Path | None,

@@ -6,11 +6,20 @@ backend stub for the running interpreter is copied into a private backends folde
 interpreter's `bin/` goes first on PATH, because the stub embeds the first `python3` it finds there.
 
 Model control and repository APIs are not exposed to clients: the load API can upload code.
+
+Nothing is left behind, even by a run killed from outside: the server dies with the process that started
+it (PR_SET_PDEATHSIG), its stubs' temporary files go into its work folder, which records the pids it belongs
+to, and its stubs' shared-memory regions carry the starting process's pid in their names; every start removes
+what such dead runs left (`sweep_leftovers`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import functools
+import json
 import logging
 import os
 import re
@@ -29,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .engine_stream import ENGINE_GRPC_URL_ENV
-from .triton_adapter import HEARTBEAT_DIR_ENV
+from .triton_adapter import DRAINED_SUFFIX, DRAINS_SUFFIX, HEARTBEAT_DIR_ENV, HEARTBEAT_PERIOD_S, STOPPING_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -40,10 +49,119 @@ HTTP_MAX_INPUT_BYTES = 8 * 1024 * 1024  # a prompt of max_input_len tokens is fa
 # supervisor's restart, a stop that had to SIGKILL) leaves its region there, a file of RAM: each server names
 # its regions with a prefix of its own, and removes what is left under that prefix once it has exited.
 SHARED_MEMORY_DIR = Path("/dev/shm")
+# After the time open requests get at a stop, how long the engine may take to end the rest (its
+# EngineService.drain waits 5 s) and to say so (a heartbeat later).
+DRAIN_END_S = 5 + 2 * HEARTBEAT_PERIOD_S
+WORK_DIR_PREFIX = "tritonforge-server-"  # in the temporary folder, one per start
+OWNER_RECORD = "owner.json"  # in a work folder: the pids it belongs to
+# A shared-memory prefix names the process that started the server, so that a sweep can tell a dead run's.
+_SHM_PREFIX = re.compile(r"tritonforge_pid(\d+)_[0-9a-f]+_")
+_PR_SET_PDEATHSIG = 1
 
 
 class ServerError(RuntimeError):
     """The server did not start or died; the message quotes its log."""
+
+
+class PortInUse(ServerError):
+    """A port the server must listen on is taken: starting again cannot help."""
+
+
+class RepositoryError(ValueError):
+    """A path that is no model repository Triton could serve."""
+
+
+def check_repository(repository: Path) -> list[str]:
+    """The models a repository holds (folders with a config.pbtxt); refuses a path Triton would serve nothing
+    from, before a server claims to serve it."""
+    if not repository.exists():
+        raise RepositoryError(f"{repository} does not exist: pass the folder `tritonforge build` wrote "
+                              f"(its --output, model_repository by default)")
+    if not repository.is_dir():
+        raise RepositoryError(f"{repository} is not a folder: pass the folder `tritonforge build` wrote")
+    models = sorted(child.name for child in repository.iterdir() if (child / "config.pbtxt").is_file())
+    if not models:
+        raise RepositoryError(f"{repository} holds no model (no <model>/config.pbtxt): it is not a model "
+                              f"repository; build one with `tritonforge build --model CHECKPOINT --output "
+                              f"{repository}`")
+    return models
+
+
+def check_ports_free(address: str, ports: dict[str, int]) -> None:
+    """Refuse to start on a port something already listens on: the server would fail to bind, and a readiness
+    check could reach the other server."""
+    for name, port in ports.items():
+        if not port:
+            continue
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with socket.socket(family) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is no owner
+            try:
+                probe.bind((address, port))
+            except OSError as error:
+                if error.errno == errno.EADDRINUSE:
+                    raise PortInUse(f"{name}: {address}:{port} is already in use (another tritonserver, or a "
+                                    f"`tritonforge serve` still running?): stop what holds it, or choose another "
+                                    f"port") from None
+                raise PortInUse(f"{name}: cannot listen on {address}:{port} ({error.strerror}): check the "
+                                f"address") from None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def sweep_leftovers(temporary_dir: Path | None = None, shared_memory_dir: Path | None = None) -> list[Path]:
+    """Remove what servers of runs that were killed from outside left: work folders whose recorded processes
+    are all gone, and shared-memory regions whose starting process is gone. Folders and regions without our
+    record are never touched. Returns what was removed."""
+    removed = []
+    for folder in Path(temporary_dir or tempfile.gettempdir()).glob(f"{WORK_DIR_PREFIX}*"):
+        try:
+            record = json.loads((folder / OWNER_RECORD).read_text())
+            pids = [int(pid) for pid in record["pids"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not ours to judge
+        if pids and not any(_pid_alive(pid) for pid in pids):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    for region in Path(shared_memory_dir or SHARED_MEMORY_DIR).glob("tritonforge_pid*"):
+        match = _SHM_PREFIX.match(region.name)
+        if match and not _pid_alive(int(match.group(1))):
+            region.unlink(missing_ok=True)
+            removed.append(region)
+    if removed:
+        logger.info("removed %d leftovers of tritonforge servers that were killed: %s", len(removed),
+                    ", ".join(str(path) for path in removed))
+    return removed
+
+
+def serving_processes(repository: Path, temporary_dir: Path | None = None) -> list[int]:
+    """The live processes of other runs whose servers serve `repository` (from their work folders' records)."""
+    target = str(Path(repository).resolve())
+    found = []
+    for folder in Path(temporary_dir or tempfile.gettempdir()).glob(f"{WORK_DIR_PREFIX}*"):
+        try:
+            record = json.loads((folder / OWNER_RECORD).read_text())
+            launcher = int(record["pids"][0])
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            continue
+        if record.get("repository") == target and launcher != os.getpid() and _pid_alive(launcher):
+            found.append(launcher)
+    return sorted(set(found))
+
+
+def _die_with_parent() -> None:
+    """In the server's process, before exec: the kernel kills it when the process that started it dies, so a
+    launcher killed with SIGKILL leaves no orphan server holding its ports."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -101,6 +219,13 @@ def _help_text(executable: Path, library_path: Path | None) -> str:
     return result.stdout + result.stderr
 
 
+@functools.lru_cache(maxsize=8)
+def _note_no_http_limit(executable: Path) -> None:
+    """Said once per binary, as information: Triton 2.51 has no cap on HTTP bodies (README, Limits)."""
+    logger.info("%s has no --http-max-input-size (Triton 2.53 and later have it): HTTP request bodies are not "
+                "capped; prompts are still checked by size before tokenizing", executable)
+
+
 def _supports_option(binary: ServerBinary, option: str) -> bool:
     return f"{option} " in _help_text(binary.executable, binary.library_path)
 
@@ -108,6 +233,10 @@ def _supports_option(binary: ServerBinary, option: str) -> bool:
 def redacted(command: list[str]) -> str:
     """A command line fit for a log: the restricted APIs' key hidden."""
     return " ".join(re.sub(r"admin-key=\S+", "admin-key=<hidden>", part) for part in command)
+
+
+def _new_shm_prefix() -> str:
+    return f"tritonforge_pid{os.getpid()}_{uuid.uuid4().hex[:12]}_"
 
 
 def free_port() -> int:
@@ -127,7 +256,8 @@ class TritonServer:
     metrics_port: int = 0
     address: str = "127.0.0.1"
     ready_timeout_s: float = 300.0
-    exit_timeout_s: int = 10
+    exit_timeout_s: int = 10  # tritonserver's --exit-timeout-secs: its wait for in-flight requests, and for unloading
+    drain_timeout_s: float | None = None  # how long open requests get to finish at a stop; None: exit_timeout_s
     log_verbose: int = 0
     restricted_api_key: str | None = None  # header value that unlocks the restricted APIs; None = random
     # Which APIs need that key; "" opens them all (perf_analyzer reads the model config and statistics).
@@ -146,7 +276,7 @@ class TritonServer:
         self._work_dir: Path | None = None  # ours: the log (unless log_file) and an unpacked server; removed at stop
         self._final_log = ""
         self.log_path: Path | None = None
-        self.shm_prefix = f"tritonforge_{uuid.uuid4().hex[:12]}_"  # renewed at each start
+        self.shm_prefix = _new_shm_prefix()  # renewed at each start
         self.heartbeat_dir: Path | None = None  # where the stubs write their heartbeats (triton_adapter)
 
     @property
@@ -190,8 +320,7 @@ class TritonServer:
     def _http_limit(self, binary: ServerBinary) -> list[str]:
         if _supports_option(binary, "--http-max-input-size"):
             return [f"--http-max-input-size={self.http_max_input_bytes}"]
-        logger.warning("this tritonserver has no --http-max-input-size: HTTP request bodies are not capped "
-                       "(prompts are still checked by size before tokenizing)")
+        _note_no_http_limit(binary.executable)
         return []
 
     def mpi_command(self, binary: ServerBinary) -> list[str]:
@@ -212,6 +341,8 @@ class TritonServer:
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         if self.heartbeat_dir is not None:
             env[HEARTBEAT_DIR_ENV] = str(self.heartbeat_dir)
+        if self._work_dir is not None:  # the stubs' temporary files (the replay engine's lock) go with it
+            env["TMPDIR"] = str(self._work_dir / "tmp")
         env[ENGINE_GRPC_URL_ENV] = self.loopback_grpc_url
         # The stub links libpython by soname: make it find this interpreter's, not another build's
         # (a mismatch fails at import time with undefined symbols).
@@ -221,11 +352,23 @@ class TritonServer:
         return env
 
     def start(self) -> TritonServer:
-        self.shm_prefix = f"tritonforge_{uuid.uuid4().hex[:12]}_"
-        self._work_dir = Path(tempfile.mkdtemp(prefix="tritonforge-server-"))
+        """Start and wait until ready. Refuses a path that holds no model and ports already taken, before
+        anything runs; removes what killed runs of ours left first."""
+        check_repository(self.repository)
+        check_ports_free(self.address, {"HTTP port": self.http_port, "gRPC port": self.grpc_port,
+                                        "metrics port": self.metrics_port})
+        sweep_leftovers()
+        self.shm_prefix = _new_shm_prefix()
+        self._work_dir = Path(tempfile.mkdtemp(prefix=WORK_DIR_PREFIX))
+        self._record_owner()
         self.heartbeat_dir = self._work_dir / "heartbeats"
         self.heartbeat_dir.mkdir()
-        binary = locate_server(self._work_dir, self.executable)
+        (self._work_dir / "tmp").mkdir()
+        try:
+            binary = locate_server(self._work_dir, self.executable)
+        except BaseException:
+            self._remove_work_dir()
+            raise
         self.http_port = self.http_port or free_port()
         self.grpc_port = self.grpc_port or free_port()
         self.metrics_port = self.metrics_port or free_port()
@@ -234,7 +377,9 @@ class TritonServer:
         logger.info("starting %s", redacted(command))
         with open(self.log_path, "wb") as log:
             self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                             env=self.environment(binary), start_new_session=True)
+                                             env=self.environment(binary), start_new_session=True,
+                                             preexec_fn=_die_with_parent)
+        self._record_owner(self._process.pid)
         try:
             self._wait_ready()
         except BaseException:
@@ -242,11 +387,21 @@ class TritonServer:
             raise
         return self
 
+    def _record_owner(self, server_pid: int | None = None) -> None:
+        """Which processes the work folder belongs to: once all are gone, a later start may remove it."""
+        pids = [os.getpid(), *([server_pid] if server_pid else [])]
+        (self._work_dir / OWNER_RECORD).write_text(json.dumps({"pids": pids, "repository": str(self.repository),
+                                                               "shm_prefix": self.shm_prefix}))
+
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout_s
         url = f"http://{self.http_url}/v2/health/ready"
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
+                log = self.log_text()
+                if re.search(r"already in use|Address in use", log):
+                    raise PortInUse(f"tritonserver could not listen on its ports (HTTP {self.http_port}, gRPC "
+                                    f"{self.grpc_port}, metrics {self.metrics_port}): one is already in use")
                 raise ServerError(f"tritonserver exited with code {self._process.returncode}:\n"
                                   f"{self.failure_summary()}")
             try:
@@ -279,18 +434,20 @@ class TritonServer:
         return self._process.pid if self._process is not None else None
 
     def stop(self) -> int | None:
-        """SIGTERM, wait for the server's own exit timeout, then SIGKILL what is left of its process group:
-        a Python stub busy in a generation can outlive a server that exited cleanly."""
+        """SIGTERM, and wait for the server to exit by itself: it gives in-flight requests its exit timeout, then
+        its models' unloading the same again. Only a server that outlives both is killed, and what is left of
+        its process group in any case: a Python stub busy in a generation can outlive a server that exited."""
         if self._process is None:
             self._remove_work_dir()
             self._remove_shared_memory()
             return None
         if self._process.poll() is None:
+            self._drain()
             os.killpg(self._process.pid, signal.SIGTERM)
             try:
-                self._process.wait(timeout=self.exit_timeout_s + 5)
+                self._process.wait(timeout=self.stop_timeout_s)
             except subprocess.TimeoutExpired:
-                logger.warning("tritonserver did not exit in time; killing it")
+                logger.warning("tritonserver did not exit %.0f s after SIGTERM; killing it", self.stop_timeout_s)
         try:
             os.killpg(self._process.pid, signal.SIGKILL)  # the group is ours (start_new_session)
         except ProcessLookupError:
@@ -300,6 +457,31 @@ class TritonServer:
         self._remove_work_dir()
         self._remove_shared_memory()
         return self._process.returncode
+
+    def _drain(self) -> None:
+        """Before the server is signalled: open requests get `drain_timeout_s` to finish, then the engine ends
+        the rest (triton_adapter.STOPPING_FILE: an ensemble request still open when Triton is signalled is never
+        ended, and holds its exit). Returns once every model that drains has, at the latest a few seconds after
+        that time."""
+        if self.heartbeat_dir is None or not self.heartbeat_dir.is_dir():
+            return
+        draining = [path.with_suffix(DRAINED_SUFFIX) for path in self.heartbeat_dir.glob(f"*{DRAINS_SUFFIX}")]
+        if not draining:
+            return
+        deadline = time.monotonic() + (self.exit_timeout_s if self.drain_timeout_s is None else self.drain_timeout_s)
+        marker = self.heartbeat_dir / STOPPING_FILE
+        marker.with_suffix(".tmp").write_text(repr(deadline))
+        os.replace(marker.with_suffix(".tmp"), marker)
+        while not all(path.exists() for path in draining) and time.monotonic() < deadline + DRAIN_END_S:
+            if self._process.poll() is not None:
+                return
+            time.sleep(0.05)  # the stubs' files are the only signal across these processes
+
+    @property
+    def stop_timeout_s(self) -> float:
+        """How long `stop` waits for the server to exit by itself: its exit timeout for in-flight requests, the
+        same for unloading its models, and a margin for the process to end."""
+        return 2 * self.exit_timeout_s + 5
 
     def kill(self) -> None:
         """SIGKILL the server and its stubs now: open streams end with a connection error at once."""

@@ -15,7 +15,9 @@ fresh server. So `tritonforge serve` runs the server under this supervisor:
   requests that can never finish), so every open stream ends with a connection error within a second and
   readiness stops answering;
 - then it starts a fresh server on the same ports, waiting 1, 2, 4 ... up to `max_backoff_s` seconds between
-  attempts that fail quickly in a row, and logs what happened each time.
+  attempts that fail quickly in a row, and logs what happened each time;
+- it gives up, raising `ServerError`, when a server cannot listen on its ports (`PortInUse`: starting again
+  cannot help) or after `max_failed_starts` failed starts in a row.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 
 from .liveness import DEFAULT_PERIOD_S, DEFAULT_WEDGED_AFTER_S, LivenessProbes, probed_models
 from .profiling import all_stub_pids
-from .server import ServerError, TritonServer
+from .server import PortInUse, ServerError, TritonServer
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +45,9 @@ def _alive(pid: int) -> bool:
 class Supervisor:
     def __init__(self, server: TritonServer, *, period_s: float = 0.5, max_backoff_s: float = 60.0,
                  stable_s: float = 60.0, wedged_after_s: float = DEFAULT_WEDGED_AFTER_S,
-                 probe_period_s: float = DEFAULT_PERIOD_S):
+                 probe_period_s: float = DEFAULT_PERIOD_S, max_failed_starts: int = 5):
         self.server = server
+        self.max_failed_starts = max_failed_starts
         self.period_s = period_s
         self.max_backoff_s = max_backoff_s
         self.stable_s = stable_s  # a server up this long resets the backoff
@@ -102,7 +105,8 @@ class Supervisor:
         return silent
 
     def run(self, stop: threading.Event) -> None:
-        """Supervise until `stop` is set; the server is stopped on the way out."""
+        """Supervise until `stop` is set; the server is stopped on the way out. Raises `ServerError` when the
+        server cannot be brought back."""
         backoff = 1.0
         started = time.monotonic()
         try:
@@ -115,17 +119,31 @@ class Supervisor:
                 logger.error("%s; restarting tritonserver (restart %d)", problem, self.restarts + 1)
                 self._stop_probes()
                 self.server.kill()
-                while not stop.is_set():
-                    try:
-                        self.start()
-                        break
-                    except ServerError as error:
-                        logger.error("tritonserver did not come back (%s); next attempt in %.0f s", error, backoff)
-                        stop.wait(backoff)
-                        backoff = min(backoff * 2, self.max_backoff_s)
+                backoff = self._restart(stop, backoff)
+                if stop.is_set():
+                    break
                 self.restarts += 1
                 started = time.monotonic()
                 logger.warning("tritonserver is serving again (restart %d)", self.restarts)
         finally:
             self._stop_probes()
             self.server.stop()
+
+    def _restart(self, stop: threading.Event, backoff: float) -> float:
+        """Start a fresh server (unless `stop` is set first); return the next backoff."""
+        failures = 0
+        while not stop.is_set():
+            try:
+                self.start()
+                return backoff
+            except PortInUse as error:
+                raise ServerError(f"{error}; not restarting it (the port stays taken)") from None
+            except ServerError as error:
+                failures += 1
+                if failures >= self.max_failed_starts:
+                    raise ServerError(f"tritonserver did not come back in {failures} attempts in a row; giving up "
+                                      f"(the last: {error})") from None
+                logger.error("tritonserver did not come back (%s); next attempt in %.0f s", error, backoff)
+                stop.wait(backoff)
+                backoff = min(backoff * 2, self.max_backoff_s)
+        return backoff

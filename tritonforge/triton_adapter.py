@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from .errors import (
     EngineStreamError,
     RequestError,
     ResponseSendError,
+    ServerStopping,
     UnsupportedError,
     answered_error_kind,
 )
@@ -55,7 +57,7 @@ def to_triton_error(pb_utils, error: Exception):
         code = {INVALID: pb_utils.TritonError.INVALID_ARG, UNAVAILABLE: pb_utils.TritonError.UNAVAILABLE,
                 INTERNAL: pb_utils.TritonError.INTERNAL}[answered_error_kind(str(error))]
         return pb_utils.TritonError(str(error), code)
-    if isinstance(error, QueueFullError):
+    if isinstance(error, (QueueFullError, ServerStopping)):
         return pb_utils.TritonError(str(error), pb_utils.TritonError.UNAVAILABLE)
     if isinstance(error, UnsupportedError):
         return pb_utils.TritonError(str(error), pb_utils.TritonError.UNSUPPORTED)
@@ -122,21 +124,46 @@ def resolve_path(args: dict, value: str) -> str:
 # Set by `tritonforge serve` in the server's environment, which the stubs inherit (tritonforge/supervisor.py).
 HEARTBEAT_DIR_ENV = "TRITONFORGE_HEARTBEAT_DIR"
 HEARTBEAT_PERIOD_S = 1.0
+# Written into that folder by a launcher that stops the server (tritonforge/server.py), before it signals
+# the server: the time.monotonic() by which open requests must end. A model that drains (the engine) says so
+# at start with a `<pid>.drains` file and, once none of its requests is open, writes `<pid>.drained`; the
+# launcher signals the server after that. Triton 2.51 cannot end an ensemble request once it has been told
+# to stop (the request stays in flight until its exit timeout, and the process then hangs in its exit), so
+# the ensembles must be over before the signal.
+STOPPING_FILE = "stopping"
+DRAINS_SUFFIX, DRAINED_SUFFIX = ".drains", ".drained"
 
 
-def start_heartbeat() -> None:
+def start_heartbeat(drain: Callable[[float], None] | None = None) -> None:
     """Write this stub's clock (time.monotonic, one clock for the whole machine) into the supervisor's folder
     every second, from a thread that needs the GIL: a stub that stops running Python (a stopped process, a
     call stuck holding the GIL) stops writing, even where other instances of its model still answer. Nothing
-    happens where no supervisor asked for it (no folder in the environment)."""
+    happens where no supervisor asked for it (no folder in the environment).
+
+    The same thread ends the stub when its server is gone (its parent changed: the server was killed, e.g.
+    with the `tritonforge serve` that started it): Triton 2.51's stub then waits for ever in some states (an
+    engine stub seen idle a minute later), holding its memory and shared-memory region. And with `drain`, it
+    calls `drain(deadline)` once the server is stopping (`STOPPING_FILE`), then says it is drained."""
     folder = os.environ.get(HEARTBEAT_DIR_ENV)
     if not folder:
         return
     path = Path(folder) / str(os.getpid())
+    stopping = Path(folder) / STOPPING_FILE
+    server = os.getppid()
+    if drain is not None:
+        path.with_suffix(DRAINS_SUFFIX).touch()
 
     def beat() -> None:
+        nonlocal drain
         fresh = path.with_suffix(".tmp")
         while True:
+            if os.getppid() != server:
+                os._exit(1)  # nothing is left to serve; no cleanup could reach a server that is gone
+            deadline = _deadline(stopping) if drain is not None else None
+            if deadline is not None:
+                drain(deadline)
+                drain = None
+                path.with_suffix(DRAINED_SUFFIX).touch()
             try:
                 fresh.write_text(repr(time.monotonic()))
                 os.replace(fresh, path)  # readers never see a half-written time
@@ -145,3 +172,10 @@ def start_heartbeat() -> None:
             time.sleep(HEARTBEAT_PERIOD_S)
 
     threading.Thread(target=beat, daemon=True, name="tritonforge-heartbeat").start()
+
+
+def _deadline(stopping: Path) -> float | None:
+    try:
+        return float(stopping.read_text())
+    except (OSError, ValueError):  # not stopping (the launcher writes the file whole, with a rename)
+        return None

@@ -121,24 +121,33 @@ def choose(rows: list[dict], candidates: list[Candidate], target: float) -> tupl
 def tune(repository: Path, candidates: list[Candidate], *, concurrency: int = 128, target: float = 0.95,
          output_tokens: int = 64, duration_s: float = 10.0, tool: str = "asyncio",
          server_options: dict | None = None, progress=lambda message: None) -> TuneResult:
+    """Measure every candidate and write the chosen one into the configs. Whatever stops it first (an error, a
+    Ctrl-C), the configs are put back as they were."""
     paths = ["direct", "ensemble"] + (["bls"] if (repository / BLS_MODEL).is_dir() else [])
     prompts = make_prompts(tokenizer_dir(repository), 256, 32)
+    originals = {path: path.read_text() for model in INSTANCE_MODELS.values()
+                 if (path := _config_path(repository, model)).is_file()}
     rows: list[dict] = []
-    for candidate in candidates:
-        progress(f"measuring {candidate.label}")
-        apply(repository, candidate)
-        # Open APIs: perf_analyzer reads the model config; the server lives only for this measurement.
-        server = TritonServer(repository, restricted_apis="", **(server_options or {})).start()
-        try:
-            with tempfile.TemporaryDirectory() as work:
-                measured = measure_server(server.grpc_url, prompts, paths=paths, concurrencies=(concurrency,),
-                                          output_tokens=output_tokens, duration_s=duration_s, tool=tool,
-                                          work=Path(work), label=candidate.label, server_pid=server.pid)
-        finally:
-            server.stop()
-        add_efficiency(measured)
-        rows += [{**row, "candidate": asdict(candidate)} for row in measured]
-    chosen, reached = choose(rows, candidates, target)
+    try:
+        for candidate in candidates:
+            progress(f"measuring {candidate.label}")
+            apply(repository, candidate)
+            # Open APIs: perf_analyzer reads the model config; the server lives only for this measurement.
+            server = TritonServer(repository, restricted_apis="", **(server_options or {})).start()
+            try:
+                with tempfile.TemporaryDirectory() as work:
+                    measured = measure_server(server.grpc_url, prompts, paths=paths, concurrencies=(concurrency,),
+                                              output_tokens=output_tokens, duration_s=duration_s, tool=tool,
+                                              work=Path(work), label=candidate.label, server_pid=server.pid)
+            finally:
+                server.stop()
+            add_efficiency(measured)
+            rows += [{**row, "candidate": asdict(candidate)} for row in measured]
+        chosen, reached = choose(rows, candidates, target)
+    except BaseException:
+        for path, text in originals.items():
+            path.write_text(text)
+        raise
     apply(repository, chosen)
     return TuneResult(rows=rows, chosen=chosen, reached_target=reached)
 

@@ -30,9 +30,9 @@ from tritonforge.triton_adapter import start_heartbeat
 
 class TritonPythonModel:
     def initialize(self, args):
-        start_heartbeat()
         settings = EngineSettings.from_model_args(args, TransformersEngineParameters.from_model_args(args))
         self.service = EngineService(pb_utils, settings)
+        start_heartbeat(drain=self.service.drain)
         self.service.publish_metrics(args["model_name"], args["model_version"])
 
     def execute(self, requests):

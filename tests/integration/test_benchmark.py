@@ -21,7 +21,7 @@ def test_every_path_completes_fixed_length_streams(served, tmp_path):
     server, repository = served
     prompts = make_prompts(repository / "preprocessing" / "tokenizer", 8, 16)
     rows = measure_server(server.grpc_url, prompts, concurrencies=(1, 3), output_tokens=OUTPUT_TOKENS,
-                          duration_s=0.2, work=tmp_path, label="tiny")
+                          duration_s=0.2, work=tmp_path, label="tiny", server_pid=server.pid)
     add_efficiency(rows)
     assert [(row["concurrency"], row["path"]) for row in rows] == [(c, p) for c in (1, 3) for p in PATHS]
     for row in rows:
@@ -33,6 +33,18 @@ def test_every_path_completes_fixed_length_streams(served, tmp_path):
     # One row per point in the figures table and in the where-the-time-went table.
     assert table.count("\n| tiny |") == 2 * len(rows) and "TTFT: time to first token" in table
     assert "Where the time went" in table
+    assert "| 0.00 | 0.00 | 0.00 | 0.00 | 0.00 |" not in table  # the server's processes were measured
+
+
+def test_bench_without_the_servers_processes_or_statistics_prints_no_table_of_zeros(served, tmp_path):
+    """`tritonforge bench` against a server it did not start (restricted statistics): nothing to show."""
+    server, repository = served
+    prompts = make_prompts(repository / "preprocessing" / "tokenizer", 8, 16)
+    rows = measure_server(server.grpc_url, prompts, paths=("direct",), concurrencies=(1,),
+                          output_tokens=OUTPUT_TOKENS, duration_s=0.2, work=tmp_path, label="tiny")
+    table = markdown({"meta": {"machine": "m", "date": "d", "tool": "asyncio", "output_tokens": OUTPUT_TOKENS,
+                               "duration_s": 0.2}, "rows": rows})
+    assert "Where the time went" not in table
 
 
 def test_tune_measures_each_candidate_and_writes_the_chosen_one(tiny_models, tmp_path):

@@ -268,8 +268,9 @@ def test_gateway_workers_on_a_taken_port_say_so():
         result = subprocess.run([sys.executable, "-m", "tritonforge.cli", "openai", "--url", "127.0.0.1:1",
                                  "--port", str(port), "--workers", "2"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == (f"error: --host/--port: cannot listen on 127.0.0.1:{port} "
-                                                      "(Address already in use)")
+    assert result.stderr.strip().splitlines() == [f"error: --host/--port: 127.0.0.1:{port} is already in use "
+                                                  "(another tritonserver, or a `tritonforge serve` still running?): "
+                                                  "stop what holds it, or choose another port"]
 
 
 def test_with_an_api_key_the_keyed_client_streams_and_a_keyless_one_gets_401(tiny_servers):

@@ -98,3 +98,37 @@ def test_each_server_names_its_stubs_shared_memory_and_removes_only_its_own(tmp_
         region.write_bytes(b"")
     ours.stop()  # never started: nothing to wait for, only its leftovers to remove
     assert not left_by_a_killed_stub.exists() and all(region.exists() for region in not_ours)
+
+
+def test_the_sweep_removes_only_what_dead_runs_of_ours_left(tmp_path):
+    """Work folders whose recorded processes are all gone, and shared-memory regions naming a gone process; never
+    a live run's, nor anything without our record."""
+    import json
+    import subprocess
+
+    from tritonforge.server import OWNER_RECORD, WORK_DIR_PREFIX, sweep_leftovers
+
+    exited = subprocess.Popen(["true"])
+    exited.wait()  # its pid names no process now
+    dead, alive = exited.pid, os.getpid()
+    temporary, shared = tmp_path / "tmp", tmp_path / "shm"
+    temporary.mkdir()
+    shared.mkdir()
+    folders = {}
+    for name, pids in (("dead", [dead]), ("alive", [dead, alive])):
+        folders[name] = temporary / f"{WORK_DIR_PREFIX}{name}"
+        folders[name].mkdir()
+        (folders[name] / OWNER_RECORD).write_text(json.dumps({"pids": pids}))
+    folders["unrecorded"] = temporary / f"{WORK_DIR_PREFIX}unrecorded"
+    folders["unrecorded"].mkdir()
+    regions = {"dead": shared / f"tritonforge_pid{dead}_0123abcd_0_region",
+               "alive": shared / f"tritonforge_pid{alive}_0123abcd_0_region",
+               "old naming": shared / "tritonforge_0123456789ab_0_region",
+               "not ours": shared / "triton_python_backend_shm_region_1"}
+    for region in regions.values():
+        region.write_bytes(b"")
+    removed = sweep_leftovers(temporary, shared)
+    assert sorted(removed) == sorted([folders["dead"], regions["dead"]])
+    assert not folders["dead"].exists() and not regions["dead"].exists()
+    assert all(folders[name].exists() for name in ("alive", "unrecorded"))
+    assert all(regions[name].exists() for name in ("alive", "old naming", "not ours"))
