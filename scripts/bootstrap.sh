@@ -7,7 +7,7 @@ PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-if ! .venv/bin/python -c "import tritonforge, torch, pytriton, fastapi, uvloop, httptools, openai, helm_python, kubernetes_validate" 2>/dev/null; then
+if ! .venv/bin/python -c "import tritonforge, torch, pytriton, fastapi, uvloop, httptools, openai, helm_python, kubernetes_validate, mkdocs, material" 2>/dev/null; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q "torch==2.13.0"
   .venv/bin/python -m pip install -q -e ".[server,test,bench,openai]"
