@@ -247,7 +247,7 @@ def build_flags_page() -> str:
 
 # --- CLI ---------------------------------------------------------------------------------------------------------
 
-def _subcommands(parser: argparse.ArgumentParser) -> tuple[dict[str, argparse.ArgumentParser], dict[str, str]]:
+def subcommands(parser: argparse.ArgumentParser) -> tuple[dict[str, argparse.ArgumentParser], dict[str, str]]:
     action = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
     helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
     return dict(action.choices), helps
@@ -287,7 +287,7 @@ def cli_page() -> str:
     from .cli import make_parser
 
     parser = make_parser()
-    commands, helps = _subcommands(parser)
+    commands, helps = subcommands(parser)
     header = ["argument", "default", "meaning"]
     text = [GENERATED.format(source="the argparse parser of tritonforge/cli.py"), "# CLI\n\n",
             f"{parser.description}\n\n",

@@ -53,9 +53,9 @@ def test_every_tensor_row_shows_its_meaning_on_the_tensors_page():
 
 def test_every_build_flag_and_cli_command_is_on_its_page():
     from tritonforge.cli import make_parser
-    from tritonforge.reference_docs import _subcommands
+    from tritonforge.reference_docs import subcommands
 
-    commands, _ = _subcommands(make_parser())
+    commands, _ = subcommands(make_parser())
     build_flags = {flag for action in commands["build"]._actions for flag in action.option_strings} - {"-h", "--help"}
     for flag in build_flags:
         assert f"| `{flag}` |" in generated()["build-flags.md"], flag
