@@ -31,6 +31,7 @@ GPU_SH = "bench/gpu.sh"
 # Scripts that hand their arguments to a tritonforge command; scripts/test.sh hands them to pytest (not checked).
 SCRIPT_COMMANDS = {"scripts/demo.sh": "demo", "build_engine.py": "build"}
 UNCHECKED_SCRIPTS = {"scripts/test.sh"}
+PYTHON_OPTIONS = {"-u", "-B", "-O"}  # the interpreter's own, before the script
 
 
 # --- reading commands out of Markdown ----------------------------------------------------------------------------
@@ -164,6 +165,8 @@ def _check(words: list[str]) -> list[str]:
     if Path(program).name == "tritonforge" and program in ("tritonforge", ".venv/bin/tritonforge"):
         return _check_tritonforge(args)
     if Path(program).name.startswith("python") and args:
+        while len(args) > 1 and args[0] in PYTHON_OPTIONS:
+            args = args[1:]
         script, rest = args[0], args[1:]
         if script in SCRIPT_COMMANDS:
             return _check_tritonforge([SCRIPT_COMMANDS[script], *rest])
@@ -257,6 +260,7 @@ def test_a_flag_no_parser_has_is_reported_for_each_kind_of_command():
     assert problems("bash bench/gpu.sh out --step 4.25") == ["bench/gpu.sh: no --step (nor bench/pipeline.py)"]
     assert problems(".venv/bin/python bench/gateway.py --gateway-modle ensemble") == [
         "bench/gateway.py: no --gateway-modle"]
+    assert problems("python3 -u bench/pipeline.py --engine replay") == ["bench/pipeline.py: no --engine"]
     assert problems("docker run --rm img:1 tritonforge build --model /m --tpsize 2") == [
         "tritonforge build: no --tpsize"]
     assert problems("bash scripts/bootstrap.sh --fast") == ["scripts/bootstrap.sh: takes no --fast"]
