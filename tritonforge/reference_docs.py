@@ -109,9 +109,10 @@ def tensors_page() -> str:
     text = [GENERATED.format(source="tritonforge/contract.py and tritonforge/tensor_meanings.py"),
             "# Tensors\n\n",
             "Every input and output of every model, as its `config.pbtxt` declares it: NVIDIA's `inflight_batcher_llm` "
-            "lists as released with TensorRT-LLM 1.1.0, plus our `messages`. Dims are per request: every model but "
-            "the ensemble has a batch dimension in front (`max_batch_size > 0`). `→ []` marks an input reshaped to a "
-            "per-request scalar; *ragged* one that allows a ragged batch.\n\n",
+            "lists as released with TensorRT-LLM 1.1.0, plus our `messages`. Dims are per request: every model has "
+            "`max_batch_size > 0`, so a request carries a batch dimension in front of them (a `[1]` input travels "
+            "as `[B, 1]`). `→ []` marks an input reshaped to a per-request scalar; *ragged* one that allows a "
+            "ragged batch.\n\n",
             f"This is the default build. `{wiring}` wires the ensemble exactly as NVIDIA's: it leaves out `messages` "
             "and `MESSAGES`, and `text_input` is then required.\n"]
     for title, _model, intro, inputs, outputs, routes in sections:

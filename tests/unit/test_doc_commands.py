@@ -77,7 +77,7 @@ def shell_commands(markdown: str) -> list[str]:
         else:
             prose.append(line)
         prose_since_block = True
-    commands = [command for block in blocks for command in _join_continuations(block)]
+    commands = [command.removeprefix("$ ") for block in blocks for command in _join_continuations(block)]
     spans = re.findall(r"`([^`]+)`", "\n".join(prose))
     commands += [" ".join(span.split()) for span in spans]
     return [command for command in commands if COMMAND_START.match(command)]
@@ -225,7 +225,7 @@ Run it:
         --engine tensorrtllm --dry-run
 
 ```bash
-bash bench/gpu.sh "$OUT" --step-ms 4.25 --concurrency 128,256
+$ bash bench/gpu.sh "$OUT" --step-ms 4.25 --concurrency 128,256
 docker run --rm --gpus all -v "$PWD:/models" tritonforge \\
     serve /models --address 0.0.0.0
 ```
