@@ -20,8 +20,9 @@ MEANINGS: dict[str, str] = {
     "bad_words": "phrases the engine must not generate, one per element",
     "stop_words": "phrases that end generation, one per element",
     "exclude_input_in_output": "leave the prompt out of a non-streamed answer (streamed chunks never carry it)",
-    "end_id": "the token id that ends generation (default: the tokenizer's EOS)",
-    "pad_id": "the token id that pads rows (default: the tokenizer's pad, else EOS)",
+    "end_id": "the token id that ends generation; through preprocessing it defaults to the tokenizer's EOS, "
+              "called directly the engine has none",
+    "pad_id": "the token id that pads rows; through preprocessing it defaults to the tokenizer's pad, else EOS",
     "top_k": "sample from the k likeliest tokens; becomes the engine's runtime_top_k",
     "top_p": "sample from the smallest set of tokens whose probability reaches p; 0 or less is unset; becomes "
              "runtime_top_p",
@@ -39,8 +40,7 @@ MEANINGS: dict[str, str] = {
     "return_num_input_tokens": "also return num_input_tokens",
     "return_num_output_tokens": "also return num_output_tokens",
     "beam_width": "beams of beam search (1: no beam search)",
-    "stream": "stream the answer, one response per step; becomes the engine's streaming; needs a decoupled "
-              "engine",
+    "stream": "stream the answer as it is generated; becomes the engine's streaming; needs a decoupled engine",
     "prompt_embedding_table": "prompt-tuning embeddings the prompt's extra ids point into",
     "prompt_table_extra_id": "a key of the prompt table, for KV-cache reuse across requests",
     "prompt_vocab_size": "rows of prompt_embedding_table",
@@ -95,10 +95,11 @@ MEANINGS: dict[str, str] = {
     "EMBEDDING_BIAS": "a bias for every token of the vocabulary, from the biased words",
     "OUT_END_ID": "the end id the engine uses: the client's, else the tokenizer's EOS",
     "OUT_PAD_ID": "the pad id the engine uses: the client's, else the tokenizer's pad or EOS",
-    "OUT_PROMPT_TABLE_EXTRA_IDS": "the prompt-table key for each prompt token",
+    "OUT_PROMPT_TABLE_EXTRA_IDS": "per prompt token: the request's prompt-table key for a token past the "
+                                  "vocabulary, else 0",
     # --- tensorrt_llm (the engine step)
     "input_ids": "the prompt's token ids",
-    "encoder_input_features": "an encoder's input features instead of token ids (speech, vision)",
+    "encoder_input_features": "an encoder's input features instead of token ids (Whisper, mllama)",
     "encoder_output_lengths": "the length of the encoder's output",
     "input_lengths": "the true length of each row of input_ids",
     "request_output_len": "the most new tokens (the client's max_tokens)",
@@ -120,12 +121,13 @@ MEANINGS: dict[str, str] = {
     "beam_search_diversity_rate": "beam search: how much beams are pushed apart",
     "stop": "stop the running request that has the same request id",
     "streaming": "stream the answer (the client's stream); needs a decoupled model",
-    "prompt_table_extra_ids": "the prompt-table key for each prompt token (for KV-cache reuse)",
-    "cross_attention_mask": "an encoder-decoder model's cross-attention mask (vision models)",
+    "prompt_table_extra_ids": "per prompt token, its prompt-table key (preprocessing's OUT_PROMPT_TABLE_EXTRA_IDS), "
+                              "for KV-cache reuse",
+    "cross_attention_mask": "the cross-attention mask (mllama)",
     "mrope_rotary_cos_sin": "multimodal rotary position embeddings (Qwen2-VL)",
     "mrope_position_deltas": "multimodal rotary position offsets (Qwen2-VL)",
     "context_phase_params": "disaggregated serving: the context phase's state, handed to the generation phase",
-    "skip_cross_attn_blocks": "skip the cross-attention blocks (vision models without an image)",
+    "skip_cross_attn_blocks": "skip the cross-attention blocks (mllama)",
     "retention_token_range_starts": "KV-cache retention: where each token range starts",
     "retention_token_range_ends": "KV-cache retention: where each token range ends",
     "retention_token_range_priorities": "KV-cache retention: each range's priority",
