@@ -58,7 +58,7 @@ class ServingConfig:
     # ensemble's ceiling at a real engine's rate); NVIDIA's config leaves it off.
     postprocessing_preserve_ordering: bool = setting(
         True, "let postprocessing instances answer out of arrival order (NVIDIA's setting): faster, but a stream's "
-        "chunks may swap under overload (README, Performance)", flag="--postprocessing-unordered")
+        "chunks may swap under overload (docs/performance.md)", flag="--postprocessing-unordered")
     max_queue_size: int = setting(0, "engine queue limit (0 = unbounded)")
     exclude_input_in_output: bool = setting(True, "echo the prompt in non-streamed output by default",
                                             flag="--include-input-in-output")
