@@ -25,7 +25,7 @@ from .repository import (
     prepare_output,
     write_repository,
 )
-from .settings import comma_list, setting, version
+from .settings import comma_list, setting
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,8 @@ class BuildOptions:
                                         "downloaded", parse=str, group=TRT)
     repository_mount: str = setting("/models", "repository path inside the server container", group=TRT)
     target_triton: tuple[int, int] | None = setting(None, "Triton version the configs are for (default: the pinned "
-                                                    "image's), e.g. 2.51", parse=version, group=TRT)
+                                                    "image's), e.g. 2.51, or a container, e.g. 25.12",
+                                                    parse=trtllm.parse_target_triton, group=TRT)
     dry_run: bool = setting(False, "print the plan and commands, write configs, build nothing", group=TRT)
     planned_instances: bool = True  # TensorRT-LLM: pre/post/BLS instance counts from the plan unless set
 
@@ -142,7 +143,7 @@ def replay_engine_parameters(options: BuildOptions, vocab_size: int) -> dict[str
 
 
 def tensorrtllm_engine_parameters(options: BuildOptions) -> dict[str, str]:
-    """Every key of NVIDIA's `tensorrt_llm/config.pbtxt` template (TensorRT-LLM 1.1.0), explicit.
+    """Every key of NVIDIA's `tensorrt_llm/config.pbtxt` template (`trtllm.BACKEND_PARAMETER_KEYS`), explicit.
 
     "" is what the backend treats as unset: it then takes its own default. The KV cache is sized by
     `kv_cache_free_gpu_mem_fraction` alone (`max_tokens_in_paged_kv_cache` unset), so the engine gets all
@@ -177,6 +178,21 @@ def tensorrtllm_engine_parameters(options: BuildOptions) -> dict[str, str]:
     if unknown:
         raise ValueError(f"not parameters of the tensorrtllm backend {trtllm.TRTLLM_VERSION}: {sorted(unknown)}")
     return {key: ours.get(key, "") for key in trtllm.BACKEND_PARAMETER_KEYS}
+
+
+def target_triton_note(target: tuple[int, int]) -> str:
+    """What the configs are for, and, for a container of another TensorRT-LLM than the pin, where to build the
+    engine: an engine loads only under the TensorRT-LLM that built it (the serve-time check says so)."""
+    version = f"{target[0]}.{target[1]}"
+    container = trtllm.container_of(target)
+    if container is None:
+        return f"configs for Triton {version}"
+    tag, release = container
+    note = f"configs for Triton {version} (container {tag}, TensorRT-LLM {release})"
+    if release != trtllm.TRTLLM_VERSION:
+        note += (f": build the engine inside that container, not this image's TensorRT-LLM "
+                 f"{trtllm.TRTLLM_VERSION}, whose engine it cannot load")
+    return note
 
 
 def _gpu_memory_gib(options: BuildOptions) -> float:
@@ -224,6 +240,7 @@ def build_tensorrtllm(options: BuildOptions, checkpoint_config: dict, limits, pr
     if not options.dry_run:
         trtllm.require_trtllm()
     serving = dataclasses.replace(options.serving, target_triton=options.target_triton or trtllm.TRITON_VERSION)
+    progress(target_triton_note(serving.target_triton))
     if options.planned_instances:
         serving = dataclasses.replace(serving, preprocessing_instances=plan.preprocessing_instances,
                                       postprocessing_instances=plan.postprocessing_instances,
