@@ -13,6 +13,7 @@ COPY tritonforge ./tritonforge
 COPY preprocessing ./preprocessing
 COPY postprocessing ./postprocessing
 COPY tensorrt_llm_transformers ./tensorrt_llm_transformers
+COPY tensorrt_llm_pytorch ./tensorrt_llm_pytorch
 COPY tensorrt_llm_bls ./tensorrt_llm_bls
 # Editable, so that the model sources beside the package are found by the build. The image's own torch,
 # transformers and TensorRT-LLM stay as they are: no dependency is upgraded.

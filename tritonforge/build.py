@@ -15,7 +15,12 @@ from pathlib import Path
 from . import model_configs as configs
 from . import trtllm
 from .limits import EngineLimits
-from .model_parameters import CANCELLATION_CHECK_PERIOD_MS, ReplayEngineParameters, TransformersEngineParameters
+from .model_parameters import (
+    CANCELLATION_CHECK_PERIOD_MS,
+    PyTorchEngineParameters,
+    ReplayEngineParameters,
+    TransformersEngineParameters,
+)
 from .planner import ModelShape, plan_memory
 from .repository import (
     CHECKPOINT_SUBDIR,
@@ -31,6 +36,9 @@ logger = logging.getLogger(__name__)
 
 
 TRT = "TensorRT-LLM (--engine tensorrtllm)"
+PYTORCH = ("TensorRT-LLM's PyTorch workflow (--engine tensorrtllm-pytorch; it also takes --dtype, --tp-size, "
+           "--pp-size, --kv-cache-dtype, --max-num-tokens, --kv-cache-free-gpu-mem-fraction, --no-kv-cache-reuse, "
+           "--chunked-context)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +87,8 @@ class BuildOptions:
     target_triton: tuple[int, int] | None = setting(None, "Triton version the configs are for (default: the pinned "
                                                     "image's), e.g. 2.51, or a container, e.g. 25.12",
                                                     parse=trtllm.parse_target_triton, group=TRT)
+    stream_interval: int = setting(1, "tokens the LLM API gathers before it sends a streamed response (1: each "
+                                   "token)", group=PYTORCH)
     dry_run: bool = setting(False, "print the plan and commands, write configs, build nothing", group=TRT)
     planned_instances: bool = True  # TensorRT-LLM: pre/post/BLS instance counts from the plan unless set
 
@@ -96,16 +106,32 @@ class BuildOptions:
                              f"as one instance that batches in flight")
         if self.engine == "tensorrtllm":
             self._check_tensorrtllm()
+        if self.engine == "tensorrtllm-pytorch":
+            self._check_pytorch_workflow()
+
+    def _check_pytorch_workflow(self) -> None:
+        _one_of("--dtype", self.dtype, trtllm.LLMAPI_DTYPES)
+        _one_of("--kv-cache-dtype", self.kv_cache_dtype, trtllm.LLMAPI_KV_CACHE_DTYPES)
+        if self.quantization != "none":
+            raise ValueError(f"--quantization {self.quantization} is for engine builds: the LLM API reads the "
+                             f"quantization from the checkpoint (quantize it with ModelOpt first, which writes "
+                             f"hf_quant_config.json beside the weights)")
+        if self.tp_size < 1 or self.pp_size < 1:
+            raise ValueError("--tp-size and --pp-size must be >= 1")
+        if self.stream_interval < 1:
+            raise ValueError(f"--stream-interval must be >= 1, got {self.stream_interval}")
+        if not 0 < self.kv_cache_free_gpu_mem_fraction < 1:
+            raise ValueError(f"--kv-cache-free-gpu-mem-fraction must be in (0, 1), got "
+                             f"{self.kv_cache_free_gpu_mem_fraction}")
+        if self.max_num_tokens < self.max_input_len and not self.enable_chunked_context:
+            raise ValueError(f"--max-num-tokens ({self.max_num_tokens}) must be >= --max-input-len "
+                             f"({self.max_input_len}) unless --chunked-context splits prompts")
 
     def _check_tensorrtllm(self) -> None:
-        def one_of(flag: str, value, allowed) -> None:
-            if value not in allowed:
-                raise ValueError(f"{flag} must be one of {allowed}, got {value!r}")
-
-        one_of("--quantization", self.quantization, trtllm.QUANTIZATIONS)
-        one_of("--kv-cache-dtype", self.kv_cache_dtype, trtllm.KV_CACHE_DTYPES)
-        one_of("--batch-scheduler-policy", self.batch_scheduler_policy, trtllm.BATCH_SCHEDULER_POLICIES)
-        one_of("--dtype", self.dtype, ("auto", "float16", "bfloat16"))
+        _one_of("--quantization", self.quantization, trtllm.QUANTIZATIONS)
+        _one_of("--kv-cache-dtype", self.kv_cache_dtype, trtllm.KV_CACHE_DTYPES)
+        _one_of("--batch-scheduler-policy", self.batch_scheduler_policy, trtllm.BATCH_SCHEDULER_POLICIES)
+        _one_of("--dtype", self.dtype, ("auto", "float16", "bfloat16"))
         if self.quantization in trtllm.CALIBRATED and not self.calib_dataset:
             raise ValueError(f"--quantization {self.quantization} calibrates on a dataset: pass --calib-dataset DIR, "
                              f"a local folder that datasets.load_dataset reads with a 'train' split and a 'text' "
@@ -116,6 +142,11 @@ class BuildOptions:
         if self.max_num_tokens < self.max_input_len and not self.enable_chunked_context:
             raise ValueError(f"--max-num-tokens ({self.max_num_tokens}) must be >= --max-input-len "
                              f"({self.max_input_len}) unless --chunked-context splits prompts")
+
+
+def _one_of(flag: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{flag} must be one of {allowed}, got {value!r}")
 
 
 def read_checkpoint_config(model: Path) -> dict:
@@ -139,6 +170,19 @@ def replay_engine_parameters(options: BuildOptions, vocab_size: int) -> dict[str
         replay_tokens=f"1/{REPLAY_TOKENS}", replay_step_ms=options.replay_step_ms, vocab_size=vocab_size,
         shared_batch=options.serving.engine_instances > 1, max_batch_size=options.max_batch_size,
         max_input_len=options.max_input_len, max_seq_len=options.max_seq_len,
+        exclude_input_in_output=options.serving.exclude_input_in_output).to_config()
+
+
+def pytorch_engine_parameters(options: BuildOptions, vocab_size: int) -> dict[str, str]:
+    """The `tensorrt_llm` model on TensorRT-LLM's PyTorch workflow: the checkpoint and the `LLM(...)` settings."""
+    return PyTorchEngineParameters(
+        model_path=f"1/{CHECKPOINT_SUBDIR}", vocab_size=vocab_size, max_batch_size=options.max_batch_size,
+        max_input_len=options.max_input_len, max_seq_len=options.max_seq_len, dtype=options.dtype,
+        kv_cache_dtype=options.kv_cache_dtype, tensor_parallel_size=options.tp_size,
+        pipeline_parallel_size=options.pp_size,
+        kv_cache_free_gpu_memory_fraction=options.kv_cache_free_gpu_mem_fraction,
+        max_num_tokens=options.max_num_tokens, enable_block_reuse=options.enable_kv_cache_reuse,
+        enable_chunked_prefill=options.enable_chunked_context, stream_interval=options.stream_interval,
         exclude_input_in_output=options.serving.exclude_input_in_output).to_config()
 
 
@@ -279,15 +323,20 @@ def build(options: BuildOptions, progress=print) -> Path:
     if options.engine == "tensorrtllm":
         build_tensorrtllm(options, checkpoint_config, limits, progress)
         return run_accuracy_gate(options, progress)
+    serving, manifest = options.serving, {"tritonforge_build": _options_record(options)}
     if options.engine == "replay":
         parameters = replay_engine_parameters(options, vocab_size=checkpoint_config["vocab_size"])
+    elif options.engine == "tensorrtllm-pytorch":
+        parameters = pytorch_engine_parameters(options, vocab_size=checkpoint_config["vocab_size"])
+        serving = dataclasses.replace(serving, target_triton=options.target_triton or trtllm.TRITON_VERSION)
+        manifest.update(tensorrt_llm=trtllm.TRTLLM_VERSION, image=trtllm.TRITON_IMAGE)
     else:
         parameters = transformers_engine_parameters(options)
     plan = RepositoryPlan(output=options.output, engine=options.engine, frontends=options.frontends,
-                          serving=options.serving, limits=limits, engine_parameters=parameters)
+                          serving=serving, limits=limits, engine_parameters=parameters)
     existing = prepare_output(options.output, force=options.force, checkpoint=options.model)
     write_repository(plan, tokenizer_source=options.model, checkpoint=options.model, existing=existing,
-                     manifest={"tritonforge_build": _options_record(options)})
+                     manifest=manifest)
     return run_accuracy_gate(options, progress)
 
 

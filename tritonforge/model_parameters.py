@@ -115,3 +115,20 @@ class ReplayEngineParameters(EngineParameters):
     replay_step_ms: float
     vocab_size: int
     shared_batch: bool = False  # several instances share one batch (replay_engine.SharedBatch)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PyTorchEngineParameters(EngineParameters):
+    """The engine step on TensorRT-LLM's PyTorch workflow (`tensorrt_llm.LLM`, tritonforge/llmapi_engine.py)."""
+
+    model_path: str  # the Hugging Face checkpoint, relative to the model's directory
+    vocab_size: int
+    dtype: str = "auto"  # auto | float16 | bfloat16 | float32; quantization comes with the checkpoint
+    kv_cache_dtype: str = "auto"  # auto | fp8
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    kv_cache_free_gpu_memory_fraction: float = 0.9
+    max_num_tokens: int = 8192
+    enable_block_reuse: bool = True
+    enable_chunked_prefill: bool = False
+    stream_interval: int = 1  # tokens the LLM API gathers before it hands a streaming request its next output

@@ -77,6 +77,9 @@ PYTHON = "python3"
 TOKENS_PER_BLOCK = 32  # trtllm-build's default KV-cache block
 
 QUANTIZATIONS = ("none", "fp8", "int8_sq", "int4_awq", "int8_wo", "int4_wo")
+# What the LLM API (the PyTorch workflow) takes: `LLM(dtype=...)` and `KvCacheConfig(dtype=...)`.
+LLMAPI_DTYPES = ("auto", "float16", "bfloat16", "float32")
+LLMAPI_KV_CACHE_DTYPES = ("auto", "fp8")
 CALIBRATED = ("fp8", "int8_sq", "int4_awq")  # quantize.py runs the model over a calibration set
 KV_CACHE_DTYPES = ("auto", "fp8", "int8")
 BATCH_SCHEDULER_POLICIES = ("guaranteed_no_evict", "max_utilization")
