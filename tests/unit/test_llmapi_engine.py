@@ -221,3 +221,8 @@ def test_without_tensorrt_llm_loading_fails_with_one_line_naming_the_image():
         load_llm_api()
     message = str(error.value)
     assert "\n" not in message and TRITON_IMAGE in message and "not installed" in message
+
+
+def test_the_double_refuses_an_argument_tritonforge_does_not_pass(api, checkpoint):
+    with pytest.raises(ValueError, match="LLM got invalid argument: build_config"):
+        api.LLM(str(checkpoint), build_config=None)  # a TensorRT-engine argument: not for the PyTorch LLM

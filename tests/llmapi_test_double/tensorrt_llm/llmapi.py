@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 STEP_S = 0.004  # one "decoding step" of the double
 
 # The keyword arguments of LLM(...) beyond its named parameters that tritonforge passes: each a field of the
-# LLM API's TorchLlmArgs. Anything else is refused, as the real pydantic model (extra="forbid") does.
+# LLM API's TorchLlmArgs. The real LLM refuses a key that is no field with "LLM got invalid argument: <key>";
+# the double, stricter, refuses any key tritonforge is not known to pass.
 _LLM_FIELDS = {"pipeline_parallel_size", "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",
                "enable_chunked_prefill", "stream_interval", "kv_cache_config"}
 
@@ -138,7 +139,7 @@ class LLM:
                  revision: str | None = None, tokenizer_revision: str | None = None, **kwargs):
         unknown = set(kwargs) - _LLM_FIELDS
         if unknown:
-            raise ValueError(f"unknown LLM arguments (the real TorchLlmArgs forbids extras): {sorted(unknown)}")
+            raise ValueError(f"LLM got invalid argument: {sorted(unknown)[0]}")
         with open(os.path.join(model, "config.json")) as file:
             self.vocab_size = json.load(file)["vocab_size"]
         self.model, self.skip_tokenizer_init, self.dtype = model, skip_tokenizer_init, dtype
