@@ -2,8 +2,8 @@
 double (tests/llmapi_test_double: TensorRT-LLM cannot be installed here, so nothing below runs TensorRT-LLM).
 
 What this shows: the model loads through Triton's Python backend, answers the engine contract (tokens, streaming,
-`stop`, batch rows) with what the LLM API gives it, and the ensemble, the BLS and the metrics work on top of it
-unchanged. Where TensorRT-LLM is absent, the engine model fails to load with one line saying where it runs.
+`stop`) with what the LLM API gives it, and the ensemble, the BLS, the OpenAI gateway and the metrics work on top
+of it unchanged. Where TensorRT-LLM is absent, the engine model fails to load with one line saying where it runs.
 """
 
 import json
@@ -14,12 +14,15 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import openai
 import pytest
 
 from tritonforge import model_configs as configs
 from tritonforge.build import BuildOptions, build
 from tritonforge.client import GrpcClient
 from tritonforge.contract import stop_request_inputs
+from tritonforge.openai_gateway import GatewayThread
+from tritonforge.server import free_port
 from tritonforge.tokenization import load_tokenizer
 
 from .conftest import engine_stream, running
@@ -90,6 +93,18 @@ def test_ensemble_and_bls_serve_text_from_it_streamed_or_not(served):
         text = client.generate("The server", max_tokens=12)
         assert "".join(client.stream("The server", max_tokens=12)) == text
         assert text == tokenizer.decode(expected_ids, skip_special_tokens=True)
+
+
+def test_the_openai_gateway_serves_it_through_the_bls(served):
+    server, _ = served
+    gateway = GatewayThread(server.grpc_url, port=free_port(), served_model_name="tiny").start()
+    try:
+        client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0)
+        completion = client.completions.create(model="tiny", prompt="The server", max_tokens=6, temperature=0)
+    finally:
+        gateway.stop()
+    expected = GrpcClient(server.grpc_url, model="tensorrt_llm_bls").generate("The server", max_tokens=6)
+    assert completion.choices[0].text == expected and completion.usage.completion_tokens == 6
 
 
 def test_the_stop_input_ends_a_running_generation(served):
