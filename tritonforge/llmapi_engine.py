@@ -225,7 +225,9 @@ class LlmApiEngine:
     def submit(self, request: GenerationRequest) -> None:
         with self._lock:
             self._queued += 1
-        asyncio.run_coroutine_threadsafe(self._generate(request), self._loop)
+        # Registered by a callback, not inside the request's task: callbacks run in the order they were made,
+        # so a `stop` sent after this submit always finds the request.
+        self._loop.call_soon_threadsafe(self._start, _Running(request))
 
     def cancel(self, request_id: str, taken=None) -> None:
         self._loop.call_soon_threadsafe(self._cancel, request_id, taken)
@@ -274,12 +276,17 @@ class LlmApiEngine:
                     running.abort()
                     running.end("cancelled")
 
-    async def _generate(self, request: GenerationRequest) -> None:
-        running = _Running(request)
+    def _start(self, running: _Running) -> None:
         with self._lock:
             self._queued -= 1
-        self._running.setdefault(request.request_id, []).append(running)
+        self._running.setdefault(running.request.request_id, []).append(running)
+        self._loop.create_task(self._generate(running))
+
+    async def _generate(self, running: _Running) -> None:
+        request = running.request
         try:
+            if running.done:  # stopped before it started
+                return
             if request.sink.cancelled():
                 running.end("cancelled")
                 return

@@ -226,3 +226,10 @@ def test_without_tensorrt_llm_loading_fails_with_one_line_naming_the_image():
 def test_the_double_refuses_an_argument_tritonforge_does_not_pass(api, checkpoint):
     with pytest.raises(ValueError, match="LLM got invalid argument: build_config"):
         api.LLM(str(checkpoint), build_config=None)  # a TensorRT-engine argument: not for the PyTorch LLM
+
+
+def test_a_stop_sent_right_after_the_request_finds_it(api, engine):
+    sink = run(engine, request_id="quick", wait=False, stream=True, max_new_tokens=500)
+    engine.cancel("quick")  # before the request's task has run a step
+    assert sink.done.wait(WAIT_S)
+    assert sink.result.finish_reason == "cancelled" and sink.result.token_ids == []
