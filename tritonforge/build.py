@@ -110,8 +110,10 @@ class BuildOptions:
             self._check_pytorch_workflow()
 
     def _check_pytorch_workflow(self) -> None:
-        _one_of("--dtype", self.dtype, trtllm.LLMAPI_DTYPES)
-        _one_of("--kv-cache-dtype", self.kv_cache_dtype, trtllm.LLMAPI_KV_CACHE_DTYPES)
+        for flag, value, allowed in (("--dtype", self.dtype, trtllm.LLMAPI_DTYPES),
+                                     ("--kv-cache-dtype", self.kv_cache_dtype, trtllm.LLMAPI_KV_CACHE_DTYPES)):
+            if value not in allowed:
+                raise ValueError(f"{flag} must be one of {allowed}, got {value!r}")
         if self.quantization != "none":
             raise ValueError(f"--quantization {self.quantization} is for engine builds: the LLM API reads the "
                              f"quantization from the checkpoint (quantize it with ModelOpt first, which writes "
@@ -128,10 +130,14 @@ class BuildOptions:
                              f"({self.max_input_len}) unless --chunked-context splits prompts")
 
     def _check_tensorrtllm(self) -> None:
-        _one_of("--quantization", self.quantization, trtllm.QUANTIZATIONS)
-        _one_of("--kv-cache-dtype", self.kv_cache_dtype, trtllm.KV_CACHE_DTYPES)
-        _one_of("--batch-scheduler-policy", self.batch_scheduler_policy, trtllm.BATCH_SCHEDULER_POLICIES)
-        _one_of("--dtype", self.dtype, ("auto", "float16", "bfloat16"))
+        def one_of(flag: str, value, allowed) -> None:
+            if value not in allowed:
+                raise ValueError(f"{flag} must be one of {allowed}, got {value!r}")
+
+        one_of("--quantization", self.quantization, trtllm.QUANTIZATIONS)
+        one_of("--kv-cache-dtype", self.kv_cache_dtype, trtllm.KV_CACHE_DTYPES)
+        one_of("--batch-scheduler-policy", self.batch_scheduler_policy, trtllm.BATCH_SCHEDULER_POLICIES)
+        one_of("--dtype", self.dtype, ("auto", "float16", "bfloat16"))
         if self.quantization in trtllm.CALIBRATED and not self.calib_dataset:
             raise ValueError(f"--quantization {self.quantization} calibrates on a dataset: pass --calib-dataset DIR, "
                              f"a local folder that datasets.load_dataset reads with a 'train' split and a 'text' "
@@ -142,11 +148,6 @@ class BuildOptions:
         if self.max_num_tokens < self.max_input_len and not self.enable_chunked_context:
             raise ValueError(f"--max-num-tokens ({self.max_num_tokens}) must be >= --max-input-len "
                              f"({self.max_input_len}) unless --chunked-context splits prompts")
-
-
-def _one_of(flag: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"{flag} must be one of {allowed}, got {value!r}")
 
 
 def read_checkpoint_config(model: Path) -> dict:
