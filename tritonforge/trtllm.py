@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # The one place naming the pinned release and the container that ships it: the newest pair that still serves
-# engines through the `tensorrtllm` backend (TensorRT-LLM v1.3.0rc20 is the last release candidate with the
-# TensorRT backend; 1.3 keeps only the LLM-API model in triton_backend/).
+# engines through the `tensorrtllm` backend. After 1.2, NVIDIA/TensorRT-LLM#15907 (merged 2026-07-03) deletes the
+# C++ backend and every engine model template from triton_backend/, keeping only the LLM-API model, and
+# tensorrtllm_backend#858 drops the engine instructions from its README.
 TRTLLM_VERSION = "1.2.1"
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
 # The `-trtllm-python-py3` containers from 25.12 (the previous pin) to the pin: (Triton, TensorRT-LLM).
