@@ -29,6 +29,7 @@ import asyncio
 import importlib
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .errors import UnsupportedError
@@ -150,6 +151,7 @@ def _stop_match(tokens: list[int], sequences: list[list[int]]) -> int | None:
 @dataclass(eq=False)
 class _Running:
     request: GenerationRequest
+    on_end: Callable[[], None]  # the engine counts it out
     result: object = None  # the LLM API's RequestOutput, once generate_async returned
     seen: int = 0  # tokens of the LLM's output taken so far (an end id among them)
     tokens: list[int] = field(default_factory=list)
@@ -161,6 +163,7 @@ class _Running:
         if self.done:
             return
         self.done = True
+        self.on_end()
         if error is not None:
             self.request.sink.finish(None, error)
         else:
@@ -193,7 +196,9 @@ class LlmApiEngine:
         self.llm = api.LLM(**llm_arguments(api, settings, limits))
         self.stats = EngineStats()
         self._running: dict[str, list[_Running]] = {}  # by Triton request id ("" for anonymous): loop only
-        self._queued = 0  # submitted, not yet started on the loop
+        # Requests submitted and not yet ended. The LLM queues those beyond its max_batch_size itself; they are
+        # this engine's "waiting", which `max_queue_size` bounds as for the other engines.
+        self._in_flight = 0
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="llmapi-engine", daemon=True)
@@ -224,17 +229,17 @@ class LlmApiEngine:
 
     def submit(self, request: GenerationRequest) -> None:
         with self._lock:
-            self._queued += 1
+            self._in_flight += 1
         # Registered by a callback, not inside the request's task: callbacks run in the order they were made,
         # so a `stop` sent after this submit always finds the request.
-        self._loop.call_soon_threadsafe(self._start, _Running(request))
+        self._loop.call_soon_threadsafe(self._start, _Running(request, self._ended))
 
     def cancel(self, request_id: str, taken=None) -> None:
         self._loop.call_soon_threadsafe(self._cancel, request_id, taken)
 
     def pending(self) -> int:
         with self._lock:
-            return self._queued
+            return max(0, self._in_flight - self.limits.max_batch_size)
 
     def shutdown(self) -> None:
         async def stop():
@@ -258,7 +263,9 @@ class LlmApiEngine:
 
     def _publish(self) -> None:
         running = [r for group in self._running.values() for r in group]
-        self.stats = EngineStats(waiting=self.pending(), scheduled=len(running),
+        with self._lock:
+            in_flight = self._in_flight
+        self.stats = EngineStats(waiting=self.pending(), scheduled=min(in_flight, self.limits.max_batch_size),
                                  kv_tokens=sum(len(r.request.prompt_ids) + len(r.tokens) for r in running))
 
     def _cancel(self, request_id: str, taken) -> None:
@@ -276,9 +283,11 @@ class LlmApiEngine:
                     running.abort()
                     running.end("cancelled")
 
-    def _start(self, running: _Running) -> None:
+    def _ended(self) -> None:
         with self._lock:
-            self._queued -= 1
+            self._in_flight -= 1
+
+    def _start(self, running: _Running) -> None:
         self._running.setdefault(running.request.request_id, []).append(running)
         self._loop.create_task(self._generate(running))
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tritonforge.errors import UnsupportedError
-from tritonforge.generation import GenerationRequest
+from tritonforge.generation import GenerationRequest, QueueFullError
 from tritonforge.limits import EngineLimits
 from tritonforge.llmapi_engine import NO_END_ID, LlmApiEngine, LlmApiMissing, LlmApiSettings, load_llm_api
 from tritonforge.sampling import SamplingParams
@@ -233,3 +233,21 @@ def test_a_stop_sent_right_after_the_request_finds_it(api, engine):
     engine.cancel("quick")  # before the request's task has run a step
     assert sink.done.wait(WAIT_S)
     assert sink.result.finish_reason == "cancelled" and sink.result.token_ids == []
+
+
+def test_requests_beyond_the_batch_wait_in_the_llm_and_the_queue_limit_bounds_them(api, checkpoint):
+    limits = EngineLimits(max_batch_size=1, max_input_len=16, max_seq_len=600, max_queue_size=1)
+    engine = LlmApiEngine(api, LlmApiSettings(model_path=str(checkpoint)), limits, vocab_size=VOCAB)
+    try:
+        first = run(engine, request_id="a", wait=False, max_new_tokens=500)
+        second = run(engine, request_id="b", wait=False, max_new_tokens=500)
+        assert engine.pending() == 1
+        with pytest.raises(QueueFullError):
+            run(engine, request_id="c", wait=False)
+        engine.cancel("a")
+        assert first.done.wait(WAIT_S)
+        assert engine.pending() == 0  # the one left runs: nothing waits
+        engine.cancel("b")
+        assert second.done.wait(WAIT_S)
+    finally:
+        engine.shutdown()
