@@ -5,9 +5,13 @@ It answers through `EngineService` like the transformers and replay engines, so 
 `stop` input and cancellation are the tensorrtllm backend's; what it does is turn one `GenerationRequest`
 into one `LLM.generate_async` call and the call's results back into the request's sink.
 
-The calls, as the LLM API of TensorRT-LLM 1.2 defines them (`tensorrt_llm/llmapi/llm.py`,
-`tensorrt_llm/llmapi/llm_args.py`, `tensorrt_llm/sampling_params.py`, `tensorrt_llm/executor/result.py`;
-NVIDIA's own `triton_backend/all_models/llmapi` model makes the same ones):
+The calls, as the LLM API of the 1.x line defines them, read in NVIDIA/TensorRT-LLM as stored (the v1.2.1 tag
+itself could not be resolved): `tensorrt_llm/llmapi/llm.py` @4c05a748 (`LLM.__init__`: named `model`,
+`skip_tokenizer_init`, `trust_remote_code`, `tensor_parallel_size`, `dtype`, the rest checked against the
+`TorchLlmArgs` fields; `generate_async`), `tensorrt_llm/sampling_params.py` @a98a9061 (every field used below,
+`top_k=1` greedy), `tensorrt_llm/executor/result.py` (`CompletionOutput`), `tensorrt_llm/llmapi/__init__.py`
+(`LLM`, `SamplingParams`, `KvCacheConfig`), and NVIDIA's own `triton_backend/all_models/llmapi` model
+(`1/model.py` @b35ac1b6, version 1.2.0rc2), which makes the same calls:
 - `LLM(model=..., skip_tokenizer_init=True, ...)`: preprocessing tokenizes, so the LLM loads no tokenizer;
   every `SamplingParams` then names its `end_id` (without a tokenizer the LLM cannot fill it in), -1 when
   the request has none, which is the backend's default: EOS does not end the generation;
