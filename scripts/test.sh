@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 .venv/bin/ruff check tritonforge tests bench scripts preprocessing postprocessing tensorrt_llm_transformers \
-    tensorrt_llm_bls tensorrt_llm_replay_benchmark build_engine.py
+    tensorrt_llm_bls tensorrt_llm_replay_benchmark tensorrt_llm_pytorch build_engine.py
 CONTAINER_TRANSFORMERS=.venv-container-transformers
 # Installed again whenever the list changes: the marker holds the list it was installed from.
 if ! cmp -s scripts/container-transformers.txt "$CONTAINER_TRANSFORMERS/.installed"; then

@@ -18,6 +18,7 @@ from .limits import EngineLimits
 from .model_parameters import (
     CANCELLATION_CHECK_PERIOD_MS,
     NativeReplayEngineParameters,
+    PyTorchEngineParameters,
     ReplayEngineParameters,
     TransformersEngineParameters,
 )
@@ -31,12 +32,15 @@ from .repository import (
     removed_on_failure,
     write_repository,
 )
-from .settings import comma_list, setting, version
+from .settings import comma_list, setting
 
 logger = logging.getLogger(__name__)
 
 
 TRT = "TensorRT-LLM (--engine tensorrtllm)"
+PYTORCH = ("TensorRT-LLM's PyTorch workflow (--engine tensorrtllm-pytorch; it also takes --dtype, --tp-size, "
+           "--pp-size, --kv-cache-dtype, --max-num-tokens, --kv-cache-free-gpu-mem-fraction, --no-kv-cache-reuse, "
+           "--chunked-context)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,9 +71,10 @@ class BuildOptions:
                                   "(costs the pipeline no Python, as NVIDIA's C++ backend; needs g++)")
     replay_sender_threads: int = setting(1, "--replay-native: threads sending the engine's responses, each running "
                                          "its share of the batch")
-    stream_interval: int = setting(1, "transformers and replay engines: streamed tokens per response after the "
-                                   "first (fewer responses through the pipeline, chunks that many steps apart); "
-                                   "1 streams every token, as the tensorrtllm backend always does")
+    stream_interval: int = setting(1, "transformers, replay and tensorrtllm-pytorch engines (the LLM API's "
+                                   "stream_interval): streamed tokens per response after the first (fewer "
+                                   "responses through the pipeline, chunks that many steps apart); 1 streams "
+                                   "every token, as the tensorrtllm backend always does")
     tp_size: int = setting(1, "tensor parallel size", group=TRT)
     pp_size: int = setting(1, "pipeline parallel size", group=TRT)
     quantization: str = setting("none", choices=trtllm.QUANTIZATIONS, group=TRT)
@@ -90,7 +95,8 @@ class BuildOptions:
                                         "downloaded", parse=str, group=TRT)
     repository_mount: str = setting("/models", "repository path inside the server container", group=TRT)
     target_triton: tuple[int, int] | None = setting(None, "Triton version the configs are for (default: the pinned "
-                                                    "image's), e.g. 2.51", parse=version, group=TRT)
+                                                    "image's), e.g. 2.51, or a container, e.g. 25.12",
+                                                    parse=trtllm.parse_target_triton, group=TRT)
     dry_run: bool = setting(False, "print the plan and commands, write configs, build nothing", group=TRT)
     planned_instances: bool = True  # TensorRT-LLM: pre/post/BLS instance counts from the plan unless set
 
@@ -120,6 +126,26 @@ class BuildOptions:
                              f"as one instance that batches in flight")
         if self.engine == "tensorrtllm":
             self._check_tensorrtllm()
+        if self.engine == "tensorrtllm-pytorch":
+            self._check_pytorch_workflow()
+
+    def _check_pytorch_workflow(self) -> None:
+        for flag, value, allowed in (("--dtype", self.dtype, trtllm.LLMAPI_DTYPES),
+                                     ("--kv-cache-dtype", self.kv_cache_dtype, trtllm.LLMAPI_KV_CACHE_DTYPES)):
+            if value not in allowed:
+                raise ValueError(f"{flag} must be one of {allowed}, got {value!r}")
+        if self.quantization != "none":
+            raise ValueError(f"--quantization {self.quantization} is for engine builds: the LLM API reads the "
+                             f"quantization from the checkpoint (quantize it with ModelOpt first, which writes "
+                             f"hf_quant_config.json beside the weights)")
+        if self.tp_size < 1 or self.pp_size < 1:
+            raise ValueError("--tp-size and --pp-size must be >= 1")
+        if not 0 < self.kv_cache_free_gpu_mem_fraction < 1:
+            raise ValueError(f"--kv-cache-free-gpu-mem-fraction must be in (0, 1), got "
+                             f"{self.kv_cache_free_gpu_mem_fraction}")
+        if self.max_num_tokens < self.max_input_len and not self.enable_chunked_context:
+            raise ValueError(f"--max-num-tokens ({self.max_num_tokens}) must be >= --max-input-len "
+                             f"({self.max_input_len}) unless --chunked-context splits prompts")
 
     def _check_tensorrtllm(self) -> None:
         def one_of(flag: str, value, allowed) -> None:
@@ -208,8 +234,21 @@ def native_replay_engine_parameters(options: BuildOptions) -> dict[str, str]:
         replay_sender_threads=options.replay_sender_threads, stream_interval=options.stream_interval).to_config()
 
 
+def pytorch_engine_parameters(options: BuildOptions, vocab_size: int) -> dict[str, str]:
+    """The `tensorrt_llm` model on TensorRT-LLM's PyTorch workflow: the checkpoint and the `LLM(...)` settings."""
+    return PyTorchEngineParameters(
+        model_path=f"1/{CHECKPOINT_SUBDIR}", vocab_size=vocab_size, max_batch_size=options.max_batch_size,
+        max_input_len=options.max_input_len, max_seq_len=options.max_seq_len, dtype=options.dtype,
+        kv_cache_dtype=options.kv_cache_dtype, tensor_parallel_size=options.tp_size,
+        pipeline_parallel_size=options.pp_size,
+        kv_cache_free_gpu_memory_fraction=options.kv_cache_free_gpu_mem_fraction,
+        max_num_tokens=options.max_num_tokens, enable_block_reuse=options.enable_kv_cache_reuse,
+        enable_chunked_prefill=options.enable_chunked_context, stream_interval=options.stream_interval,
+        exclude_input_in_output=options.serving.exclude_input_in_output).to_config()
+
+
 def tensorrtllm_engine_parameters(options: BuildOptions) -> dict[str, str]:
-    """Every key of NVIDIA's `tensorrt_llm/config.pbtxt` template (TensorRT-LLM 1.1.0), explicit.
+    """Every key of NVIDIA's `tensorrt_llm/config.pbtxt` template (`trtllm.BACKEND_PARAMETER_KEYS`), explicit.
 
     "" is what the backend treats as unset: it then takes its own default. The KV cache is sized by
     `kv_cache_free_gpu_mem_fraction` alone (`max_tokens_in_paged_kv_cache` unset), so the engine gets all
@@ -244,6 +283,21 @@ def tensorrtllm_engine_parameters(options: BuildOptions) -> dict[str, str]:
     if unknown:
         raise ValueError(f"not parameters of the tensorrtllm backend {trtllm.TRTLLM_VERSION}: {sorted(unknown)}")
     return {key: ours.get(key, "") for key in trtllm.BACKEND_PARAMETER_KEYS}
+
+
+def target_triton_note(target: tuple[int, int]) -> str:
+    """What the configs are for, and, for a container of another TensorRT-LLM than the pin, where to build the
+    engine: an engine loads only under the TensorRT-LLM that built it (the serve-time check says so)."""
+    version = f"{target[0]}.{target[1]}"
+    container = trtllm.container_of(target)
+    if container is None:
+        return f"configs for Triton {version}"
+    tag, release = container
+    note = f"configs for Triton {version} (container {tag}, TensorRT-LLM {release})"
+    if release != trtllm.TRTLLM_VERSION:
+        note += (f": build the engine inside that container, not this image's TensorRT-LLM "
+                 f"{trtllm.TRTLLM_VERSION}, whose engine it cannot load")
+    return note
 
 
 def _gpu_memory_gib(options: BuildOptions) -> float:
@@ -291,6 +345,7 @@ def build_tensorrtllm(options: BuildOptions, checkpoint_config: dict, limits, pr
     if not options.dry_run:
         trtllm.require_trtllm()
     serving = dataclasses.replace(options.serving, target_triton=options.target_triton or trtllm.TRITON_VERSION)
+    progress(target_triton_note(serving.target_triton))
     if options.planned_instances:
         serving = dataclasses.replace(serving, preprocessing_instances=plan.preprocessing_instances,
                                       postprocessing_instances=plan.postprocessing_instances,
@@ -332,20 +387,25 @@ def build(options: BuildOptions, progress=print) -> Path:
     if options.engine == "tensorrtllm":
         build_tensorrtllm(options, checkpoint_config, limits, progress)
         return run_accuracy_gate(options, progress)
+    serving, manifest = options.serving, {"tritonforge_build": _options_record(options)}
     if options.engine == "replay" and options.replay_native:
         parameters = native_replay_engine_parameters(options)
     elif options.engine == "replay":
         parameters = replay_engine_parameters(options, vocab_size=checkpoint_config["vocab_size"])
+    elif options.engine == "tensorrtllm-pytorch":
+        parameters = pytorch_engine_parameters(options, vocab_size=checkpoint_config["vocab_size"])
+        serving = dataclasses.replace(serving, target_triton=options.target_triton or trtllm.TRITON_VERSION)
+        manifest.update(tensorrt_llm=trtllm.TRTLLM_VERSION, image=trtllm.TRITON_IMAGE)
     else:
         parameters = transformers_engine_parameters(options)
     plan = RepositoryPlan(output=options.output, engine=options.engine, frontends=options.frontends,
-                          serving=options.serving, limits=limits, engine_parameters=parameters,
+                          serving=serving, limits=limits, engine_parameters=parameters,
                           native_replay=options.replay_native)
     existing = prepare_output(options.output, force=options.force, checkpoint=options.model)
     progress(f"writing {options.output} ({options.engine} engine; copying the checkpoint's weights)")
     with removed_on_failure(options.output, existing):
         write_repository(plan, tokenizer_source=options.model, checkpoint=options.model, existing=existing,
-                         manifest={"tritonforge_build": _options_record(options)})
+                         manifest=manifest)
     return run_accuracy_gate(options, progress)
 
 

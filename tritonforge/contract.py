@@ -1,12 +1,14 @@
 """The tensor contract of every model: names, dtypes, dims, optional flags, and the ensemble's wiring.
 
 One source of truth: the configs (`model_configs.py`), request parsing, the clients and the tests read it.
-The lists are NVIDIA's `inflight_batcher_llm` model set as released with TensorRT-LLM 1.1.0 (container
-25.12; `triton_backend/all_models/inflight_batcher_llm/*/config.pbtxt` of the TensorRT-LLM repository),
-in NVIDIA's order, with the template types filled as NVIDIA's docs fill them (`logits_datatype` FP32,
-`encoder_input_features_data_type` and `prompt_embedding_table_data_type` FP16). Release differences that
-matter: 1.1.0 names `min_tokens`/`seed` (v0.19 and older: `min_length`/`random_seed`) and has
-`return_num_input_tokens`/`return_num_output_tokens` → `num_input_tokens`/`num_output_tokens`.
+The lists are NVIDIA's `inflight_batcher_llm` model set (`triton_backend/all_models/inflight_batcher_llm/
+*/config.pbtxt` of the TensorRT-LLM repository), in NVIDIA's order, with the template types filled as NVIDIA's
+docs fill them (`logits_datatype` FP32, `encoder_input_features_data_type` and `prompt_embedding_table_data_type`
+FP16). Read for TensorRT-LLM 1.1.0 (container 25.12) and checked again for the pin, 1.2.1 (container 26.07),
+against the 1.x templates as stored (tensorrt_llm/config.pbtxt @2a9abd95 and @0c8de69a): the tensors are the
+same. Release differences that matter: 1.x names `min_tokens`/`seed` (v0.19 and older: `min_length`/
+`random_seed`) and has `return_num_input_tokens`/`return_num_output_tokens` → `num_input_tokens`/
+`num_output_tokens`.
 
 Left out on purpose, each a multimodal-only tensor of preprocessing (`IMAGE_*`, `VIDEO_BYTES`,
 `PIXEL_VALUES`, ...) or of the BLS (`image_*_input`, `video_bytes_input`): this repository serves text

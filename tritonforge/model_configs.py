@@ -18,8 +18,9 @@ from .limits import EngineLimits
 from .model_parameters import BLS_MAX_CONCURRENCY, BlsParameters, PostprocessingParameters, PreprocessingParameters
 from .settings import setting
 
+# "tensorrtllm-pytorch" serves the checkpoint through TensorRT-LLM's LLM API (tritonforge/llmapi_engine.py);
 # "replay" is for benchmarking only: it streams pre-set tokens (tritonforge/replay_engine.py).
-ENGINES = ("transformers", "tensorrtllm", "replay")
+ENGINES = ("transformers", "tensorrtllm", "tensorrtllm-pytorch", "replay")
 FRONTENDS = ("ensemble", "bls")
 # The Triton release our tests run (pytriton 0.7.0); configs for another target may use newer fields.
 TESTED_TRITON = (2, 51)

@@ -130,3 +130,19 @@ class NativeReplayEngineParameters(ModelParameters):
     exclude_input_in_output: bool = True
     replay_sender_threads: int = 1  # threads sending responses, each running its share of the batch
     stream_interval: int = 1  # as EngineParameters.stream_interval
+
+
+@dataclass(frozen=True, kw_only=True)
+class PyTorchEngineParameters(EngineParameters):
+    """The engine step on TensorRT-LLM's PyTorch workflow (`tensorrt_llm.LLM`, tritonforge/llmapi_engine.py)."""
+
+    model_path: str  # the Hugging Face checkpoint, relative to the model's directory
+    vocab_size: int
+    dtype: str = "auto"  # auto | float16 | bfloat16 | float32; quantization comes with the checkpoint
+    kv_cache_dtype: str = "auto"  # auto | fp8
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    kv_cache_free_gpu_memory_fraction: float = 0.9
+    max_num_tokens: int = 8192
+    enable_block_reuse: bool = True
+    enable_chunked_prefill: bool = False

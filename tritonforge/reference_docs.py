@@ -141,10 +141,11 @@ PARAMETER_MODELS = {
     "PreprocessingParameters": "`preprocessing`",
     "PostprocessingParameters": "`postprocessing`",
     "BlsParameters": "`tensorrt_llm_bls`",
-    "EngineParameters": "`tensorrt_llm` on either Python engine (the keys both read)",
+    "EngineParameters": "`tensorrt_llm` on our Python engines (the keys they all read)",
     "TransformersEngineParameters": "`tensorrt_llm` on the transformers engine (the default)",
     "ReplayEngineParameters": "`tensorrt_llm` on the replay engine (`--engine replay`, benchmarking only)",
     "NativeReplayEngineParameters": "`tensorrt_llm` on the C++ replay backend (`--engine replay --replay-native`)",
+    "PyTorchEngineParameters": "`tensorrt_llm` on TensorRT-LLM's PyTorch workflow (`--engine tensorrtllm-pytorch`)",
 }
 
 

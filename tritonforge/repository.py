@@ -33,12 +33,17 @@ MODEL_SOURCES = {
     BLS_MODEL: "tensorrt_llm_bls",
     f"{ENGINE_MODEL}:transformers": "tensorrt_llm_transformers",
     f"{ENGINE_MODEL}:replay": "tensorrt_llm_replay_benchmark",
+    f"{ENGINE_MODEL}:tensorrtllm-pytorch": "tensorrt_llm_pytorch",
 }
+# The engines that serve the Hugging Face checkpoint itself, copied under tensorrt_llm/1/checkpoint.
+CHECKPOINT_ENGINES = ("transformers", "tensorrtllm-pytorch")
 TOKENIZER_SUBDIR = "tokenizer"  # under preprocessing/
-CHECKPOINT_SUBDIR = "checkpoint"  # under tensorrt_llm/1/ for the transformers engine
+CHECKPOINT_SUBDIR = "checkpoint"  # under tensorrt_llm/1/ for the CHECKPOINT_ENGINES
 ENGINE_SUBDIR = "engine"  # under tensorrt_llm/1/ for the TensorRT-LLM engine
 REPLAY_TOKENS = "replay_tokens.json"  # under tensorrt_llm/1/ for the replay (benchmarking) engine
-CHECKPOINT_PATTERNS = ("config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json")
+# hf_quant_config.json: how ModelOpt quantized a checkpoint, which the LLM API reads from the checkpoint.
+CHECKPOINT_PATTERNS = ("config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
+                       "hf_quant_config.json")
 # The tokenizer's files, copied as the checkpoint has them: re-saving would write them in the format of the
 # transformers installed here, which an older one (NVIDIA's container) may not read. config.json tells
 # AutoTokenizer the model type where tokenizer_config.json names no class.
@@ -50,7 +55,7 @@ TOKENIZER_PATTERNS = ("tokenizer.json", "tokenizer_config.json", "special_tokens
 @dataclass(frozen=True, kw_only=True)
 class RepositoryPlan:
     output: Path
-    engine: str  # transformers | tensorrtllm | replay
+    engine: str  # one of model_configs.ENGINES
     frontends: tuple[str, ...]  # ensemble and/or bls
     serving: configs.ServingConfig
     limits: EngineLimits
@@ -221,7 +226,7 @@ def write_repository(plan: RepositoryPlan, *, tokenizer_source: Path, checkpoint
         for file in sorted(tokenizer_source.glob(pattern)):
             shutil.copy2(file, tokenizer / file.name)
     load_tokenizer(tokenizer)  # fails the build here, not at the server's load, if a file is missing
-    if plan.engine == "transformers":
+    if plan.engine in CHECKPOINT_ENGINES:
         target = output / ENGINE_MODEL / "1" / CHECKPOINT_SUBDIR
         target.mkdir(parents=True, exist_ok=True)
         for pattern in CHECKPOINT_PATTERNS:

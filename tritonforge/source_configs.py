@@ -30,11 +30,18 @@ def _header(engine: str) -> str:
 
 PYTHON = "the transformers engine, for Triton 2.51"
 TENSORRTLLM = f"--engine tensorrtllm, for the tensorrtllm backend of TensorRT-LLM {trtllm.TRTLLM_VERSION}"
+PYTORCH = f"--engine tensorrtllm-pytorch, for the LLM API of TensorRT-LLM {trtllm.TRTLLM_VERSION}"
+TINY_VOCAB = 32000  # a Llama vocabulary: the committed file shows the key; a build writes its checkpoint's
 
 
 def source_configs() -> dict[str, str]:
     """Relative path in the source tree → text of its config.pbtxt."""
-    from .build import BuildOptions, tensorrtllm_engine_parameters, transformers_engine_parameters
+    from .build import (
+        BuildOptions,
+        pytorch_engine_parameters,
+        tensorrtllm_engine_parameters,
+        transformers_engine_parameters,
+    )
 
     options = BuildOptions(model=Path("checkpoint"), output=Path("model_repository"))
     limits = EngineLimits(max_batch_size=options.max_batch_size, max_input_len=options.max_input_len,
@@ -47,6 +54,9 @@ def source_configs() -> dict[str, str]:
     trt_serving = dataclasses.replace(options.serving, target_triton=trtllm.TRITON_VERSION)
     trt_engine = configs.engine_config(trt_serving, backend="tensorrtllm",
                                        parameters=tensorrtllm_engine_parameters(trt_options))
+    pytorch_options = dataclasses.replace(options, engine="tensorrtllm-pytorch")
+    pytorch_engine = configs.engine_config(trt_serving, backend="python",
+                                           parameters=pytorch_engine_parameters(pytorch_options, TINY_VOCAB))
     files = {
         "preprocessing/config.pbtxt": (default["preprocessing"], PYTHON),
         "postprocessing/config.pbtxt": (default["postprocessing"], PYTHON),
@@ -54,6 +64,7 @@ def source_configs() -> dict[str, str]:
         "tensorrt_llm_bls/config.pbtxt": (default["tensorrt_llm_bls"], PYTHON),
         "tensorrt_llm_transformers/config.pbtxt": (default[configs.ENGINE_MODEL], PYTHON),
         "tensorrt_llm_tensorrtllm/config.pbtxt": (trt_engine, TENSORRTLLM),
+        "tensorrt_llm_pytorch/config.pbtxt": (pytorch_engine, PYTORCH),
     }
     return {path: _header(where) + configs.to_text(config) for path, (config, where) in files.items()}
 

@@ -25,21 +25,39 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-# The one place naming the pinned release and the container that ships it.
-TRTLLM_VERSION = "1.1.0"
-TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
-TRITON_VERSION = (2, 64)  # Triton in that image (25.11 = 2.63, 26.01 = 2.65)
+# The one place naming the pinned release and the container that ships it: the newest pair that still serves
+# engines through the `tensorrtllm` backend. After 1.2, NVIDIA/TensorRT-LLM#15907 (merged 2026-07-03) deletes the
+# C++ backend and every engine model template from triton_backend/, keeping only the LLM-API model, and
+# tensorrtllm_backend#858 drops the engine instructions from its README.
+TRTLLM_VERSION = "1.2.1"
+TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
+# The `-trtllm-python-py3` containers from 25.12 (the previous pin) to the pin: (Triton, TensorRT-LLM).
+# TensorRT-LLM per container: Triton's compatibility matrix (triton-inference-server/server,
+# docs/introduction/compatibility.md @0f963c9a; it lists no trtllm container after 26.07). Triton per container:
+# 25.12 = 2.64 as the previous pin recorded, 26.01 = 2.65 ... 26.06 = 2.70 from the team's version map
+# (shared/reference/TRITON-2.51-FACTS.md); 26.07 = 2.71 follows the monthly step and was not read anywhere.
+CONTAINERS = {
+    (25, 12): ((2, 64), "1.1.0"), (26, 1): ((2, 65), "1.1.0"), (26, 2): ((2, 66), "1.1.0"),
+    (26, 3): ((2, 67), "1.2.0"), (26, 4): ((2, 68), "1.2.1"), (26, 5): ((2, 69), "1.2.1"),
+    (26, 6): ((2, 70), "1.2.1"), (26, 7): ((2, 71), "1.2.1"),
+}
+TRITON_VERSION = CONTAINERS[(26, 7)][0]  # Triton in TRITON_IMAGE
 EXECUTOR_WORKER_PATH = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
-# Every `parameters` key of NVIDIA's tensorrt_llm/config.pbtxt template at TensorRT-LLM 1.1.0, in its order.
-# The backend reads most inside try/default; `gpt_model_type`, `gpt_model_path`, `tokenizer_dir`,
+# Every `parameters` key of NVIDIA's tensorrt_llm/config.pbtxt template, in its order, as stored at
+# NVIDIA/TensorRT-LLM triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt @2a9abd95 (the
+# 1.2 line; the tag v1.2.1 itself could not be resolved here). The 1.1.0 list had `enable_trt_overlap` too:
+# that template comments it out ("deprecated", no effect on the runtime), and the backend reads it inside
+# try/default, so a config without it loads on every container from 25.12 on.
+# The backend reads most keys inside try/default; `gpt_model_type`, `gpt_model_path`, `tokenizer_dir`,
 # `xgrammar_tokenizer_info_path` and `guided_decoding_backend` it reads with no default
 # (ModelInstanceState::getGuidedDecodingConfigFromParams and the executor config in
-# inflight_batcher_llm/src/model_instance_state.cc): a config without them fails to load.
+# inflight_batcher_llm/src/model_instance_state.cc, the same in both stored 1.x versions): a config without
+# them fails to load.
 BACKEND_PARAMETER_KEYS = (
     "max_beam_width", "FORCE_CPU_ONLY_INPUT_TENSORS", "gpt_model_type", "gpt_model_path", "encoder_model_path",
     "max_tokens_in_paged_kv_cache", "max_attention_window_size", "sink_token_length", "batch_scheduler_policy",
     "kv_cache_free_gpu_mem_fraction", "cross_kv_cache_fraction", "kv_cache_host_memory_bytes",
-    "kv_cache_onboard_blocks", "enable_trt_overlap", "exclude_input_in_output", "cancellation_check_period_ms",
+    "kv_cache_onboard_blocks", "exclude_input_in_output", "cancellation_check_period_ms",
     "stats_check_period_ms", "iter_stats_max_iterations", "request_stats_max_iterations", "enable_kv_cache_reuse",
     "normalize_log_probs", "enable_chunked_context", "gpu_device_ids", "participant_ids", "num_nodes",
     "lora_cache_optimal_adapter_size", "lora_cache_max_adapter_size", "lora_cache_gpu_memory_fraction",
@@ -49,14 +67,20 @@ BACKEND_PARAMETER_KEYS = (
     "cuda_graph_cache_size", "speculative_decoding_fast_logits", "tokenizer_dir", "guided_decoding_backend",
     "xgrammar_tokenizer_info_path",
 )
-# TensorRT-LLM's example scripts (convert_checkpoint.py, quantize.py) at the pinned release; the Dockerfile puts
-# them here when the image lacks them (scripts/ensure_trtllm_examples.py). --examples-dir points elsewhere.
-EXAMPLES_DIR = "/app/tensorrt_llm/examples"
+# TensorRT-LLM's example scripts (convert_checkpoint.py, quantize.py) in the image: the recipe of the
+# `-trtllm-python-py3` images (triton-inference-server/tensorrtllm_backend
+# dockerfile/Dockerfile.triton.trt_llm_backend @0b9d7d5, TENSORRTLLM_VER=1.2.1, and likewise since 1.0.0)
+# copies the release's examples/ to /app/examples. The Dockerfile makes sure they are there
+# (scripts/ensure_trtllm_examples.py); --examples-dir points elsewhere.
+EXAMPLES_DIR = "/app/examples"
 # The printed commands run in the image, so they name its Python, not the one planning the build.
 PYTHON = "python3"
 TOKENS_PER_BLOCK = 32  # trtllm-build's default KV-cache block
 
 QUANTIZATIONS = ("none", "fp8", "int8_sq", "int4_awq", "int8_wo", "int4_wo")
+# What the LLM API (the PyTorch workflow) takes: `LLM(dtype=...)` and `KvCacheConfig(dtype=...)`.
+LLMAPI_DTYPES = ("auto", "float16", "bfloat16", "float32")
+LLMAPI_KV_CACHE_DTYPES = ("auto", "fp8")
 CALIBRATED = ("fp8", "int8_sq", "int4_awq")  # quantize.py runs the model over a calibration set
 KV_CACHE_DTYPES = ("auto", "fp8", "int8")
 BATCH_SCHEDULER_POLICIES = ("guaranteed_no_evict", "max_utilization")
@@ -67,6 +91,32 @@ DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 class TensorRTLLMMissing(RuntimeError):
     pass
+
+
+def parse_target_triton(text: str) -> tuple[int, int]:
+    """`--target-triton`: a Triton version ("2.71") or a `-trtllm-python-py3` container ("26.07")."""
+    import argparse
+
+    try:
+        major, minor = (int(part) for part in text.split(".")[:2])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a Triton version like 2.71 or a container like 26.07, got "
+                                         f"{text!r}") from None
+    if major < 20:
+        return major, minor
+    if (major, minor) not in CONTAINERS:
+        known = ", ".join(f"{y}.{m:02d}" for y, m in CONTAINERS)
+        raise argparse.ArgumentTypeError(f"container {text} is not one of the -trtllm-python-py3 containers "
+                                         f"known here ({known}); give its Triton version instead")
+    return CONTAINERS[(major, minor)][0]
+
+
+def container_of(triton: tuple[int, int]) -> tuple[str, str] | None:
+    """The container tag and TensorRT-LLM release of a Triton version, when it is one of CONTAINERS."""
+    for (year, month), (version, release) in CONTAINERS.items():
+        if version == triton:
+            return f"{year}.{month:02d}", release
+    return None
 
 
 def require_trtllm() -> None:
@@ -142,6 +192,19 @@ def check_inputs(spec: TrtBuildSpec) -> None:
         raise FileNotFoundError(f"--calib-dataset {spec.calib_dataset} is not a folder")
 
 
+# Every flag the two steps print, checked in NVIDIA/TensorRT-LLM's 1.x sources as stored (the tag v1.2.1 itself
+# could not be resolved here; each is also in the 1.1.0 release the previous pin was checked against):
+# - examples/quantization/quantize.py @c8c6df08: --model_dir, --output_dir, --dtype {auto,float16,bfloat16,
+#   float32}, --qformat (fp8, int8_sq, int4_awq among its choices), --calib_dataset (a hub name or a local
+#   directory), --tp_size, --pp_size, --kv_cache_dtype {int8,fp8};
+# - examples/models/core/llama/convert_checkpoint.py @fd96a08b (qwen's takes the same): --model_dir,
+#   --output_dir, --dtype, --tp_size, --pp_size, --workers, --use_weight_only, --weight_only_precision
+#   {int8,int4,...}, --fp8_kv_cache, --int8_kv_cache;
+# - tensorrt_llm/commands/build.py @65f1d153: --checkpoint_dir, --output_dir, --max_batch_size, --max_input_len,
+#   --max_seq_len, --max_num_tokens, --kv_cache_type {continuous,paged,disabled} (--paged_kv_cache deprecated),
+#   --workers; tensorrt_llm/plugin/plugin.py @c20322ff (shared/reference/TRTLLM-BUILD-API.md):
+#   --remove_input_padding, --context_fmha, --use_paged_context_fmha {enable,disable}, --gpt_attention_plugin
+#   auto, --gemm_plugin {auto,fp8,...}, --tokens_per_block (32).
 def convert_command(spec: TrtBuildSpec) -> list[str]:
     """Step 1: HF checkpoint → TensorRT-LLM checkpoint (parallelism and quantization are fixed here)."""
     parallel = ["--tp_size", str(spec.tp_size), "--pp_size", str(spec.pp_size)]

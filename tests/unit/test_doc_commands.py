@@ -276,4 +276,5 @@ def test_gpu_sh_accepts_its_own_flags_and_the_pipeline_scripts():
     assert {"--step-ms", "--unordered"} <= own and forwarded == "bench/pipeline.py"
     assert problems("bash bench/gpu.sh out --unordered --stream-interval 3 --name x") == []
     assert problems("bash bench/gpu.sh out --gateway --gateway-model ensemble") == []
-    assert problems("bash bench/gpu.sh out --gateway --paths bls") == ["bench/gpu.sh: no --paths (nor bench/gateway.py)"]
+    assert problems("bash bench/gpu.sh out --gateway --paths bls") == [
+        "bench/gpu.sh: no --paths (nor bench/gateway.py)"]

@@ -37,7 +37,9 @@ def test_ensemble_wires_every_step_input():
 
 
 # NVIDIA's tensor names at TensorRT-LLM 1.1.0 (triton_backend/all_models/inflight_batcher_llm/*/config.pbtxt),
-# kept here independently of tritonforge/contract.py; multimodal-only tensors are left out on purpose.
+# kept here independently of tritonforge/contract.py; multimodal-only tensors are left out on purpose. Checked
+# again for the 1.2.1 pin in the 1.x templates as stored: tensorrt_llm and ensemble @2a9abd95, tensorrt_llm_bls
+# @0193dbd4, preprocessing @08dc37e3 (which adds only multimodal inputs, such as IMAGES): the same names.
 NVIDIA_ENGINE_INPUTS = {
     "input_ids", "encoder_input_features", "encoder_output_lengths", "input_lengths", "request_output_len",
     "num_return_sequences", "draft_input_ids", "decoder_input_ids", "decoder_input_lengths", "draft_logits",

@@ -1,6 +1,8 @@
 """The TensorRT-LLM build path where TensorRT-LLM cannot run: dry-run plans, commands, refusal, pinning guard."""
 
+import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -8,32 +10,37 @@ from tritonforge import model_configs as configs
 from tritonforge.build import BuildOptions, build, trt_build_spec
 from tritonforge.cli import main
 from tritonforge.trtllm import (
+    CONTAINERS,
     ENGINE_INFO,
     TRITON_IMAGE,
+    TRTLLM_VERSION,
     EngineMismatch,
     TensorRTLLMMissing,
     build_command,
     check_engine,
     check_inputs,
     convert_command,
+    parse_target_triton,
     runtime_facts,
 )
 
 # The keys the tensorrtllm backend reads with no default: a config without them aborts the model instance.
-# Read in NVIDIA/TensorRT-LLM triton_backend/inflight_batcher_llm/src/model_instance_state.cc (release 1.1.0):
+# Read in NVIDIA/TensorRT-LLM triton_backend/inflight_batcher_llm/src/model_instance_state.cc (release 1.1.0, and
+# the same in both 1.x versions stored for the 1.2.1 pin):
 # `ModelInstanceState::getGuidedDecodingConfigFromParams` (tokenizer_dir, xgrammar_tokenizer_info_path,
 # guided_decoding_backend, outside any try), the constructor (gpt_model_type: "Invalid gpt_model_type"), and
 # the executor config (gpt_model_path: the engine).
 KEYS_READ_WITHOUT_DEFAULT = {"tokenizer_dir", "xgrammar_tokenizer_info_path", "guided_decoding_backend",
                              "gpt_model_type", "gpt_model_path"}
-# Every key of NVIDIA's tensorrt_llm/config.pbtxt template at TensorRT-LLM 1.1.0
-# (triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt).
+# Every key of NVIDIA's tensorrt_llm/config.pbtxt template for the 1.2.1 pin
+# (triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt @2a9abd95): 1.1.0's keys but
+# `enable_trt_overlap`, which that template comments out as deprecated.
 NVIDIA_TEMPLATE_KEYS = {
     "max_beam_width", "FORCE_CPU_ONLY_INPUT_TENSORS", "gpt_model_type", "gpt_model_path", "encoder_model_path",
     "max_tokens_in_paged_kv_cache", "max_attention_window_size", "sink_token_length", "batch_scheduler_policy",
     "kv_cache_free_gpu_mem_fraction", "cross_kv_cache_fraction", "kv_cache_host_memory_bytes",
-    "kv_cache_onboard_blocks", "enable_trt_overlap", "exclude_input_in_output", "cancellation_check_period_ms",
-    "stats_check_period_ms", "iter_stats_max_iterations", "request_stats_max_iterations", "enable_kv_cache_reuse",
+    "kv_cache_onboard_blocks", "exclude_input_in_output", "cancellation_check_period_ms", "stats_check_period_ms",
+    "iter_stats_max_iterations", "request_stats_max_iterations", "enable_kv_cache_reuse",
     "normalize_log_probs", "enable_chunked_context", "gpu_device_ids", "participant_ids", "num_nodes",
     "lora_cache_optimal_adapter_size", "lora_cache_max_adapter_size", "lora_cache_gpu_memory_fraction",
     "lora_cache_host_memory_bytes", "lora_prefetch_dir", "decoding_mode", "executor_worker_path",
@@ -176,3 +183,37 @@ def test_dry_run_prints_the_accuracy_gate_it_would_run(tiny_models, tmp_path, ca
     build(options(tiny_models["bpe"], tmp_path / "repo", dry_run=True, accuracy_gate=tmp_path / "gate.jsonl"))
     printed = capsys.readouterr().out
     assert "tritonforge eval --url localhost:8001" in printed and "gate.jsonl" in printed
+
+
+@pytest.mark.parametrize("container", sorted(CONTAINERS))
+def test_target_triton_writes_loadable_configs_for_every_container_from_25_12_to_the_pin(tiny_models, tmp_path,
+                                                                                        capsys, container):
+    tag = f"{container[0]}.{container[1]:02d}"
+    triton, release = CONTAINERS[container]
+    out = build(options(tiny_models["bpe"], tmp_path / "repo", dry_run=True, target_triton=parse_target_triton(tag)))
+    printed = capsys.readouterr().out
+    assert f"configs for Triton {triton[0]}.{triton[1]} (container {tag}, TensorRT-LLM {release})" in printed
+    assert ("build the engine inside that container" in printed) == (release != TRTLLM_VERSION)
+    for model in ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls"):
+        configs.parse_text((out / model / "config.pbtxt").read_text())  # Triton's own parser takes them
+    ensemble = configs.parse_text((out / "ensemble" / "config.pbtxt").read_text())
+    assert ensemble.ensemble_scheduling.max_inflight_requests > 0  # every one of them is 2.63 or newer
+
+
+def test_the_pin_is_the_newest_container_of_the_pinned_release():
+    assert TRITON_IMAGE == "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
+    newest = max(CONTAINERS)
+    assert CONTAINERS[newest] == (parse_target_triton("26.07"), TRTLLM_VERSION) and TRTLLM_VERSION == "1.2.1"
+    assert f"FROM {TRITON_IMAGE}\n" in (Path(__file__).resolve().parents[2] / "Dockerfile").read_text()
+
+
+@pytest.mark.parametrize("text, expected", [("2.51", (2, 51)), ("2.71", (2, 71)), ("25.12", (2, 64)),
+                                            ("26.03", (2, 67))])
+def test_target_triton_takes_a_version_or_a_container(text, expected):
+    assert parse_target_triton(text) == expected
+
+
+@pytest.mark.parametrize("text", ["26.08", "latest"])
+def test_target_triton_refuses_an_unknown_container_or_a_word(text):
+    with pytest.raises(argparse.ArgumentTypeError, match=text):
+        parse_target_triton(text)

@@ -1,0 +1,47 @@
+"""The engine step on TensorRT-LLM's PyTorch workflow, served as the `tensorrt_llm` model (Python backend).
+
+`tensorrt_llm.LLM` runs the Hugging Face checkpoint in `1/checkpoint` (no engine build); the tensors,
+response flags and cancellation are those of NVIDIA's `tensorrtllm` backend (INTERFACE.md), decoupled:
+one response per streamed output when `streaming` (`stream_interval` tokens each), else one per row.
+
+| input | dtype | dims | |
+|---|---|---|---|
+| input_ids | INT32 | [-1] | prompt ids, rows right-padded |
+| input_lengths, request_output_len | INT32 | [1] | required |
+| end_id, pad_id, runtime_top_k, min_tokens, beam_width, num_return_sequences | INT32 | [1] | optional |
+| temperature, runtime_top_p, len_penalty, repetition/presence/frequency_penalty | FP32 | [1] | optional |
+| seed | UINT64 | [1] | optional |
+| streaming, stop, exclude_input_in_output, return_log_probs | BOOL | [1] | optional |
+| stop_words_list, bad_words_list | INT32 | [2, -1] | optional; bad words of one token each |
+
+| output | dtype | dims | |
+|---|---|---|---|
+| output_ids | INT32 | [-1, -1] | [beams, tokens] |
+| sequence_length | INT32 | [-1] | per beam |
+| cum_log_probs / output_log_probs | FP32 | [-1] / [-1, -1] | |
+| batch_index, sequence_index | INT32 | [1] | |
+"""
+
+import triton_python_backend_utils as pb_utils
+
+from tritonforge.engine_service import EngineService, EngineSettings
+from tritonforge.llmapi_engine import LlmApiEngine
+from tritonforge.model_parameters import PyTorchEngineParameters
+from tritonforge.triton_adapter import start_heartbeat
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        start_heartbeat()
+        parameters = PyTorchEngineParameters.from_model_args(args)
+        settings = EngineSettings.from_model_args(args, parameters)
+        self.service = EngineService(pb_utils, settings, LlmApiEngine.for_model(parameters, settings))
+        self.service.publish_metrics(args["model_name"], args["model_version"])
+
+    def execute(self, requests):
+        for request in requests:
+            self.service.handle(request)
+        return None
+
+    def finalize(self):
+        self.service.shutdown()
