@@ -38,9 +38,6 @@ logger = logging.getLogger(__name__)
 
 
 TRT = "TensorRT-LLM (--engine tensorrtllm)"
-PYTORCH = ("TensorRT-LLM's PyTorch workflow (--engine tensorrtllm-pytorch; it also takes --dtype, --tp-size, "
-           "--pp-size, --kv-cache-dtype, --max-num-tokens, --kv-cache-free-gpu-mem-fraction, --no-kv-cache-reuse, "
-           "--chunked-context)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,6 +118,13 @@ class BuildOptions:
                              "such setting; it is for the transformers and replay engines")
         if self.replay_sender_threads < 1:
             raise ValueError(f"--replay-sender-threads must be >= 1, got {self.replay_sender_threads}")
+        if self.replay_native and self.replay_sender_threads > self.max_batch_size:
+            raise ValueError(f"--replay-sender-threads ({self.replay_sender_threads}) must be at most --max-batch-size "
+                             f"({self.max_batch_size}): each thread runs a share of the batch")
+        if self.replay_native and not self.serving.decoupled:
+            raise ValueError("--replay-native streams: it needs the streaming (decoupled) build, not --no-streaming")
+        if self.replay_native and self.serving.max_queue_size:
+            raise ValueError("--replay-native queues without bound: --max-queue-size is for the Python engines")
         if self.serving.engine_instances > 1 and self.engine != "replay":
             raise ValueError(f"--engine-instances > 1 is for the replay engine only; the {self.engine} engine runs "
                              f"as one instance that batches in flight")
@@ -188,7 +192,8 @@ def check_checkpoint(options: BuildOptions) -> dict:
 
     checkpoint_config = read_checkpoint_config(options.model)
     # transformers copies *.safetensors; TensorRT-LLM's converters also read PyTorch's *.bin
-    patterns = {"transformers": ("*.safetensors",), "tensorrtllm": ("*.safetensors", "*.bin")}.get(options.engine, ())
+    patterns = {"transformers": ("*.safetensors",), "tensorrtllm-pytorch": ("*.safetensors",),
+                "tensorrtllm": ("*.safetensors", "*.bin")}.get(options.engine, ())
     weights = [path for pattern in patterns for path in options.model.glob(pattern)]
     if patterns and not any(path.is_file() for path in weights):
         found = sorted(path.name for path in options.model.glob("*.bin"))
@@ -196,8 +201,9 @@ def check_checkpoint(options: BuildOptions) -> dict:
                 "; a broken link or a folder by that name is no weights file" if weights else
                 ": is the download complete?")
         raise FileNotFoundError(f"--model {options.model} has no weights ({' or '.join(patterns)}){hint}")
-    if options.engine == "replay" and "vocab_size" not in checkpoint_config:
-        raise ValueError(f"--model {options.model}: config.json has no vocab_size, which the replay engine needs")
+    if options.engine in ("replay", "tensorrtllm-pytorch") and "vocab_size" not in checkpoint_config:
+        raise ValueError(f"--model {options.model}: config.json has no vocab_size, which the {options.engine} engine "
+                         f"needs")
     try:
         load_tokenizer(options.model)
     except Exception as error:  # noqa: BLE001 - transformers raises many kinds for a missing or broken file

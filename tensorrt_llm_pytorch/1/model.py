@@ -32,10 +32,10 @@ from tritonforge.triton_adapter import start_heartbeat
 
 class TritonPythonModel:
     def initialize(self, args):
-        start_heartbeat()
         parameters = PyTorchEngineParameters.from_model_args(args)
         settings = EngineSettings.from_model_args(args, parameters)
         self.service = EngineService(pb_utils, settings, LlmApiEngine.for_model(parameters, settings))
+        start_heartbeat(drain=self.service.drain)
         self.service.publish_metrics(args["model_name"], args["model_version"])
 
     def execute(self, requests):

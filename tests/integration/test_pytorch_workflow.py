@@ -9,7 +9,6 @@ of it unchanged. Where TensorRT-LLM is absent, the engine model fails to load wi
 import json
 import shutil
 import sys
-import threading
 import urllib.request
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import pytest
 
 from tritonforge import model_configs as configs
 from tritonforge.build import BuildOptions, build
-from tritonforge.client import GrpcClient
+from tritonforge.client import GenerateRequest, GrpcClient
 from tritonforge.contract import stop_request_inputs
 from tritonforge.openai_gateway import GatewayThread
 from tritonforge.server import free_port
@@ -108,22 +107,18 @@ def test_the_openai_gateway_serves_it_through_the_bls(served):
 
 
 def test_the_stop_input_ends_a_running_generation(served):
+    """A `stop` with the request's id, sent once its stream is under way, ends it long before its end."""
     server, _ = served
-    result = {}
-
-    def long_stream():
-        result["chunks"], result["errors"] = engine_stream(
-            server.grpc_url, engine_inputs(PROMPT, LONG_GENERATION, streaming=np.array([[True]])),
-            request_id="long", timeout_s=ANSWER_S)
-
-    thread = threading.Thread(target=long_stream)
-    thread.start()
-    threading.Event().wait(0.5)
-    _, errors = engine_stream(server.grpc_url, stop_request_inputs(), request_id="long")
-    assert errors == []
-    thread.join(ANSWER_S)
-    assert not thread.is_alive() and result["errors"] == []
-    assert 0 < sum(len(chunk) for chunk in result["chunks"]) < LONG_GENERATION
+    client = GrpcClient(server.grpc_url)
+    chunks = []
+    for chunk in client.stream_bytes(GenerateRequest(text_input="The server", max_tokens=LONG_GENERATION),
+                                     request_id="long"):
+        chunks.append(chunk)
+        if len(chunks) == 2:
+            _, errors = engine_stream(server.grpc_url, stop_request_inputs(), request_id="long")
+            assert errors == []
+    client.close()
+    assert 2 <= len(chunks) < LONG_GENERATION / STREAM_INTERVAL
 
 
 def test_the_backend_metrics_are_published(served):

@@ -61,3 +61,21 @@ def test_settings_are_validated_where_they_are_declared(flags, message):
 
 def test_chunked_context_lets_prompts_exceed_one_step():
     options_of("--engine", "tensorrtllm", "--max-num-tokens", "512", "--chunked-context")
+
+
+@pytest.mark.parametrize("options, flag", [
+    ({"replay_sender_threads": 5, "max_batch_size": 4}, "--replay-sender-threads"),
+    ({"serving": configs.ServingConfig(decoupled=False)}, "--no-streaming"),
+    ({"serving": configs.ServingConfig(max_queue_size=8)}, "--max-queue-size"),
+    ({"engine_instances_given": True}, "--engine-instances"),
+])
+def test_the_cpp_replay_engine_refuses_settings_it_cannot_honour_naming_the_flag(options, flag):
+    if options.pop("engine_instances_given", False):
+        options["serving"] = configs.ServingConfig(engine_instances=2)
+    with pytest.raises(ValueError, match=flag):
+        BuildOptions(model=Path("m"), engine="replay", replay_native=True, **options)
+
+
+def test_a_stream_interval_is_refused_for_the_tensorrtllm_backend_which_has_none():
+    with pytest.raises(ValueError, match="--stream-interval"):
+        BuildOptions(model=Path("m"), engine="tensorrtllm", stream_interval=3)

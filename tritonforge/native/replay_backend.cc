@@ -14,7 +14,7 @@
 // unless `exclude_input_in_output`); with `stream_interval` N, the first token goes out at once and then N
 // at a time. Responses carry `output_ids` [1, 1, n] and `sequence_length` [1, 1],
 // when requested. A `stop` request ends the running request with its request id; a cancelled request ends
-// at the next step. `replay_sender_threads` threads each run their own share of the batch, on one clock.
+// at the next step. `replay_sender_threads` threads each run their own share of the batch at the same step time.
 // It reports Triton's per-model statistics for the time it takes to accept requests (perf_analyzer needs
 // them for every model it profiles), and publishes no engine metrics.
 
@@ -129,6 +129,7 @@ void Send(Stream* stream, const int32_t* ids, size_t count, bool final, TRITONSE
   if (failed != nullptr) {  // the response could not be built: end the stream with that error
     if (response != nullptr) LogError("delete response", TRITONBACKEND_ResponseDelete(response));
     response = nullptr;
+    if (error != nullptr) TRITONSERVER_ErrorDelete(error);
     error = failed;
     final = true;
     LogError("new response", TRITONBACKEND_ResponseNewFromFactory(&response, stream->factory));
@@ -401,7 +402,11 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelIns
     return InvalidArg("tritonforge_replay: parameters replay_step_ms and max_batch_size must be numbers");
   }
   const std::string tokens_path = std::string(location) + "/" + Parameter(config, "replay_tokens");
-  settings.tokens = ReadTokenIds(tokens_path);
+  try {
+    settings.tokens = ReadTokenIds(tokens_path);
+  } catch (const std::exception&) {  // nothing may cross the C ABI into the server
+    return InvalidArg("tritonforge_replay: " + tokens_path + " is not a JSON list of token ids");
+  }
   if (settings.tokens.empty()) return InvalidArg("tritonforge_replay: no token ids in " + tokens_path);
   if (settings.step_ms <= 0 || settings.max_batch_size < 1 || settings.stream_interval < 1)
     return InvalidArg("tritonforge_replay: replay_step_ms must be > 0, max_batch_size and stream_interval >= 1");
