@@ -69,3 +69,15 @@ def test_the_cli_builds_it_with_the_stream_interval_flag(tiny_models, tmp_path):
     assert code == 0
     config = configs.parse_text((tmp_path / "repo" / configs.ENGINE_MODEL / "config.pbtxt").read_text())
     assert config.parameters["stream_interval"].string_value == "3"
+
+
+def test_a_checkpoint_without_safetensors_is_refused_before_anything_is_written(tiny_models, tmp_path):
+    import shutil
+
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(tiny_models["bpe"], checkpoint)
+    for weights in checkpoint.glob("*.safetensors"):
+        weights.unlink()
+    with pytest.raises(FileNotFoundError, match="has no weights"):
+        build(options(checkpoint, tmp_path / "repo"))
+    assert not (tmp_path / "repo").exists()
