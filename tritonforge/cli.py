@@ -122,11 +122,14 @@ def serve_command(args: argparse.Namespace) -> int:
                           log_verbose=args.log_verbose, world_size=world_size,
                           restricted_apis="" if args.open_apis else RESTRICTED_APIS, log_file=args.log_file)
     supervisor = Supervisor(server, wedged_after_s=args.wedged_after_s)
-    stop = threading.Event()
+    stop, serving = threading.Event(), threading.Event()
 
     def on_signal(*_) -> None:
-        # The first SIGINT / SIGTERM stops cleanly (open streams get the server's exit timeout); another one
-        # kills the server's process group at once. Neither interrupts the cleanup, so no stub is left behind.
+        # While the server is still loading, a signal interrupts the wait (the start stops what it started).
+        # Once it serves, the first SIGINT / SIGTERM stops cleanly (open streams get the server's exit timeout);
+        # another one kills the server's process group at once. Neither interrupts the cleanup.
+        if not serving.is_set():
+            raise KeyboardInterrupt
         if stop.is_set() and server.pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(server.pid, signal.SIGKILL)
@@ -140,6 +143,7 @@ def serve_command(args: argparse.Namespace) -> int:
     _say(f"starting tritonserver on {args.repository} ({', '.join(models)}); loading takes a few seconds to "
          f"minutes ...")
     supervisor.start()
+    serving.set()
     gateway = None
     try:
         if args.openai_port:
@@ -148,6 +152,8 @@ def serve_command(args: argparse.Namespace) -> int:
             gateway = GatewayThread(server.grpc_url, host=args.address, port=args.openai_port,
                                     model=args.openai_model, served_model_name=args.served_model_name,
                                     api_key=api_key_from_environment(args.api_key)).start()
+            # At a stop the gateway takes no new request while the server's open ones finish.
+            threading.Thread(target=lambda: (stop.wait(), gateway.stop()), name="gateway-stop", daemon=True).start()
             print(f"OpenAI API: {gateway.base_url}/v1 (model {args.served_model_name!r} → {args.openai_model})")
         print(f"serving {args.repository}: HTTP {server.http_url}, gRPC {server.grpc_url}; log {server.log_path}",
               flush=True)
