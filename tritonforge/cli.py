@@ -363,6 +363,9 @@ def _repository_tokenizer(repository: Path) -> Path:
 def make_tiny_model_command(args: argparse.Namespace) -> int:
     from .tiny_model import SHAPES, make_tiny_model
 
+    if args.output.exists() and (not args.output.is_dir() or any(args.output.iterdir())):
+        raise FileExistsError(f"{args.output} exists and is not an empty folder: the tiny model would overwrite "
+                              f"what is there; choose a new folder")
     path = make_tiny_model(args.output, tokenizer_family=args.tokenizer, shape=SHAPES[args.size])
     print(f"tiny model ready: {path}")
     return 0

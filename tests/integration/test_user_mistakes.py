@@ -49,6 +49,12 @@ def assert_one_line(result: subprocess.CompletedProcess, status: int, *words: st
     return lines[0]
 
 
+def without_perf_analyzer() -> str:
+    """PATH without the folders that hold perf_analyzer (the server's stubs still need the rest, bash first)."""
+    return os.pathsep.join(folder for folder in os.environ.get("PATH", "").split(os.pathsep)
+                           if folder and not (Path(folder) / "perf_analyzer").exists())
+
+
 def closed_port() -> int:
     return free_port()  # nothing listens there (free_port closes its socket)
 
@@ -96,7 +102,7 @@ def test_bench_against_a_server_that_is_down_fails_at_once(repository):
 @pytest.mark.parametrize("command", ["bench", "tune"])
 def test_perf_analyzer_that_is_not_installed_is_named_before_anything_runs(repository, command):
     before = {path: path.read_text() for path in repository.glob("*/config.pbtxt")}
-    environment = {**os.environ, "PATH": str(Path(sys.executable).parent)}  # python, and no perf_analyzer
+    environment = {**os.environ, "PATH": without_perf_analyzer()}
     result = tritonforge(command, str(repository), "--tool", "perf_analyzer", env=environment)
     assert_one_line(result, 1, "perf_analyzer is not on PATH", "--tool asyncio")
     assert {path: path.read_text() for path in repository.glob("*/config.pbtxt")} == before
@@ -259,3 +265,25 @@ def test_build_engine_py_under_a_python_without_the_packages_says_which_python_t
                             timeout=ANSWER_WITHIN_S)
     result.seconds = time.monotonic() - started
     assert_one_line(result, 1, ".venv/bin/python build_engine.py", "scripts/bootstrap.sh")
+
+
+def test_tune_puts_the_configs_back_when_a_measurement_fails(repository, monkeypatch):
+    """The issue's run, through the library (which does not check the tool first): the first candidate is
+    written and served, then perf_analyzer is not found; the configs are the repository's again, not the
+    candidate's."""
+    from tritonforge.tuning import Candidate, current, tune
+
+    monkeypatch.setenv("PATH", without_perf_analyzer())
+    before = {path: path.read_text() for path in repository.glob("*/config.pbtxt")}
+    candidate = Candidate(preprocessing=3, postprocessing=3, bls=2, postprocessing_delay_us=0)
+    assert current(repository) != candidate
+    with pytest.raises(FileNotFoundError, match="perf_analyzer"):
+        tune(repository, [candidate], concurrency=1, duration_s=0.2, tool="perf_analyzer")
+    assert {path: path.read_text() for path in repository.glob("*/config.pbtxt")} == before
+
+
+def test_make_tiny_model_never_writes_over_a_folder_that_holds_files(tiny_models):
+    checkpoint = tiny_models["bpe"]
+    before = {path.name: path.read_bytes() for path in checkpoint.iterdir()}
+    assert_one_line(tritonforge("make-tiny-model", str(checkpoint)), 2, str(checkpoint), "new folder")
+    assert {path.name: path.read_bytes() for path in checkpoint.iterdir()} == before
