@@ -434,6 +434,11 @@ def measure_server(url: str, prompts, *, paths=PATHS, concurrencies=(1, 8, 32, 1
             return asyncio_load(*point)
         return perf_analyzer_load(*point, work=work, ms_per_token=ms_per_token)
 
+    from .client import check_serving
+
+    # A server that is not there (or went away) fails every request as fast as they are sent: say so at once.
+    served = {PATH_MODELS[path]: f"path {path}" for path in paths}
+    check_serving(url, served)
     # Warm-up: first calls load kernels, fill pools, start the stubs' threads.
     for path in paths:
         load(path, min(8, max(concurrencies)), 0 if tool == "asyncio" else 1.5)
@@ -454,6 +459,8 @@ def measure_server(url: str, prompts, *, paths=PATHS, concurrencies=(1, 8, 32, 1
                    "server_stats": statistics_delta(stats_before, model_statistics(url))}
             rows.append(row)
             on_row(row)
+            if row["requests"] and row["errors"] == row["requests"]:
+                check_serving(url, served)  # every request failed: a server that went away ends the run
             print(f"{label:12} {concurrency:4} {path:9} {row['output_tokens_per_s']:10,.0f} tok/s  "
                   f"TTFT p50 {row['ttft_ms_p50']} ms  ITL p50 {row['itl_ms_p50']} ms  "
                   f"errors {row['errors']} {row['first_error'] or ''}"[:600], file=sys.stderr, flush=True)

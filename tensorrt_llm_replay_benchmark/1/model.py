@@ -19,7 +19,6 @@ from tritonforge.triton_adapter import resolve_path, start_heartbeat
 
 class TritonPythonModel:
     def initialize(self, args):
-        start_heartbeat()
         parameters = ReplayEngineParameters.from_model_args(args)
         settings = EngineSettings.from_model_args(args, parameters)
         with open(resolve_path(args, parameters.replay_tokens), encoding="utf-8") as file:
@@ -33,6 +32,7 @@ class TritonPythonModel:
         logging.getLogger(__name__).warning("tensorrt_llm is the REPLAY engine (benchmarking only): it "
                                             "streams pre-set tokens every %s ms", parameters.replay_step_ms)
         self.service = EngineService(pb_utils, settings, engine)
+        start_heartbeat(drain=self.service.drain)
 
     def execute(self, requests):
         for request in requests:

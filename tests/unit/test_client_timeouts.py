@@ -99,3 +99,16 @@ def test_probe_refuses_a_limit_that_is_not_a_positive_number_of_seconds(limit, c
         main(["probe", "--timeout-s", limit])
     assert exit_.value.code == 2
     assert "--timeout-s" in capsys.readouterr().err
+
+
+def test_a_benchmark_against_a_server_that_is_not_there_fails_at_once(tmp_path):
+    """Not ~9,500 errors a point for two minutes: the run ends before its warm-up, naming the address."""
+    from tritonforge.benchmark import measure_server
+    from tritonforge.client import ServerUnavailable
+    from tritonforge.server import free_port
+
+    url = f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    with pytest.raises(ServerUnavailable, match=url):
+        measure_server(url, [("hi", [1, 2])], paths=("ensemble",), concurrencies=(1,), duration_s=30, work=tmp_path)
+    assert time.monotonic() - started < 10
