@@ -167,8 +167,8 @@ def start_heartbeat(drain: Callable[[float], None] | None = None) -> None:
             try:
                 fresh.write_text(repr(time.monotonic()))
                 os.replace(fresh, path)  # readers never see a half-written time
-            except OSError:  # the folder went with its server
-                return
+            except OSError:  # the folder went with its server: keep watching for the server's end above
+                pass
             time.sleep(HEARTBEAT_PERIOD_S)
 
     threading.Thread(target=beat, daemon=True, name="tritonforge-heartbeat").start()

@@ -68,3 +68,43 @@ def test_an_error_the_engine_answered_the_bls_keeps_its_message_and_gets_its_kin
     """Over gRPC the engine's answer carries only its message: its code is read from it, as the gateway does."""
     triton_error = to_triton_error(SimpleNamespace(TritonError=_TritonError), error)
     assert (triton_error.message, triton_error.code) == (str(error), code)
+
+
+STUB_EXIT_S = 30  # the stub checks its server every heartbeat (1 s); the rest absorbs a loaded machine
+
+
+def test_a_stub_whose_server_and_folder_are_gone_exits(tmp_path):
+    """The server (here a parent process) is killed and its work folder removed: the stub must not live on."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    folder = tmp_path / "heartbeats"
+    folder.mkdir()
+    stub = ("import os, sys, time; from tritonforge.triton_adapter import start_heartbeat; start_heartbeat(); "
+            "print(os.getpid(), flush=True); time.sleep(600)")
+    server = ("import subprocess, sys; child = subprocess.Popen([sys.executable, '-c', sys.argv[1]], "
+              "stdout=subprocess.PIPE, text=True); print(child.stdout.readline().strip(), flush=True); "
+              "import time; time.sleep(600)")
+    from tritonforge.triton_adapter import HEARTBEAT_DIR_ENV, HEARTBEAT_PERIOD_S
+
+    env = {**os.environ, HEARTBEAT_DIR_ENV: str(folder)}
+    parent = subprocess.Popen([sys.executable, "-c", server, stub], stdout=subprocess.PIPE, text=True, env=env)
+    stub_pid = int(parent.stdout.readline())
+    try:
+        for name in os.listdir(folder):  # the folder goes first (a sweep, a cleanup) ...
+            os.unlink(folder / name)
+        folder.rmdir()
+        # ... and the stub beats into nothing for a while: not a synchronisation (a shorter wait only lets the
+        # test miss a stub that gives up watching once its folder is gone, never fail a correct one)
+        time.sleep(3 * HEARTBEAT_PERIOD_S)
+        parent.kill()  # ... then the server dies
+        parent.wait()
+        deadline = time.monotonic() + STUB_EXIT_S
+        while os.path.exists(f"/proc/{stub_pid}") and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling: the stub is no child of ours to wait for
+        assert not os.path.exists(f"/proc/{stub_pid}"), "the stub outlived its server"
+    finally:
+        if os.path.exists(f"/proc/{stub_pid}"):
+            os.kill(stub_pid, 9)
