@@ -22,7 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .contract import BLS_MODEL, ENGINE_MODEL, ENSEMBLE_MODEL, POSTPROCESSING_MODEL, PREPROCESSING_MODEL
+from .contract import (
+    BLS_MODEL,
+    ENGINE_MODEL,
+    ENSEMBLE_MODEL,
+    FINAL_RESPONSE_PARAMETER,
+    POSTPROCESSING_MODEL,
+    PREPROCESSING_MODEL,
+)
 from .profiling import cpu_cores, cpu_snapshot, model_statistics, record_stubs, statistics_delta
 from .tiny_model import corpus_lines
 from .tokenization import load_tokenizer
@@ -112,7 +119,7 @@ async def _one_request(client, model: str, arrays: dict[str, np.ndarray], output
             response = result.get_response()
             if response.outputs:
                 timing.arrivals.append(now)
-            final = response.parameters.get("triton_final_response")
+            final = response.parameters.get(FINAL_RESPONSE_PARAMETER)
             if final is not None and final.bool_param:
                 break
     except grpc.aio.AioRpcError as error:  # e.g. DEADLINE_EXCEEDED: counted, and the run goes on

@@ -23,6 +23,7 @@ from .model_parameters import (
     TransformersEngineParameters,
 )
 from .planner import ModelShape, plan_memory
+from .ports import GRPC_PORT
 from .repository import (
     CHECKPOINT_SUBDIR,
     ENGINE_SUBDIR,
@@ -431,8 +432,8 @@ def run_accuracy_gate(options: BuildOptions, progress=print) -> Path:
     reference = options.accuracy_reference or options.model
     if options.dry_run:
         progress("accuracy gate (after the build):")
-        progress(f"  tritonforge serve {options.output} --grpc-port 8001")
-        progress(f"  tritonforge eval --url localhost:8001 --reference {reference} --tokenizer {tokenizer} "
+        progress(f"  tritonforge serve {options.output} --grpc-port {GRPC_PORT}")
+        progress(f"  tritonforge eval --url localhost:{GRPC_PORT} --reference {reference} --tokenizer {tokenizer} "
                  f"--prompts {options.accuracy_gate}")
         return options.output
     from .accuracy import run_eval

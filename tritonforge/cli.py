@@ -20,10 +20,11 @@ from pathlib import Path
 
 from . import model_configs as configs
 from .build import AccuracyGateFailed, BuildOptions, build
-from .contract import BLS_MODEL, ENSEMBLE_MODEL
+from .contract import BLS_MODEL, DEFAULT_MAX_TOKENS, ENSEMBLE_MODEL
 from .liveness import DEFAULT_WEDGED_AFTER_S
 from .openai_gateway import DEFAULT_MODEL as OPENAI_DEFAULT_MODEL
 from .openai_gateway import SERVED_MODEL_NAME
+from .ports import GRPC_PORT, HTTP_PORT, LOCAL_GRPC_URL, LOCAL_HTTP_URL, METRICS_PORT, OPENAI_PORT
 from .repository import tokenizer_dir
 from .settings import add_arguments, given
 from .trtllm import EngineMismatch, TensorRTLLMMissing
@@ -205,8 +206,8 @@ def _client(args: argparse.Namespace):
     from .client import GrpcClient, HttpClient
 
     if args.protocol == "http":
-        return HttpClient(args.url or "127.0.0.1:8000", model=args.model)
-    return GrpcClient(args.url or "127.0.0.1:8001", model=args.model)
+        return HttpClient(args.url or LOCAL_HTTP_URL, model=args.model)
+    return GrpcClient(args.url or LOCAL_GRPC_URL, model=args.model)
 
 
 def _parameters(args: argparse.Namespace) -> dict:
@@ -484,9 +485,9 @@ def make_parser() -> argparse.ArgumentParser:
                             "then the nvidia-pytriton wheel's)")
     serve.add_argument("--address", default="127.0.0.1",
                        help="address the HTTP, gRPC and metrics endpoints listen on (0.0.0.0: every interface)")
-    serve.add_argument("--http-port", type=port, default=8000, help="HTTP/REST port (generate, generate_stream)")
-    serve.add_argument("--grpc-port", type=port, default=8001, help="gRPC port (streaming)")
-    serve.add_argument("--metrics-port", type=port, default=8002, help="Prometheus metrics port")
+    serve.add_argument("--http-port", type=port, default=HTTP_PORT, help="HTTP/REST port (generate, generate_stream)")
+    serve.add_argument("--grpc-port", type=port, default=GRPC_PORT, help="gRPC port (streaming)")
+    serve.add_argument("--metrics-port", type=port, default=METRICS_PORT, help="Prometheus metrics port")
     serve.add_argument("--log-verbose", type=int, default=0, help="tritonserver's --log-verbose level (0: off)")
     serve.add_argument("--wedged-after-s", type=float, default=DEFAULT_WEDGED_AFTER_S,
                        help="restart the server when a Python model has answered no liveness probe for this long "
@@ -507,10 +508,12 @@ def make_parser() -> argparse.ArgumentParser:
     generate.add_argument("prompt", help="the prompt text")
     generate.add_argument("--stream", action="store_true", help="print the text as it is generated")
     generate.add_argument("--protocol", choices=("grpc", "http"), default="grpc", help="how to reach the server")
-    generate.add_argument("--url", default=None, help="host:port (default 127.0.0.1:8001 gRPC, :8000 HTTP)")
+    generate.add_argument("--url", default=None,
+                          help=f"host:port (default {LOCAL_GRPC_URL} gRPC, {LOCAL_HTTP_URL} HTTP)")
     generate.add_argument("--model", default=ENSEMBLE_MODEL, choices=(ENSEMBLE_MODEL, BLS_MODEL),
                           help="which model answers")
-    generate.add_argument("--max-tokens", type=positive_int, default=64, help="tokens to generate at most")
+    generate.add_argument("--max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS,
+                          help="tokens to generate at most")
     generate.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: greedy)")
     generate.add_argument("--top-k", type=int, default=None, help="sample from the k likeliest tokens")
     generate.add_argument("--top-p", type=float, default=None, help="sample from the smallest set of this mass")
@@ -519,7 +522,7 @@ def make_parser() -> argparse.ArgumentParser:
     generate.set_defaults(func=generate_command)
 
     probe = command("probe", "liveness check: does a one-token generation answer in time? (exit 0: yes)")
-    probe.add_argument("--url", default="127.0.0.1:8001", help="gRPC host:port")
+    probe.add_argument("--url", default=LOCAL_GRPC_URL, help="gRPC host:port")
     probe.add_argument("--model", default=ENSEMBLE_MODEL, choices=(ENSEMBLE_MODEL, BLS_MODEL),
                        help="which model answers")
     probe.add_argument("--timeout-s", type=positive_seconds, default=60.0,
@@ -529,12 +532,13 @@ def make_parser() -> argparse.ArgumentParser:
 
     bench = command("bench", "measure a running server: tokens/s, TTFT, ITL per path")
     bench.add_argument("repository", type=Path, help="the served repository (for its tokenizer)")
-    bench.add_argument("--url", default="127.0.0.1:8001", help="gRPC host:port")
+    bench.add_argument("--url", default=LOCAL_GRPC_URL, help="gRPC host:port")
     bench.add_argument("--paths", default="direct,ensemble,bls",
                        help="comma-separated: direct (tensorrt_llm), ensemble, bls")
     bench.add_argument("--concurrency", type=positive_ints, default="1,8,32,128",
                        help="concurrent streams per point, comma-separated")
-    bench.add_argument("--output-tokens", type=positive_int, default=64, help="min_tokens = max_tokens per request")
+    bench.add_argument("--output-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS,
+                       help="min_tokens = max_tokens per request")
     bench.add_argument("--max-prompt-tokens", type=positive_int, default=32, help="prompt length at most")
     bench.add_argument("--duration-s", type=positive_seconds, default=10.0, help="measurement time per point")
     bench.add_argument("--tool", choices=("asyncio", "perf_analyzer"), default="asyncio",
@@ -554,7 +558,8 @@ def make_parser() -> argparse.ArgumentParser:
                              help="write STEM.json and STEM.png (throughput against TTFT p99, chosen marked)")
     tune_parser.add_argument("--concurrency", type=positive_int, default=128, help="concurrent streams to tune for")
     tune_parser.add_argument("--target", type=float, default=0.95, help="efficiency to reach vs the engine alone")
-    tune_parser.add_argument("--output-tokens", type=positive_int, default=64, help="tokens per request")
+    tune_parser.add_argument("--output-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS,
+                             help="tokens per request")
     tune_parser.add_argument("--duration-s", type=positive_seconds, default=10.0, help="measurement time per point")
     tune_parser.add_argument("--tool", choices=("asyncio", "perf_analyzer"), default="asyncio",
                              help="load generator")
@@ -594,9 +599,9 @@ def make_parser() -> argparse.ArgumentParser:
     evaluation.set_defaults(func=eval_command)
 
     gateway = command("openai", "OpenAI-compatible HTTP API in front of a served repository")
-    gateway.add_argument("--url", required=True, help="Triton's gRPC address, e.g. localhost:8001")
+    gateway.add_argument("--url", required=True, help=f"Triton's gRPC address, e.g. localhost:{GRPC_PORT}")
     gateway.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    gateway.add_argument("--port", type=port, default=9000, help="port to listen on")
+    gateway.add_argument("--port", type=port, default=OPENAI_PORT, help="port to listen on")
     gateway.add_argument("--model", default=OPENAI_DEFAULT_MODEL, choices=(BLS_MODEL, ENSEMBLE_MODEL),
                          help="what it calls")
     gateway.add_argument("--served-model-name", default=SERVED_MODEL_NAME,

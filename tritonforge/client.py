@@ -27,7 +27,16 @@ from dataclasses import dataclass, field
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from .contract import BLS_MODEL, ENGINE_MODEL, ENSEMBLE_MODEL, client_inputs, stop_request_inputs
+from .contract import (
+    BLS_MODEL,
+    DEFAULT_MAX_TOKENS,
+    ENGINE_MODEL,
+    ENSEMBLE_MODEL,
+    FINAL_RESPONSE_PARAMETER,
+    client_inputs,
+    stop_request_inputs,
+)
+from .ports import HTTP_PORT
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +97,7 @@ class GenerateRequest:
     """One prompt (or chat) and its parameters, with the ensemble's input names."""
 
     text_input: str | None = None
-    max_tokens: int = 64
+    max_tokens: int = DEFAULT_MAX_TOKENS
     messages: list[dict[str, str]] | None = None
     parameters: dict[str, object] = field(default_factory=dict)
 
@@ -217,7 +226,7 @@ def _texts(chunks: Iterator[bytes]) -> Iterator[str]:
 
 
 def is_final(result) -> bool:
-    final = result.get_response().parameters.get("triton_final_response")
+    final = result.get_response().parameters.get(FINAL_RESPONSE_PARAMETER)
     return final is not None and final.bool_param
 
 
@@ -465,9 +474,9 @@ class HttpClient:
     def __init__(self, url: str, model: str = ENSEMBLE_MODEL, timeout_s: float = RESPONSE_TIMEOUT_S,
                  engine_model: str = ENGINE_MODEL):
         host, _, port = url.replace("http://", "").partition(":")
-        if not host or not (port or "8000").isdigit():
-            raise ValueError(f"url {url!r}: expected HOST:PORT, e.g. 127.0.0.1:8000")
-        self.host, self.port = host, int(port or 8000)
+        if not host or not (port or str(HTTP_PORT)).isdigit():
+            raise ValueError(f"url {url!r}: expected HOST:PORT, e.g. 127.0.0.1:{HTTP_PORT}")
+        self.host, self.port = host, int(port or HTTP_PORT)
         self.model = model
         self.engine_model = engine_model
         self.timeout_s = timeout_s
@@ -560,5 +569,5 @@ def _event_bytes(payload: dict) -> bytes:
 
 
 def _request(prompt: str, parameters: dict) -> GenerateRequest:
-    max_tokens = parameters.pop("max_tokens", 64)
+    max_tokens = parameters.pop("max_tokens", DEFAULT_MAX_TOKENS)
     return GenerateRequest(text_input=prompt, max_tokens=max_tokens, parameters=parameters)

@@ -40,6 +40,11 @@ POSTPROCESSING_MODEL = "postprocessing"
 ENSEMBLE_MODEL = "ensemble"
 BLS_MODEL = "tensorrt_llm_bls"
 
+# Triton's response parameter that marks the last response of a decoupled request's stream.
+FINAL_RESPONSE_PARAMETER = "triton_final_response"
+# Ours: the tokens our clients and tools ask for when a request names no `max_tokens`.
+DEFAULT_MAX_TOKENS = 64
+
 
 @dataclass(frozen=True)
 class Tensor:

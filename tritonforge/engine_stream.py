@@ -25,7 +25,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
-from .contract import stop_request_inputs
+from .contract import FINAL_RESPONSE_PARAMETER, stop_request_inputs
 from .errors import EngineCallError, EngineStreamError
 
 logger = logging.getLogger(__name__)
@@ -33,7 +33,6 @@ logger = logging.getLogger(__name__)
 # Where the BLS finds the server's gRPC endpoint: the launcher that picks the port says so through this
 # variable, which the stubs inherit; otherwise the BLS's `engine_grpc_url` parameter (Triton's default port).
 ENGINE_GRPC_URL_ENV = "TRITONFORGE_ENGINE_GRPC_URL"
-FINAL_PARAMETER = "triton_final_response"
 _UNLIMITED = -1
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", _UNLIMITED), ("grpc.max_send_message_length", _UNLIMITED)]
 _CLOSE = object()  # ends the request iterator, which closes the stream
@@ -157,7 +156,8 @@ class EngineStream:
             engine_call.end(EngineCallError(message.error_message))
             over = True
         else:
-            final = FINAL_PARAMETER in reply.parameters and reply.parameters[FINAL_PARAMETER].bool_param
+            parameters = reply.parameters
+            final = FINAL_RESPONSE_PARAMETER in parameters and parameters[FINAL_RESPONSE_PARAMETER].bool_param
             over = engine_call.deliver(_outputs(reply), final)
         if over:
             with self._lock:

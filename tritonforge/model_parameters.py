@@ -14,6 +14,7 @@ import typing
 from dataclasses import dataclass
 
 from .contract import ENGINE_MODEL
+from .ports import GRPC_PORT
 
 # How often a request's cancellation is checked: each check is an IPC round trip (the tensorrtllm backend's
 # `cancellation_check_period_ms`, which the build sets to the same value).
@@ -86,7 +87,7 @@ class BlsParameters(ModelParameters):
     tensorrt_llm_model_name: str = ENGINE_MODEL  # NVIDIA's BLS names its engine model with this key
     # Where the BLS reaches the engine: this server's gRPC endpoint (engine_stream.py says why). Triton's
     # default port; a launcher that picks another one overrides it for the stubs (ENGINE_GRPC_URL_ENV).
-    engine_grpc_url: str = "localhost:8001"
+    engine_grpc_url: str = f"localhost:{GRPC_PORT}"
     max_concurrency: int = BLS_MAX_CONCURRENCY
     add_special_tokens: bool = True
 

@@ -44,6 +44,7 @@ from .client import (
 from .contract import BLS_MODEL
 from .errors import INTERNAL, UNAVAILABLE, answered_error_kind
 from .gateway_metrics import MULTIPROCESS_DIR_ENV, GatewayMetrics, forget_worker
+from .ports import OPENAI_PORT
 
 # OpenAI's sampling fields → the ensemble's inputs (the BLS takes the same names).
 SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
@@ -437,7 +438,7 @@ def _whole(kind: str, ident: str, created: int, model: str, generation: Generati
             "usage": generation.usage()}
 
 
-def run(url: str, *, host: str = "127.0.0.1", port: int = 9000, model: str = DEFAULT_MODEL,
+def run(url: str, *, host: str = "127.0.0.1", port: int = OPENAI_PORT, model: str = DEFAULT_MODEL,
         served_model_name: str = SERVED_MODEL_NAME, workers: int = 1, api_key: str | None = None) -> None:
     """Serve the gateway until interrupted. One process handles a few thousand streamed chunks a second;
     `workers` processes share the port, each connection going to the one with the fewest open connections
@@ -461,7 +462,7 @@ def run(url: str, *, host: str = "127.0.0.1", port: int = 9000, model: str = DEF
 class GatewayThread:
     """The gateway served by uvicorn in a background thread (beside `tritonforge serve`, and in tests)."""
 
-    def __init__(self, url: str, *, host: str = "127.0.0.1", port: int = 9000, model: str = DEFAULT_MODEL,
+    def __init__(self, url: str, *, host: str = "127.0.0.1", port: int = OPENAI_PORT, model: str = DEFAULT_MODEL,
                  served_model_name: str = SERVED_MODEL_NAME, api_key: str | None = None):
         import threading
 
