@@ -46,6 +46,20 @@ class Serve:
         assert line.startswith("serving"), (line, self.stderr)
         self.url = f"127.0.0.1:{self.grpc_port}"
 
+    def wait_for_stderr(self, text: str, within_s: float = 30) -> bool:
+        """Whether a stderr line holding `text` arrives within `within_s` (lines are read by another thread, so
+        one printed just after stdout's may not be in `stderr` yet)."""
+        if any(text in line for line in self.stderr):
+            return True
+        deadline = time.monotonic() + within_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                if text in self.stderr_lines.get(timeout=left):
+                    return True
+            except queue.Empty:
+                return False
+        return False
+
     def _read_stderr(self) -> None:
         for line in self.process.stderr:
             self.stderr.append(line.rstrip("\n"))
@@ -103,7 +117,7 @@ def serve(repository):
 
 
 def test_serve_says_it_holds_the_terminal_and_answers_from_a_second_one(serve):
-    assert any("second terminal" in line for line in serve.stderr), serve.stderr
+    assert serve.wait_for_stderr("second terminal"), serve.stderr
     assert not any("WARNING" in line or "error" in line for line in serve.stderr), serve.stderr
     result = tritonforge("generate", "The server", "--url", serve.url, "--max-tokens", "4")
     assert result.returncode == 0 and result.stdout.strip(), result.stderr
