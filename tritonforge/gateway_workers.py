@@ -8,7 +8,9 @@ times another's streams to serve. SO_REUSEPORT spreads them by a hash, no better
 
 Here every worker watches the shared listening socket, and a worker accepts only while no other has fewer
 open connections; each publishes its count in a shared array. A waiting connection wakes every worker (the
-socket is level-triggered) until the least loaded one's event loop takes it. The parent process starts the
+socket is level-triggered) until the least loaded one's event loop takes it. The check and the accept happen
+under one lock shared by the workers: without it two workers that both read the same counts both accept, and
+the counts drift apart. The parent process starts the
 workers, starts a new one in place of one that died, and stops them all on SIGINT or SIGTERM.
 """
 
@@ -31,6 +33,7 @@ NOT_SERVING = 2**31 - 1  # a worker's count while it starts or after it died: ne
 RESTART_PAUSE_S = 1.0  # before starting a dead worker's successor, so that a crash loop does not spin
 BACKLOG = 2048  # uvicorn's default
 READY_MESSAGE = "gateway workers serving"  # printed once every worker takes connections
+ACCEPT_LOCK_STUCK_S = 1.0  # the accept lock held this long after a worker died was held by the dead one
 ACCEPT_ERROR_PAUSE_S = 0.1  # a worker that failed to accept stops trying that long (else it spins)
 
 
@@ -54,12 +57,13 @@ def serve_workers(make_app, *, host: str, port: int, workers: int, log_level: st
     processes on host:port until SIGINT or SIGTERM; `on_worker_exit(pid)` is called for a worker that died."""
     context = multiprocessing.get_context("spawn")
     counts = context.Array("i", [NOT_SERVING] * workers, lock=False)
+    accepting = context.Lock()
     sock = listening_socket(host, port)
     stopping = False
 
     def start(index: int):
         process = context.Process(target=_worker_main, name=f"openai-gateway-{index}",
-                                  args=(index, sock, counts, os.getpid(), make_app, log_level))
+                                  args=(index, sock, counts, accepting, os.getpid(), make_app, log_level))
         process.start()
         return process
 
@@ -83,6 +87,7 @@ def serve_workers(make_app, *, host: str, port: int, workers: int, log_level: st
                                  process.pid, process.exitcode)
                     if on_worker_exit is not None:
                         on_worker_exit(process.pid)
+                    _free_if_held_by_the_dead(accepting)
                     time.sleep(RESTART_PAUSE_S)
                     processes[index] = start(index)
     finally:
@@ -98,9 +103,18 @@ def serve_workers(make_app, *, host: str, port: int, workers: int, log_level: st
             signal.signal(sig, handler)
 
 
-def _worker_main(index: int, sock: socket.socket, counts, parent_pid: int, make_app, log_level: str) -> None:
+def _free_if_held_by_the_dead(accepting) -> None:
+    """A worker holds the accept lock for microseconds; one killed inside it would stop every worker from
+    accepting, so a lock still held a second after a worker died was held by that worker."""
+    if not accepting.acquire(timeout=ACCEPT_LOCK_STUCK_S):
+        logger.error("the dead gateway worker held the accept lock; releasing it")
+    accepting.release()
+
+
+def _worker_main(index: int, sock: socket.socket, counts, accepting, parent_pid: int, make_app,
+                 log_level: str) -> None:
     config = uvicorn.Config(make_app(), log_level=log_level)
-    BalancedServer(config, ConnectionBalancer(index, sock, counts), parent_pid).run()
+    BalancedServer(config, ConnectionBalancer(index, sock, counts, accepting), parent_pid).run()
 
 
 class BalancedServer(uvicorn.Server):
@@ -131,8 +145,9 @@ class ConnectionBalancer:
     """Accepts a waiting connection for its worker only while no other worker has fewer open connections,
     and hands it to uvicorn's HTTP protocol, as uvicorn's own listener would."""
 
-    def __init__(self, index: int, listener: socket.socket, counts):
+    def __init__(self, index: int, listener: socket.socket, counts, accepting):
         self.index, self.listener, self.counts = index, listener, counts
+        self.accepting = accepting  # a lock shared by the workers: one checks the counts and accepts at a time
         self.server = None
         self.loop = None
         self.connecting = 0  # accepted, not yet in uvicorn's connections
@@ -160,24 +175,34 @@ class ConnectionBalancer:
                                                  app_state=server.lifespan.state, _loop=self.loop)
 
     def _on_waiting_connection(self) -> None:
+        if not self.accepting.acquire(block=False):
+            return  # another worker is checking: the socket stays readable, so this one is called again
+        try:
+            connection = self._accept_if_least_loaded()
+        finally:
+            self.accepting.release()
+        if connection is not None:
+            self.loop.create_task(self._connect(connection))
+
+    def _accept_if_least_loaded(self) -> socket.socket | None:
         mine = self._open_connections()
         self.counts[self.index] = mine
         if any(count < mine for other, count in enumerate(self.counts) if other != self.index):
-            return  # a less loaded worker takes it
+            return None  # a less loaded worker takes it
         try:
             connection, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
-            return  # another worker took it first
+            return None  # another worker took it first
         except OSError as error:  # e.g. out of file descriptors: pause, the connection stays for another worker
             logger.error("gateway worker %d could not accept a connection: %s", self.index, error)
             self.loop.remove_reader(self.listener.fileno())
             self.loop.call_later(ACCEPT_ERROR_PAUSE_S, self.loop.add_reader, self.listener.fileno(),
                                  self._on_waiting_connection)
-            return
+            return None
         connection.setblocking(False)
         self.connecting += 1
         self.counts[self.index] = mine + 1
-        self.loop.create_task(self._connect(connection))
+        return connection
 
     async def _connect(self, connection: socket.socket) -> None:
         try:
