@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .client import first_string, response_outputs
 from .contract import (
     BLS_MODEL,
     ENGINE_MODEL,
@@ -45,18 +46,30 @@ DEFINITIONS = [
     "steady tokens/s (efficiency): tokens of the requests completed after as many requests as streams had "
     "completed (the ramp is over) and by the last send (after it the run only drains) / that window; "
     "'-' when the run is too short to hold one more round of completions in it",
+    "streams checked / errors: completed streams whose content was checked; requests that failed, and streams "
+    "that did not carry what they should: through the ensemble or the BLS, the streamed chunks joined must equal "
+    "the non-streamed answer to the same prompt; from the engine directly, exactly the requested tokens",
 ]
 REQUEST_TIMEOUT_S = 120
+TEXT_OUTPUT = "text_output"  # what the ensemble and the BLS stream
+TOKEN_OUTPUT = "output_ids"  # what the engine streams (INT32)
+TOKEN_BYTES = 4
+STREAM_OUTPUTS = (TEXT_OUTPUT, TOKEN_OUTPUT)
+ANSWER_CONCURRENCY = 32  # non-streamed answers asked at once before a path's points
 
 
 @dataclass
 class Timing:
-    """One request: send time, arrival time of each streamed response (seconds), tokens, error."""
+    """One request: send time, arrival time of each streamed response (seconds), tokens, error; and what its
+    stream carried, where the load generator recorded it (None: not recorded)."""
 
     sent: float
     arrivals: list[float]
     tokens: int
     error: str | None = None
+    prompt: str | None = None  # its text_input (ensemble, BLS)
+    text: bytes | None = None  # its text_output chunks joined (ensemble, BLS)
+    received_tokens: int | None = None  # tokens in its output_ids (the engine called directly)
 
 
 # ---- workload -----------------------------------------------------------------------------------------------
@@ -109,6 +122,8 @@ async def _one_request(client, model: str, arrays: dict[str, np.ndarray], output
         yield {"model_name": model, "inputs": inputs, "enable_empty_final_response": True}
 
     timing = Timing(sent=time.perf_counter(), arrivals=[], tokens=0)
+    chunks: list[bytes] = []
+    received_tokens = 0
     try:
         # A stream that stops answering is an error of the run, not a hang of the benchmark.
         async for result, error in client.stream_infer(requests(), stream_timeout=REQUEST_TIMEOUT_S):
@@ -119,6 +134,11 @@ async def _one_request(client, model: str, arrays: dict[str, np.ndarray], output
             response = result.get_response()
             if response.outputs:
                 timing.arrivals.append(now)
+                raw = response_outputs(result, STREAM_OUTPUTS)
+                if TEXT_OUTPUT in raw:
+                    chunks.append(first_string(raw[TEXT_OUTPUT]))
+                if TOKEN_OUTPUT in raw:
+                    received_tokens += len(raw[TOKEN_OUTPUT]) // TOKEN_BYTES
             final = response.parameters.get(FINAL_RESPONSE_PARAMETER)
             if final is not None and final.bool_param:
                 break
@@ -127,6 +147,10 @@ async def _one_request(client, model: str, arrays: dict[str, np.ndarray], output
         return timing
     # min_tokens = max_tokens: a completed request carries exactly output_tokens tokens on every path.
     timing.tokens = output_tokens if timing.arrivals else 0
+    if "text_input" in arrays:
+        timing.prompt, timing.text = arrays["text_input"].reshape(-1)[0].decode(), b"".join(chunks)
+    else:
+        timing.received_tokens = received_tokens
     return timing
 
 
@@ -260,18 +284,95 @@ def _perf_analyzer_timings(url: str, model: str, data: list[dict], label: str, c
     if completed.returncode != 0 or not export.exists():
         raise RuntimeError(f"perf_analyzer exited {completed.returncode}: {perf_analyzer_error(completed)}\n"
                            f"command: {' '.join(command)}")
-    # The export records response outputs too: streamed byte chunks that may split a UTF-8 character.
-    experiment = json.loads(export.read_bytes().decode("utf-8", errors="replace"))["experiments"][-1]
+    # The export holds each request's inputs and each response's outputs as the tensors' raw bytes, written
+    # into JSON strings unchecked: surrogateescape keeps every byte, to be had back with `_export_bytes`.
+    experiment = json.loads(export.read_bytes().decode("utf-8", errors="surrogateescape"))["experiments"][-1]
     timings = []
     for request in experiment["requests"]:
         arrivals = [ns / 1e9 for ns in request.get("response_timestamps", [])]
-        timings.append(Timing(sent=request["timestamp"] / 1e9, arrivals=arrivals,
-                              tokens=output_tokens if arrivals else 0))
+        timing = Timing(sent=request["timestamp"] / 1e9, arrivals=arrivals, tokens=output_tokens if arrivals else 0)
+        _record_stream(timing, request)
+        timings.append(timing)
     completed_requests = [t for t in timings if t.arrivals]
     if not completed_requests:
         return timings, duration_s
     wall = max(t.arrivals[-1] for t in completed_requests) - min(t.sent for t in timings)
     return timings, wall
+
+
+def _export_bytes(value: str) -> bytes:
+    return value.encode("utf-8", errors="surrogateescape")
+
+
+def _string_payload(raw: bytes) -> bytes:
+    """A one-element STRING tensor's bytes, with or without its 4-byte length prefix (perf_analyzer records
+    response outputs with it; request inputs as its input data serialized them)."""
+    if len(raw) >= 4 and int.from_bytes(raw[:4], "little") == len(raw) - 4:
+        return raw[4:]
+    return raw
+
+
+def _record_stream(timing: Timing, request: dict) -> None:
+    """What one request of a perf_analyzer export carried; nothing where the export holds no outputs."""
+    outputs = request.get("response_outputs")
+    if outputs is None:
+        return
+    prompt = request.get("request_inputs", {}).get("text_input")
+    if prompt is not None:
+        timing.prompt = _string_payload(_export_bytes(prompt)).decode("utf-8", errors="replace")
+        timing.text = b"".join(first_string(_export_bytes(output[TEXT_OUTPUT]))
+                               for output in outputs if TEXT_OUTPUT in output)
+    else:
+        timing.received_tokens = sum(len(_export_bytes(output[TOKEN_OUTPUT])) // TOKEN_BYTES
+                                     for output in outputs if TOKEN_OUTPUT in output)
+
+
+# ---- what each stream carried -----------------------------------------------------------------------------
+
+
+def expected_answers(url: str, path: str, prompts, output_tokens: int) -> dict[str, bytes]:
+    """The non-streamed answer to each prompt through `path` (ensemble or BLS), asked ANSWER_CONCURRENCY at a
+    time: what each of its streams must carry, chunk by chunk, under load. Empty for the engine called
+    directly (its streams' tokens are counted)."""
+    if path == "direct":
+        return {}
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .client import GenerateRequest, GrpcClient
+
+    def answer(text: str) -> bytes:
+        client = GrpcClient(url, PATH_MODELS[path])  # one stream each: a client's stream serves one request
+        try:
+            request = GenerateRequest(text, output_tokens, parameters={"min_tokens": output_tokens})
+            return b"".join(client.stream_bytes(request, stream=False))
+        finally:
+            client.close()
+
+    texts = [text for text, _ in prompts]
+    with ThreadPoolExecutor(max_workers=ANSWER_CONCURRENCY) as pool:
+        return dict(zip(texts, pool.map(answer, texts)))
+
+
+def check_streams(timings: list[Timing], expected: dict[str, bytes], output_tokens: int) -> int:
+    """Mark as an error each completed stream that did not carry what it should: its chunks joined against the
+    non-streamed answer to its prompt, or the engine's tokens counted. Returns how many streams were checked."""
+    checked = 0
+    for timing in timings:
+        if timing.error is not None or not timing.arrivals:
+            continue
+        if timing.text is not None:
+            checked += 1
+            answer = expected.get(timing.prompt)
+            if answer is None:
+                timing.error = f"a stream for a prompt that was not sent: {timing.prompt!r}"[:300]
+            elif timing.text != answer:
+                timing.error = (f"streamed text differs from its non-streamed answer: {timing.text[:80]!r}... "
+                                f"against {answer[:80]!r}...")
+        elif timing.received_tokens is not None:
+            checked += 1
+            if timing.received_tokens != output_tokens:
+                timing.error = f"the stream carried {timing.received_tokens} tokens, not {output_tokens}"
+    return checked
 
 
 # ---- figures ------------------------------------------------------------------------------------------------
@@ -302,7 +403,8 @@ def summarize(timings: list[Timing], wall_s: float, concurrency: int | None = No
             "steady_output_tokens_per_s": steady_tokens_per_s(done, concurrency) if concurrency else None,
             "ttft_ms_p50": percentile(ttft, 50), "ttft_ms_p99": percentile(ttft, 99),
             "itl_ms_p50": percentile(itl, 50), "itl_ms_p99": percentile(itl, 99),
-            "first_error": next((t.error for t in timings if t.error), None)}
+            "first_error": next((t.error for t in timings if t.error), None),
+            "streams_checked": sum(1 for t in done if t.text is not None or t.received_tokens is not None)}
 
 
 def add_efficiency(rows: list[dict]) -> None:
@@ -318,13 +420,14 @@ def markdown(result: dict) -> str:
     lines = [f"Pipeline efficiency — {meta['machine']}, {meta['date']}, load: {meta['tool']}, "
              f"{meta['output_tokens']} output tokens per request, {meta['duration_s']} s per point",
              "", "| engine | streams | path | output tokens/s | efficiency | steady tokens/s (efficiency) | "
-                 "TTFT p50 / p99 ms | ITL p50 / p99 ms | requests | errors |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+                 "TTFT p50 / p99 ms | ITL p50 / p99 ms | requests | streams checked | errors |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in result["rows"]:
         efficiency = "" if row["path"] == "direct" else f"{row['efficiency']:.2f}" if row["efficiency"] else "-"
         lines.append(f"| {row['engine']} | {row['concurrency']} | {row['path']} | {row['output_tokens_per_s']:,.0f} | "
                      f"{efficiency} | {_steady(row)} | {row['ttft_ms_p50']} / {row['ttft_ms_p99']} | "
-                     f"{row['itl_ms_p50']} / {row['itl_ms_p99']} | {row['requests']} | {row['errors']} |")
+                     f"{row['itl_ms_p50']} / {row['itl_ms_p99']} | {row['requests']} | "
+                     f"{row.get('streams_checked', '-')} | {row['errors']} |")
     lines += ["", *(f"- {definition}" for definition in DEFINITIONS)]
     lines += profile_table(result["rows"])
     if meta.get("notes"):
@@ -449,6 +552,7 @@ def measure_server(url: str, prompts, *, paths=PATHS, concurrencies=(1, 8, 32, 1
     # Warm-up: first calls load kernels, fill pools, start the stubs' threads.
     for path in paths:
         load(path, min(8, max(concurrencies)), 0 if tool == "asyncio" else 1.5)
+    expected = {path: expected_answers(url, path, prompts, output_tokens) for path in paths}
     rows = []
     for concurrency in concurrencies:
         for path in paths:
@@ -458,6 +562,7 @@ def measure_server(url: str, prompts, *, paths=PATHS, concurrencies=(1, 8, 32, 1
             cpu_before, stats_before, started = cpu_snapshot(server_pid), model_statistics(url), time.perf_counter()
             timings, wall = load(path, concurrency, duration_s)
             elapsed = time.perf_counter() - started
+            check_streams(timings, expected[path], output_tokens)
             for recorder in recorders:
                 recorder.wait(timeout=duration_s + 30)
             row = {"engine": label, "concurrency": concurrency, "path": path, "tool": tool,
@@ -470,5 +575,6 @@ def measure_server(url: str, prompts, *, paths=PATHS, concurrencies=(1, 8, 32, 1
                 check_serving(url, served)  # every request failed: a server that went away ends the run
             print(f"{label:12} {concurrency:4} {path:9} {row['output_tokens_per_s']:10,.0f} tok/s  "
                   f"TTFT p50 {row['ttft_ms_p50']} ms  ITL p50 {row['itl_ms_p50']} ms  "
-                  f"errors {row['errors']} {row['first_error'] or ''}"[:600], file=sys.stderr, flush=True)
+                  f"checked {row['streams_checked']}  errors {row['errors']} "
+                  f"{row['first_error'] or ''}"[:600], file=sys.stderr, flush=True)
     return rows

@@ -101,3 +101,59 @@ def test_result_files_keep_every_dot_of_their_name(tmp_path):
         with_extension(tmp_path / name, ".json").write_text(name)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run-4.25ms.json", "run-8.5ms.json"]
 
+
+
+def _string_tensor(text: bytes) -> bytes:
+    return len(text).to_bytes(4, "little") + text
+
+
+def test_streams_read_from_a_perf_analyzer_export_are_checked_against_their_answers(tmp_path, monkeypatch):
+    """perf_analyzer writes each tensor's raw bytes into its export: a stream's text is its text_output chunks
+    joined, a direct stream's tokens its output_ids counted; a stream that differs is an error of its point."""
+    import subprocess
+    from pathlib import Path
+
+    from tritonforge import benchmark
+
+    euro = "€".encode()  # a character of three bytes, split over two chunks of the ensemble's stream
+    requests = [
+        {"timestamp": 1, "response_timestamps": [2, 3], "request_inputs": {"text_input": _string_tensor(b"Hi")},
+         "response_outputs": [{"text_output": _string_tensor(b" a" + euro[:1])},
+                              {"text_output": _string_tensor(euro[1:] + b"\x00b")}]},
+        {"timestamp": 1, "response_timestamps": [2, 3], "request_inputs": {"text_input": b"Hi"},
+         "response_outputs": [{"text_output": _string_tensor(b" b")}, {"text_output": _string_tensor(b" a")}]},
+        {"timestamp": 1, "response_timestamps": [2], "request_inputs": {"input_ids": 7},
+         "response_outputs": [{"output_ids": (5).to_bytes(4, "little") * 2}, {"output_ids": b""}]},
+    ]
+
+    def run(command, **_):
+        export = command[command.index("--profile-export-file") + 1]
+        # As perf_analyzer writes it: raw bytes inside JSON strings, control bytes escaped.
+        text = b'{"experiments": [{"requests": [' + b", ".join(_raw_json(r) for r in requests) + b"]}]}"
+        Path(export).write_bytes(text)
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(benchmark.subprocess, "run", run)
+    timings, _ = benchmark.perf_analyzer_load("h:1", "ensemble", [("Hi", [1])], 8, 2, 2.0, tmp_path)
+    assert timings[0].prompt == "Hi" and timings[0].text == b" a" + euro + b"\x00b"
+    assert timings[2].received_tokens == 2
+    checked = benchmark.check_streams(timings, {"Hi": b" a" + euro + b"\x00b"}, output_tokens=2)
+    assert checked == 3
+    assert timings[0].error is None and timings[2].error is None
+    assert timings[1].error.startswith("streamed text differs from its non-streamed answer")
+    short = benchmark.Timing(sent=0, arrivals=[1], tokens=2, received_tokens=1)
+    benchmark.check_streams([short], {}, output_tokens=2)
+    assert short.error == "the stream carried 1 tokens, not 2"
+
+
+def _raw_json(value) -> bytes:
+    """JSON as rapidjson's writer makes it from raw buffers: bytes as they are, control bytes escaped."""
+    if isinstance(value, dict):
+        return b"{" + b", ".join(_raw_json(k.encode()) + b": " + _raw_json(v) for k, v in value.items()) + b"}"
+    if isinstance(value, list):
+        return b"[" + b", ".join(_raw_json(v) for v in value) + b"]"
+    if isinstance(value, int):
+        return str(value).encode()
+    escaped = b"".join(b"\\u%04x" % byte if byte < 0x20 else b'\\"' if byte == 0x22 else b"\\\\"
+                       if byte == 0x5C else bytes([byte]) for byte in value)
+    return b'"' + escaped + b'"'
