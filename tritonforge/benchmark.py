@@ -305,11 +305,25 @@ def _export_bytes(value: str) -> bytes:
 
 
 def _string_payload(raw: bytes) -> bytes:
-    """A one-element STRING tensor's bytes, with or without its 4-byte length prefix (perf_analyzer records
-    response outputs with it; request inputs as its input data serialized them)."""
+    """A one-element STRING tensor's bytes, with or without its 4-byte length prefix (perf_analyzer versions
+    differ in which they record)."""
     if len(raw) >= 4 and int.from_bytes(raw[:4], "little") == len(raw) - 4:
         return raw[4:]
     return raw
+
+
+def _response_tokens(output: dict) -> int | None:
+    """Tokens in one engine response of the export: its sequence_length, which perf_analyzer writes as a
+    number, or its output_ids as raw bytes or as numbers; None when it holds neither readably."""
+    length = output.get("sequence_length")
+    if isinstance(length, int):
+        return length
+    ids = output.get(TOKEN_OUTPUT)
+    if isinstance(ids, str):  # raw INT32 bytes ("" for a response without tokens)
+        return len(_export_bytes(ids)) // TOKEN_BYTES
+    if isinstance(ids, list):
+        return len(ids)
+    return 1 if isinstance(ids, int) else None
 
 
 def _record_stream(timing: Timing, request: dict) -> None:
@@ -318,13 +332,15 @@ def _record_stream(timing: Timing, request: dict) -> None:
     if outputs is None:
         return
     prompt = request.get("request_inputs", {}).get("text_input")
-    if prompt is not None:
-        timing.prompt = _string_payload(_export_bytes(prompt)).decode("utf-8", errors="replace")
-        timing.text = b"".join(first_string(_export_bytes(output[TEXT_OUTPUT]))
-                               for output in outputs if TEXT_OUTPUT in output)
-    else:
-        timing.received_tokens = sum(len(_export_bytes(output[TOKEN_OUTPUT])) // TOKEN_BYTES
-                                     for output in outputs if TOKEN_OUTPUT in output)
+    if isinstance(prompt, str):
+        chunks = [output[TEXT_OUTPUT] for output in outputs if TEXT_OUTPUT in output]
+        if all(isinstance(chunk, str) for chunk in chunks):
+            timing.prompt = _string_payload(_export_bytes(prompt)).decode("utf-8", errors="replace")
+            timing.text = b"".join(_string_payload(_export_bytes(chunk)) for chunk in chunks)
+    elif prompt is None:
+        tokens = [_response_tokens(output) for output in outputs]
+        if None not in tokens:
+            timing.received_tokens = sum(tokens)
 
 
 # ---- what each stream carried -----------------------------------------------------------------------------

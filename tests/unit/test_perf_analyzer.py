@@ -124,6 +124,13 @@ def test_streams_read_from_a_perf_analyzer_export_are_checked_against_their_answ
          "response_outputs": [{"text_output": _string_tensor(b" b")}, {"text_output": _string_tensor(b" a")}]},
         {"timestamp": 1, "response_timestamps": [2], "request_inputs": {"input_ids": 7},
          "response_outputs": [{"output_ids": (5).to_bytes(4, "little") * 2}, {"output_ids": b""}]},
+        # perf_analyzer 2.60: chunks without the length prefix, numeric tensors as numbers.
+        {"timestamp": 1, "response_timestamps": [2, 3], "request_inputs": {"text_input": b"Hi"},
+         "response_outputs": [{"text_output": b" a" + euro[:1], "cum_log_probs": b""},
+                              {"text_output": euro[1:] + b"\x00b"}]},
+        {"timestamp": 1, "response_timestamps": [2, 3], "request_inputs": {"input_ids": [7, 8]},
+         "response_outputs": [{"sequence_length": 1, "output_ids": 5, "batch_index": b""},
+                              {"output_ids": [5, 6]}, {"sequence_length": b"", "output_ids": b""}]},
     ]
 
     def run(command, **_):
@@ -136,10 +143,12 @@ def test_streams_read_from_a_perf_analyzer_export_are_checked_against_their_answ
     monkeypatch.setattr(benchmark.subprocess, "run", run)
     timings, _ = benchmark.perf_analyzer_load("h:1", "ensemble", [("Hi", [1])], 8, 2, 2.0, tmp_path)
     assert timings[0].prompt == "Hi" and timings[0].text == b" a" + euro + b"\x00b"
-    assert timings[2].received_tokens == 2
+    assert timings[2].received_tokens == 2 and timings[3].text == timings[0].text
+    assert timings[4].received_tokens == 3
     checked = benchmark.check_streams(timings, {"Hi": b" a" + euro + b"\x00b"}, output_tokens=2)
-    assert checked == 3
-    assert timings[0].error is None and timings[2].error is None
+    assert checked == 5
+    assert timings[0].error is None and timings[2].error is None and timings[3].error is None
+    assert timings[4].error == "the stream carried 3 tokens, not 2"
     assert timings[1].error.startswith("streamed text differs from its non-streamed answer")
     short = benchmark.Timing(sent=0, arrivals=[1], tokens=2, received_tokens=1)
     benchmark.check_streams([short], {}, output_tokens=2)
