@@ -166,3 +166,19 @@ def _raw_json(value) -> bytes:
     escaped = b"".join(b"\\u%04x" % byte if byte < 0x20 else b'\\"' if byte == 0x22 else b"\\\\"
                        if byte == 0x5C else bytes([byte]) for byte in value)
     return b'"' + escaped + b'"'
+
+
+def test_the_ensembles_streams_may_show_a_character_cut_between_chunks_as_replacement_characters():
+    """Its postprocessing decodes each chunk alone (docs: streaming): a character cut in two shows as U+FFFD on
+    both sides; everything else must still arrive whole and in order."""
+    from tritonforge.benchmark import Timing, check_streams
+
+    answer = "보냅니다. Emoji 🚀 travel".encode()
+    cut = " ".join(["보냅\ufffd\ufffd다.", "Emoji", "\ufffd\ufffd travel"]).encode()
+    timings = [Timing(sent=0, arrivals=[1], tokens=1, prompt="p", text=text)
+               for text in (cut, cut, cut.replace(b"Emoji", b"Emojo"), cut.replace(b" travel", b""))]
+    check_streams(timings[:1], {"p": answer}, 1, split_characters_replaced=True)
+    check_streams(timings[1:2], {"p": answer}, 1)  # the BLS keeps characters whole: no allowance
+    check_streams(timings[2:], {"p": answer}, 1, split_characters_replaced=True)
+    assert timings[0].error is None
+    assert [t.error is not None for t in timings[1:]] == [True, True, True]
