@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import threading
 
-from .trtllm import TOKENS_PER_BLOCK
+from .release import TOKENS_PER_BLOCK
 
 REQUEST_TYPES = ("waiting", "scheduled", "context", "active", "max")
 KV_BLOCK_TYPES = ("tokens_per", "max", "used", "free", "fraction")

@@ -26,13 +26,11 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
 from .contract import FINAL_RESPONSE_PARAMETER, stop_request_inputs
+from .environment import ENGINE_GRPC_URL_ENV
 from .errors import EngineCallError, EngineStreamError
 
 logger = logging.getLogger(__name__)
 
-# Where the BLS finds the server's gRPC endpoint: the launcher that picks the port says so through this
-# variable, which the stubs inherit; otherwise the BLS's `engine_grpc_url` parameter (Triton's default port).
-ENGINE_GRPC_URL_ENV = "TRITONFORGE_ENGINE_GRPC_URL"
 _UNLIMITED = -1
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", _UNLIMITED), ("grpc.max_send_message_length", _UNLIMITED)]
 _CLOSE = object()  # ends the request iterator, which closes the stream

@@ -51,7 +51,7 @@ class LlmApiMissing(RuntimeError):
 
 def load_llm_api():
     """`tensorrt_llm.llmapi`, or one clear line saying where it runs."""
-    from .trtllm import TRITON_IMAGE, TRTLLM_VERSION
+    from .release import TRITON_IMAGE, TRTLLM_VERSION
 
     try:
         api = importlib.import_module("tensorrt_llm.llmapi")

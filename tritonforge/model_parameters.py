@@ -10,6 +10,7 @@ model's directory); the model resolves them (`triton_adapter.resolve_path`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from dataclasses import dataclass
 
@@ -46,9 +47,13 @@ class ModelParameters:
 
     @classmethod
     def from_model_args(cls, args: dict):
-        from .triton_adapter import model_parameters
-
         return cls.from_config(model_parameters(args))
+
+
+def model_parameters(args: dict) -> dict[str, str]:
+    """The config's `parameters` (from the `args` Triton passes to `initialize`) as plain strings."""
+    parameters = json.loads(args["model_config"]).get("parameters", {})
+    return {key: value.get("string_value", "") for key, value in parameters.items()}
 
 
 def _to_text(value) -> str:

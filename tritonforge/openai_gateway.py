@@ -42,6 +42,7 @@ from .client import (
     response_outputs,
 )
 from .contract import BLS_MODEL
+from .environment import API_KEY_ENV
 from .errors import INTERNAL, UNAVAILABLE, answered_error_kind
 from .gateway_metrics import MULTIPROCESS_DIR_ENV, GatewayMetrics, forget_worker
 from .ports import OPENAI_PORT
@@ -59,9 +60,6 @@ DEFAULT_MODEL = BLS_MODEL
 # The only outputs the gateway reads: responses carry nothing else (less to send, parse and copy per chunk).
 GATEWAY_OUTPUTS = ("text_output", "num_input_tokens", "num_output_tokens")
 CLIENT_CLOSED = 499  # the status the metrics count for a client that disconnected (nginx's convention)
-# Where the key comes from when no --api-key is given: an environment variable, so that a Kubernetes Secret
-# can hand it over without putting it on a command line (/proc/PID/cmdline is readable by local users).
-API_KEY_ENV = "TRITONFORGE_API_KEY"
 # The one path answered without the key: a load balancer's or kubelet's health check carries no credentials.
 UNAUTHENTICATED_PATHS = frozenset({"/health"})
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .trtllm import DTYPE_BYTES, TOKENS_PER_BLOCK, WEIGHT_BYTES
+from .release import TOKENS_PER_BLOCK
+from .trtllm import DTYPE_BYTES, WEIGHT_BYTES
 
 GIB = 1024**3
 DEFAULT_RUNTIME_RESERVE_GIB = 2.0

@@ -37,8 +37,15 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .engine_stream import ENGINE_GRPC_URL_ENV
-from .triton_adapter import DRAINED_SUFFIX, DRAINS_SUFFIX, HEARTBEAT_DIR_ENV, HEARTBEAT_PERIOD_S, STOPPING_FILE
+from .environment import (
+    DRAINED_SUFFIX,
+    DRAINS_SUFFIX,
+    ENGINE_GRPC_URL_ENV,
+    HEARTBEAT_DIR_ENV,
+    HEARTBEAT_PERIOD_S,
+    STOPPING_FILE,
+    TRITONSERVER_ENV,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +196,7 @@ def _pytriton_bundle(work_dir: Path) -> ServerBinary | None:
 
 
 def locate_server(work_dir: Path, explicit: str | os.PathLike | None = None) -> ServerBinary:
-    explicit = explicit or os.environ.get("TRITONSERVER")
+    explicit = explicit or os.environ.get(TRITONSERVER_ENV)
     if explicit:
         path = Path(explicit)
         if not path.is_file():
@@ -460,7 +467,7 @@ class TritonServer:
 
     def _drain(self) -> None:
         """Before the server is signalled: open requests get `drain_timeout_s` to finish, then the engine ends
-        the rest (triton_adapter.STOPPING_FILE: an ensemble request still open when Triton is signalled is never
+        the rest (environment.STOPPING_FILE: an ensemble request still open when Triton is signalled is never
         ended, and holds its exit). Returns once every model that drains has, at the latest a few seconds after
         that time."""
         if self.heartbeat_dir is None or not self.heartbeat_dir.is_dir():

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .environment import DRAINED_SUFFIX, DRAINS_SUFFIX, HEARTBEAT_DIR_ENV, HEARTBEAT_PERIOD_S, STOPPING_FILE
 from .errors import (
     INTERNAL,
     INVALID,
@@ -35,12 +36,6 @@ logger = logging.getLogger(__name__)
 def request_inputs(request) -> dict[str, np.ndarray]:
     """Every input tensor of a request, copied out (request tensors die when execute returns)."""
     return {tensor.name(): np.array(tensor.as_numpy(), copy=True) for tensor in request.inputs()}
-
-
-def model_parameters(args: dict) -> dict[str, str]:
-    """The config's `parameters` as plain strings."""
-    parameters = json.loads(args["model_config"]).get("parameters", {})
-    return {key: value.get("string_value", "") for key, value in parameters.items()}
 
 
 def is_decoupled(args: dict) -> bool:
@@ -119,19 +114,6 @@ def resolve_path(args: dict, value: str) -> str:
     """A path parameter; a relative one is relative to the model's directory, so a repository mounts anywhere."""
     path = Path(value)
     return str(path if path.is_absolute() else (Path(args["model_repository"]) / path).resolve())
-
-
-# Set by `tritonforge serve` in the server's environment, which the stubs inherit (tritonforge/supervisor.py).
-HEARTBEAT_DIR_ENV = "TRITONFORGE_HEARTBEAT_DIR"
-HEARTBEAT_PERIOD_S = 1.0
-# Written into that folder by a launcher that stops the server (tritonforge/server.py), before it signals
-# the server: the time.monotonic() by which open requests must end. A model that drains (the engine) says so
-# at start with a `<pid>.drains` file and, once none of its requests is open, writes `<pid>.drained`; the
-# launcher signals the server after that. Triton 2.51 cannot end an ensemble request once it has been told
-# to stop (the request stays in flight until its exit timeout, and the process then hangs in its exit), so
-# the ensembles must be over before the signal.
-STOPPING_FILE = "stopping"
-DRAINS_SUFFIX, DRAINED_SUFFIX = ".drains", ".drained"
 
 
 def start_heartbeat(drain: Callable[[float], None] | None = None) -> None:

@@ -25,12 +25,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-# The one place naming the pinned release and the container that ships it: the newest pair that still serves
-# engines through the `tensorrtllm` backend. After 1.2, NVIDIA/TensorRT-LLM#15907 (merged 2026-07-03) deletes the
-# C++ backend and every engine model template from triton_backend/, keeping only the LLM-API model, and
-# tensorrtllm_backend#858 drops the engine instructions from its README.
-TRTLLM_VERSION = "1.2.1"
-TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
+from .release import TOKENS_PER_BLOCK, TRITON_IMAGE, TRTLLM_VERSION
+
 # The `-trtllm-python-py3` containers from 25.12 (the previous pin) to the pin: (Triton, TensorRT-LLM).
 # TensorRT-LLM per container: Triton's compatibility matrix (triton-inference-server/server,
 # docs/introduction/compatibility.md @0f963c9a; it lists no trtllm container after 26.07). Triton per container:
@@ -75,7 +71,6 @@ BACKEND_PARAMETER_KEYS = (
 EXAMPLES_DIR = "/app/examples"
 # The printed commands run in the image, so they name its Python, not the one planning the build.
 PYTHON = "python3"
-TOKENS_PER_BLOCK = 32  # trtllm-build's default KV-cache block
 
 QUANTIZATIONS = ("none", "fp8", "int8_sq", "int4_awq", "int8_wo", "int4_wo")
 # What the LLM API (the PyTorch workflow) takes: `LLM(dtype=...)` and `KvCacheConfig(dtype=...)`.

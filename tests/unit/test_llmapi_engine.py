@@ -14,8 +14,8 @@ from tritonforge.errors import UnsupportedError
 from tritonforge.generation import GenerationRequest, QueueFullError
 from tritonforge.limits import EngineLimits
 from tritonforge.llmapi_engine import NO_END_ID, LlmApiEngine, LlmApiMissing, LlmApiSettings, load_llm_api
+from tritonforge.release import TRITON_IMAGE
 from tritonforge.sampling import SamplingParams
-from tritonforge.trtllm import TRITON_IMAGE
 
 DOUBLE = Path(__file__).resolve().parent.parent / "llmapi_test_double"
 VOCAB = 1000

@@ -8,7 +8,8 @@ import urllib.request
 import openai
 import pytest
 
-from tritonforge.openai_gateway import API_KEY_ENV, GatewayThread, api_key_from_environment, authorized
+from tritonforge.environment import API_KEY_ENV
+from tritonforge.openai_gateway import GatewayThread, api_key_from_environment, authorized
 from tritonforge.server import free_port
 
 KEY = "sk-test-7f3a"

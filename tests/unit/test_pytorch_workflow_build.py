@@ -9,8 +9,9 @@ from tritonforge import model_configs as configs
 from tritonforge.build import BuildOptions, build
 from tritonforge.cli import main
 from tritonforge.model_parameters import PyTorchEngineParameters
+from tritonforge.release import TRITON_IMAGE, TRTLLM_VERSION
 from tritonforge.repository import SOURCE_ROOT
-from tritonforge.trtllm import TRITON_IMAGE, TRITON_VERSION, TRTLLM_VERSION
+from tritonforge.trtllm import TRITON_VERSION
 
 
 def options(model, output, **kwargs):

@@ -37,7 +37,8 @@ def test_a_stub_beats_into_the_supervisors_folder_only_when_asked(tmp_path, monk
     import os
     import time
 
-    from tritonforge.triton_adapter import HEARTBEAT_DIR_ENV, start_heartbeat
+    from tritonforge.environment import HEARTBEAT_DIR_ENV
+    from tritonforge.triton_adapter import start_heartbeat
 
     monkeypatch.delenv(HEARTBEAT_DIR_ENV, raising=False)
     start_heartbeat()  # no supervisor: nothing is written anywhere
@@ -87,7 +88,7 @@ def test_a_stub_whose_server_and_folder_are_gone_exits(tmp_path):
     server = ("import subprocess, sys; child = subprocess.Popen([sys.executable, '-c', sys.argv[1]], "
               "stdout=subprocess.PIPE, text=True); print(child.stdout.readline().strip(), flush=True); "
               "import time; time.sleep(600)")
-    from tritonforge.triton_adapter import HEARTBEAT_DIR_ENV, HEARTBEAT_PERIOD_S
+    from tritonforge.environment import HEARTBEAT_DIR_ENV, HEARTBEAT_PERIOD_S
 
     env = {**os.environ, HEARTBEAT_DIR_ENV: str(folder)}
     parent = subprocess.Popen([sys.executable, "-c", server, stub], stdout=subprocess.PIPE, text=True, env=env)

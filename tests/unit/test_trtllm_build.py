@@ -9,11 +9,10 @@ import pytest
 from tritonforge import model_configs as configs
 from tritonforge.build import BuildOptions, build, trt_build_spec
 from tritonforge.cli import main
+from tritonforge.release import TRITON_IMAGE, TRTLLM_VERSION
 from tritonforge.trtllm import (
     CONTAINERS,
     ENGINE_INFO,
-    TRITON_IMAGE,
-    TRTLLM_VERSION,
     EngineMismatch,
     TensorRTLLMMissing,
     build_command,
