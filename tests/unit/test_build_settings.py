@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge import model_configs as configs
-from tritonforge.build import BuildOptions
-from tritonforge.cli import build_options, make_parser
+from tritonforge.build import model_configs as configs
+from tritonforge.build.builder import BuildOptions
+from tritonforge.cli.main import build_options, make_parser
 
 
 def options_of(*flags: str) -> BuildOptions:

@@ -5,7 +5,7 @@ def test_perf_analyzer_measures_streams_in_count_windows_and_reports_its_errors(
     import subprocess
     from pathlib import Path
 
-    from tritonforge.benchmark import perf_analyzer_command, perf_analyzer_error
+    from tritonforge.tools.benchmark import perf_analyzer_command, perf_analyzer_error
 
     command = perf_analyzer_command("h:1", "ensemble", Path("in.json"), 128, 6.0, 64, Path("out.json"))
     flag = {name: command[i + 1] for i, name in enumerate(command[:-1]) if name.startswith("--")}
@@ -31,7 +31,7 @@ def test_perf_analyzer_streams_openai_completions_from_the_gateway(tmp_path, mon
     import json
     import subprocess
 
-    from tritonforge import benchmark
+    from tritonforge.tools import benchmark
 
     commands = []
 
@@ -61,7 +61,7 @@ def test_perf_analyzer_streams_openai_completions_from_the_gateway(tmp_path, mon
 def test_a_failed_perf_analyzer_fails_its_point_alone_with_its_error(tmp_path, monkeypatch):
     import subprocess
 
-    from tritonforge import benchmark
+    from tritonforge.tools import benchmark
 
     def run(command, **_):
         return subprocess.CompletedProcess(command, 99, "", "error: failed to get model config: restricted\n")
@@ -79,7 +79,7 @@ def test_a_perf_analyzer_that_never_ends_fails_its_point_within_its_timeout(tmp_
     after a time that scales with the point's duration."""
     import subprocess
 
-    from tritonforge import benchmark
+    from tritonforge.tools import benchmark
 
     waited = []
 
@@ -95,7 +95,7 @@ def test_a_perf_analyzer_that_never_ends_fails_its_point_within_its_timeout(tmp_
 
 
 def test_result_files_keep_every_dot_of_their_name(tmp_path):
-    from tritonforge.benchmark import with_extension
+    from tritonforge.tools.benchmark import with_extension
 
     for name in ("run-4.25ms", "run-8.5ms"):
         with_extension(tmp_path / name, ".json").write_text(name)
