@@ -30,7 +30,7 @@ from pathlib import Path
 from tritonforge.build import model_configs as configs
 from tritonforge.build.builder import BuildOptions, build
 from tritonforge.build.repository import tokenizer_dir
-from tritonforge.cli.main import positive_ints
+from tritonforge.cli.arguments import positive_ints
 from tritonforge.serve.server import TritonServer
 from tritonforge.tools.benchmark import (
     DEFAULT_MS_PER_TOKEN,

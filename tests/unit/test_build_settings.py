@@ -7,7 +7,8 @@ import pytest
 
 from tritonforge.build import model_configs as configs
 from tritonforge.build.builder import BuildOptions
-from tritonforge.cli.main import build_options, make_parser
+from tritonforge.cli import make_parser
+from tritonforge.cli.build import build_options
 
 
 def options_of(*flags: str) -> BuildOptions:

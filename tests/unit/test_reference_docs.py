@@ -26,7 +26,7 @@ def test_committed_reference_page_equals_the_generated_one(name):
     assert committed.is_file(), f"docs/reference/{name} is missing: run python -m tritonforge.cli.reference_docs"
     assert committed.read_text() == generated()[name], (
         f"docs/reference/{name} differs from what the code generates: never edit it by hand; change the code "
-        f"(contract.py, tensor_meanings.py, model_parameters.py, the settings' fields, cli.py) and run "
+        f"(contract.py, tensor_meanings.py, model_parameters.py, the settings' fields, tritonforge/cli/) and run "
         f"python -m tritonforge.cli.reference_docs")
 
 

@@ -4,7 +4,7 @@
 - model parameters: each Python model's `config.pbtxt` keys from the dataclasses of `model_parameters.py`, and
   the keys a default build writes for the `tensorrtllm` backend;
 - build flags: every field of `BuildOptions` and `ServingConfig` that is an option (`settings.py`);
-- CLI: every `tritonforge` command with its arguments, from the argparse parser of `cli.py`.
+- CLI: every `tritonforge` command with its arguments, from the argparse parser of `cli/` (`main.make_parser`).
 
 `python -m tritonforge.cli.reference_docs` rewrites the pages; a test regenerates them and fails on any difference,
 so a changed default or help text changes the docs in the same commit. Never edit the pages by hand.
