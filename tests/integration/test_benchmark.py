@@ -2,7 +2,7 @@
 
 import pytest
 
-from tritonforge.benchmark import PATHS, add_efficiency, make_prompts, markdown, measure_server
+from tritonforge.tools.benchmark import PATHS, add_efficiency, make_prompts, markdown, measure_server
 
 from .conftest import serve_tiny
 
@@ -49,9 +49,9 @@ def test_bench_without_the_servers_processes_or_statistics_prints_no_table_of_ze
 
 
 def test_tune_measures_each_candidate_and_writes_the_chosen_one(tiny_models, tmp_path):
-    from tritonforge import model_configs as configs
-    from tritonforge.build import BuildOptions, build
-    from tritonforge.tuning import Candidate, choose, current, tune
+    from tritonforge.build import model_configs as configs
+    from tritonforge.build.builder import BuildOptions, build
+    from tritonforge.build.tuning import Candidate, choose, current, tune
 
     repository = tmp_path / "model_repository"
     build(BuildOptions(model=tiny_models["bpe"], output=repository, max_input_len=64, max_seq_len=256,

@@ -5,7 +5,7 @@ def test_perf_analyzer_measures_streams_in_count_windows_and_reports_its_errors(
     import subprocess
     from pathlib import Path
 
-    from tritonforge.benchmark import perf_analyzer_command, perf_analyzer_error
+    from tritonforge.tools.benchmark import perf_analyzer_command, perf_analyzer_error
 
     command = perf_analyzer_command("h:1", "ensemble", Path("in.json"), 128, 6.0, 64, Path("out.json"))
     flag = {name: command[i + 1] for i, name in enumerate(command[:-1]) if name.startswith("--")}
@@ -31,7 +31,7 @@ def test_perf_analyzer_streams_openai_completions_from_the_gateway(tmp_path, mon
     import json
     import subprocess
 
-    from tritonforge import benchmark
+    from tritonforge.tools import benchmark
 
     commands = []
 
@@ -61,7 +61,7 @@ def test_perf_analyzer_streams_openai_completions_from_the_gateway(tmp_path, mon
 def test_a_failed_perf_analyzer_fails_its_point_alone_with_its_error(tmp_path, monkeypatch):
     import subprocess
 
-    from tritonforge import benchmark
+    from tritonforge.tools import benchmark
 
     def run(command, **_):
         return subprocess.CompletedProcess(command, 99, "", "error: failed to get model config: restricted\n")
@@ -79,7 +79,7 @@ def test_a_perf_analyzer_that_never_ends_fails_its_point_within_its_timeout(tmp_
     after a time that scales with the point's duration."""
     import subprocess
 
-    from tritonforge import benchmark
+    from tritonforge.tools import benchmark
 
     waited = []
 
@@ -95,7 +95,7 @@ def test_a_perf_analyzer_that_never_ends_fails_its_point_within_its_timeout(tmp_
 
 
 def test_result_files_keep_every_dot_of_their_name(tmp_path):
-    from tritonforge.benchmark import with_extension
+    from tritonforge.tools.benchmark import with_extension
 
     for name in ("run-4.25ms", "run-8.5ms"):
         with_extension(tmp_path / name, ".json").write_text(name)
@@ -113,7 +113,7 @@ def test_streams_read_from_a_perf_analyzer_export_are_checked_against_their_answ
     import subprocess
     from pathlib import Path
 
-    from tritonforge import benchmark
+    from tritonforge.tools import benchmark
 
     euro = "€".encode()  # a character of three bytes, split over two chunks of the ensemble's stream
     requests = [
@@ -171,7 +171,7 @@ def _raw_json(value) -> bytes:
 def test_the_ensembles_streams_may_show_a_character_cut_between_chunks_as_replacement_characters():
     """Its postprocessing decodes each chunk alone (docs: streaming): a character cut in two shows as U+FFFD on
     both sides; everything else must still arrive whole and in order."""
-    from tritonforge.benchmark import Timing, check_streams
+    from tritonforge.tools.benchmark import Timing, check_streams
 
     answer = "보냅니다. Emoji 🚀 travel".encode()
     cut = " ".join(["보냅\ufffd\ufffd다.", "Emoji", "\ufffd\ufffd travel"]).encode()
