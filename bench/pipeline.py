@@ -106,6 +106,14 @@ def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def _setting_notes(args) -> list[str]:
+    """Lines for the report about settings that change what a client receives."""
+    if args.stream_interval > 1:
+        return [f"engines stream {args.stream_interval} tokens a response after the first "
+                f"(--stream-interval {args.stream_interval})"]
+    return []
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=None, help="checkpoint directory (default: a tiny model)")
@@ -165,7 +173,7 @@ def main() -> int:
     result = {"meta": {"machine": machine_description(), "date": datetime.date.today().isoformat(),
                        "tool": args.tool, "output_tokens": args.output_tokens, "duration_s": args.duration_s,
                        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in settings.items()},
-                       "notes": args.note},
+                       "notes": args.note + _setting_notes(args)},
               "rows": rows}
     stem = args.results_dir / args.name
     stem.parent.mkdir(parents=True, exist_ok=True)
