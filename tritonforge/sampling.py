@@ -171,33 +171,42 @@ class SlotSampler:
     def choose(self, logits: torch.Tensor, rows, steps: torch.Tensor, *, sampling: bool, top_k: bool,
                top_p: bool) -> torch.Tensor:
         """The next token of every row [rows] from processed logits [rows, vocab]: argmax for greedy rows;
-        otherwise temperature, top_k, top_p and a draw from the noise of (seed, step). The flags say whether
-        any row samples, or uses top-k or top-p: without them those ops are skipped."""
+        otherwise a draw from softmax(`scores`) with the noise of (seed, step). The flags say whether any row
+        samples, or uses top-k or top-p: without them those ops are skipped."""
         import torch
 
         greedy = torch.argmax(logits, dim=-1)
         if not sampling:
             return greedy
         table = self.table[rows]
-        scores = logits / table[:, _TEMPERATURE, None].float()
-        if top_k or top_p:
-            vocab = scores.shape[-1]
-            ordered, order = torch.sort(scores, dim=-1, descending=True)
-            if top_k:
-                k = table[:, _TOP_K].long()
-                k = torch.where(k > 1, k.clamp(max=vocab), vocab)  # top_k <= 1 keeps every token
-                kth = ordered.gather(1, (k - 1)[:, None])
-                scores = scores.masked_fill(scores < kth, -math.inf)
-                ordered = ordered.masked_fill(ordered < kth, -math.inf)
-            if top_p:
-                limit = table[:, _TOP_P, None].float()
-                probs = torch.softmax(ordered, dim=-1)
-                # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-                drop = (probs.cumsum(dim=-1) - probs >= limit) & (limit < 1)
-                scores = scores.scatter(1, order, ordered.masked_fill(drop, -math.inf))
+        scores = self.scores(logits, rows, top_k=top_k, top_p=top_p)
         noise = gumbel_noise(table[:, _SEED_LO].long(), table[:, _SEED_HI].long(), steps, scores.shape[-1])
         sampled = torch.argmax(scores + noise, dim=-1)
         return torch.where(table[:, _GREEDY] > 0, greedy, sampled)
+
+    def scores(self, logits: torch.Tensor, rows, *, top_k: bool, top_p: bool) -> torch.Tensor:
+        """What sampling rows draw from, softmax of: logits / temperature, -inf outside top-k and top-p."""
+        import torch
+
+        table = self.table[rows]
+        scores = logits / table[:, _TEMPERATURE, None].float()
+        if not (top_k or top_p):
+            return scores
+        vocab = scores.shape[-1]
+        ordered, order = torch.sort(scores, dim=-1, descending=True)
+        if top_k:
+            k = table[:, _TOP_K].long()
+            k = torch.where(k > 1, k.clamp(max=vocab), vocab)  # top_k <= 1 keeps every token
+            kth = ordered.gather(1, (k - 1)[:, None])
+            scores = scores.masked_fill(scores < kth, -math.inf)
+            ordered = ordered.masked_fill(ordered < kth, -math.inf)
+        if top_p:
+            limit = table[:, _TOP_P, None].float()
+            probs = torch.softmax(ordered, dim=-1)
+            # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+            drop = (probs.cumsum(dim=-1) - probs >= limit) & (limit < 1)
+            scores = scores.scatter(1, order, ordered.masked_fill(drop, -math.inf))
+        return scores
 
     def record(self, rows: slice, tokens: torch.Tensor) -> None:
         """Count the chosen tokens [rows] into the penalty state, in place (on the device: no sync). `rows` is
