@@ -14,12 +14,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tritonforge.accuracy import run_eval
-from tritonforge.benchmark import machine_description, with_extension
-from tritonforge.build import BuildOptions, build
-from tritonforge.repository import tokenizer_dir
-from tritonforge.server import TritonServer
-from tritonforge.tiny_model import degraded_copy, make_tiny_model
+from tritonforge.build.builder import BuildOptions, build
+from tritonforge.build.repository import tokenizer_dir
+from tritonforge.serve.server import TritonServer
+from tritonforge.tools.accuracy import run_eval
+from tritonforge.tools.benchmark import machine_description, with_extension
+from tritonforge.tools.tiny_model import degraded_copy, make_tiny_model
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 

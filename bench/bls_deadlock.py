@@ -1,6 +1,6 @@
 """The load that deadlocked Triton 2.51's Python-backend stub when the BLS called the engine through the
 backend's own BLS API (`InferenceRequest.exec(decoupled=True)`), run against the BLS that now calls the
-engine over the server's gRPC stream (tritonforge/engine_stream.py); with --supervised, under
+engine over the server's gRPC stream (tritonforge/runtime/engine_stream.py); with --supervised, under
 `tritonforge serve`'s supervisor.
 
 The cycle it met (python_backend r24.10 source, unchanged on its main branch; README, Faults, "A deadlock in
@@ -28,13 +28,13 @@ import threading
 import time
 from pathlib import Path
 
-from tritonforge import model_configs as configs
-from tritonforge.benchmark import asyncio_load, machine_description, make_prompts, summarize
-from tritonforge.build import BuildOptions, build
-from tritonforge.repository import tokenizer_dir
-from tritonforge.server import TritonServer
-from tritonforge.supervisor import Supervisor
-from tritonforge.tiny_model import make_tiny_model
+from tritonforge.build import model_configs as configs
+from tritonforge.build.builder import BuildOptions, build
+from tritonforge.build.repository import tokenizer_dir
+from tritonforge.serve.server import TritonServer
+from tritonforge.serve.supervisor import Supervisor
+from tritonforge.tools.benchmark import asyncio_load, machine_description, make_prompts, summarize
+from tritonforge.tools.tiny_model import make_tiny_model
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 

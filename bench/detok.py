@@ -12,9 +12,9 @@ import sys
 import tempfile
 import time
 
-from tritonforge.detokenization import IncrementalDetokenizer, TokenBytes
-from tritonforge.tiny_model import TOKENIZER_FAMILIES, make_tiny_model
-from tritonforge.tokenization import load_tokenizer
+from tritonforge.runtime.detokenization import IncrementalDetokenizer, TokenBytes
+from tritonforge.runtime.tokenization import load_tokenizer
+from tritonforge.tools.tiny_model import TOKENIZER_FAMILIES, make_tiny_model
 
 POSITIONS = (20, 200, 2000)
 REPEATS = 200

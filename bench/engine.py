@@ -15,12 +15,12 @@ import time
 import torch
 from transformers import AutoModelForCausalLM
 
-from tritonforge.generation import GenerationRequest
-from tritonforge.inflight_engine import InflightBatchingEngine
-from tritonforge.limits import EngineLimits
-from tritonforge.sampling import SamplingParams
-from tritonforge.tiny_model import make_tiny_model
-from tritonforge.tokenization import load_tokenizer
+from tritonforge.runtime.generation import GenerationRequest
+from tritonforge.runtime.inflight_engine import InflightBatchingEngine
+from tritonforge.runtime.sampling import SamplingParams
+from tritonforge.runtime.tokenization import load_tokenizer
+from tritonforge.spec.limits import EngineLimits
+from tritonforge.tools.tiny_model import make_tiny_model
 
 
 class Collect:

@@ -1,5 +1,5 @@
 """The transformers engine alone, in-process (no Triton): output tokens/s and TTFT at each concurrency, on the
-random-weight Llama shapes of tritonforge/tiny_model.py (SHAPES: "tiny", "1b"), on CUDA when present.
+random-weight Llama shapes of tritonforge/tools/tiny_model.py (SHAPES: "tiny", "1b"), on CUDA when present.
 
 Each of N streams sends its next request (a random prompt, exactly --output-tokens new tokens, streamed) as
 soon as its previous one ends, as bench/pipeline.py's clients do; tokens are counted over --duration-s after
@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tritonforge.generation import GenerationRequest
-from tritonforge.inflight_engine import InflightBatchingEngine
-from tritonforge.limits import EngineLimits
-from tritonforge.sampling import SamplingParams
-from tritonforge.tiny_model import SHAPES
+from tritonforge.runtime.generation import GenerationRequest
+from tritonforge.runtime.inflight_engine import InflightBatchingEngine
+from tritonforge.runtime.sampling import SamplingParams
+from tritonforge.spec.limits import EngineLimits
+from tritonforge.tools.tiny_model import SHAPES
 
 
 def build_model(size: str, device: str, dtype: torch.dtype):

@@ -27,8 +27,15 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from tritonforge import model_configs as configs
-from tritonforge.benchmark import (
+from tritonforge.build import model_configs as configs
+from tritonforge.build.builder import BuildOptions, build
+from tritonforge.build.repository import tokenizer_dir
+from tritonforge.cli.arguments import positive_ints
+from tritonforge.clients.gateway_metrics import ITL_METRIC, TTFT_METRIC
+from tritonforge.clients.openai_gateway import DEFAULT_MODEL, SERVED_MODEL_NAME
+from tritonforge.serve.server import TritonServer, free_port
+from tritonforge.spec.contract import BLS_MODEL, ENSEMBLE_MODEL
+from tritonforge.tools.benchmark import (
     Timing,
     asyncio_load,
     machine_description,
@@ -38,15 +45,8 @@ from tritonforge.benchmark import (
     summarize,
     with_extension,
 )
-from tritonforge.build import BuildOptions, build
-from tritonforge.cli import positive_ints
-from tritonforge.contract import BLS_MODEL, ENSEMBLE_MODEL
-from tritonforge.gateway_metrics import ITL_METRIC, TTFT_METRIC
-from tritonforge.openai_gateway import DEFAULT_MODEL, SERVED_MODEL_NAME
-from tritonforge.profiling import tree_cpu_seconds, waited_children_cpu_seconds
-from tritonforge.repository import tokenizer_dir
-from tritonforge.server import TritonServer, free_port
-from tritonforge.tiny_model import make_tiny_model
+from tritonforge.tools.profiling import tree_cpu_seconds, waited_children_cpu_seconds
+from tritonforge.tools.tiny_model import make_tiny_model
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 

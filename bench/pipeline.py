@@ -3,9 +3,9 @@ the ensemble, (c) through the BLS, on one server, streaming, side by side at eac
 
 Every request asks for exactly --output-tokens tokens (min_tokens = max_tokens), so every path does equal
 work. The terms (output tokens/s, TTFT, ITL, p50/p99, efficiency) are defined under every printed table
-(tritonforge.benchmark.DEFINITIONS).
+(tritonforge.tools.benchmark.DEFINITIONS).
 
-Load generators (tritonforge/benchmark.py): `asyncio` (tritonclient's asyncio gRPC streaming; one stream
+Load generators (tritonforge/tools/benchmark.py): `asyncio` (tritonclient's asyncio gRPC streaming; one stream
 per concurrent user, each sending its next request when the previous one ends) or `perf_analyzer`
 (--streaming, string inputs through --input-data; timings read from its --profile-export-file). perf_analyzer
 needs glibc 2.38. `tritonforge bench` measures an already running server the same way.
@@ -27,8 +27,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from tritonforge import model_configs as configs
-from tritonforge.benchmark import (
+from tritonforge.build import model_configs as configs
+from tritonforge.build.builder import BuildOptions, build
+from tritonforge.build.repository import tokenizer_dir
+from tritonforge.cli.arguments import positive_ints
+from tritonforge.serve.server import TritonServer
+from tritonforge.tools.benchmark import (
     DEFAULT_MS_PER_TOKEN,
     PATHS,
     add_efficiency,
@@ -39,11 +43,7 @@ from tritonforge.benchmark import (
     with_extension,
     write_results,
 )
-from tritonforge.build import BuildOptions, build
-from tritonforge.cli import positive_ints
-from tritonforge.repository import tokenizer_dir
-from tritonforge.server import TritonServer
-from tritonforge.tiny_model import SHAPES, make_tiny_model
+from tritonforge.tools.tiny_model import SHAPES, make_tiny_model
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -106,6 +106,14 @@ def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def _setting_notes(args) -> list[str]:
+    """Lines for the report about settings that change what a client receives."""
+    if args.stream_interval > 1:
+        return [f"engines stream {args.stream_interval} tokens a response after the first "
+                f"(--stream-interval {args.stream_interval})"]
+    return []
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=None, help="checkpoint directory (default: a tiny model)")
@@ -165,7 +173,7 @@ def main() -> int:
     result = {"meta": {"machine": machine_description(), "date": datetime.date.today().isoformat(),
                        "tool": args.tool, "output_tokens": args.output_tokens, "duration_s": args.duration_s,
                        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in settings.items()},
-                       "notes": args.note},
+                       "notes": args.note + _setting_notes(args)},
               "rows": rows}
     stem = args.results_dir / args.name
     stem.parent.mkdir(parents=True, exist_ok=True)

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from tritonforge import model_configs as configs
-from tritonforge.benchmark import _one_request, machine_description, make_prompts, request_arrays, with_extension
-from tritonforge.build import BuildOptions, build
-from tritonforge.profiling import all_stub_pids
-from tritonforge.repository import tokenizer_dir
-from tritonforge.server import TritonServer
-from tritonforge.tiny_model import make_tiny_model
+from tritonforge.build import model_configs as configs
+from tritonforge.build.builder import BuildOptions, build
+from tritonforge.build.repository import tokenizer_dir
+from tritonforge.serve.server import TritonServer
+from tritonforge.tools.benchmark import _one_request, machine_description, make_prompts, request_arrays, with_extension
+from tritonforge.tools.profiling import all_stub_pids
+from tritonforge.tools.tiny_model import make_tiny_model
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 PATH_MODELS = {"ensemble": "ensemble", "bls": "tensorrt_llm_bls"}

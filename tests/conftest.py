@@ -12,8 +12,8 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2_grpc
 
-from tritonforge.server import free_port
-from tritonforge.tiny_model import TOKENIZER_FAMILIES, make_tiny_model
+from tritonforge.serve.server import free_port
+from tritonforge.tools.tiny_model import TOKENIZER_FAMILIES, make_tiny_model
 
 
 @pytest.fixture(scope="session", params=TOKENIZER_FAMILIES)

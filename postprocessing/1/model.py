@@ -14,9 +14,9 @@ Stateless: streamed chunks may go to any instance. One response per request.
 
 import triton_python_backend_utils as pb_utils
 
-from tritonforge.model_parameters import PostprocessingParameters
-from tritonforge.postprocess import Postprocessor
-from tritonforge.triton_adapter import answer_each, resolve_path, start_heartbeat
+from tritonforge.runtime.postprocess import Postprocessor
+from tritonforge.runtime.triton_adapter import answer_each, resolve_path, start_heartbeat
+from tritonforge.spec.model_parameters import PostprocessingParameters
 
 
 class TritonPythonModel:

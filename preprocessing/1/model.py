@@ -20,10 +20,10 @@ One response per request; a bad request gets its own INVALID_ARG error naming th
 
 import triton_python_backend_utils as pb_utils
 
-from tritonforge.limits import EngineLimits
-from tritonforge.model_parameters import PreprocessingParameters
-from tritonforge.preprocess import Preprocessor
-from tritonforge.triton_adapter import answer_each, resolve_path, start_heartbeat
+from tritonforge.runtime.preprocess import Preprocessor
+from tritonforge.runtime.triton_adapter import answer_each, resolve_path, start_heartbeat
+from tritonforge.spec.limits import EngineLimits
+from tritonforge.spec.model_parameters import PreprocessingParameters
 
 
 class TritonPythonModel:

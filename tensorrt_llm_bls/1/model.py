@@ -11,11 +11,11 @@ import os
 
 import triton_python_backend_utils as pb_utils
 
-from tritonforge.bls import BlsOrchestrator, BlsSettings
-from tritonforge.engine_stream import ENGINE_GRPC_URL_ENV
-from tritonforge.limits import EngineLimits
-from tritonforge.model_parameters import BlsParameters
-from tritonforge.triton_adapter import is_decoupled, resolve_path, start_heartbeat
+from tritonforge.runtime.bls import BlsOrchestrator, BlsSettings
+from tritonforge.runtime.triton_adapter import is_decoupled, resolve_path, start_heartbeat
+from tritonforge.spec.environment import ENGINE_GRPC_URL_ENV
+from tritonforge.spec.limits import EngineLimits
+from tritonforge.spec.model_parameters import BlsParameters
 
 
 class TritonPythonModel:

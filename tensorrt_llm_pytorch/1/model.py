@@ -24,10 +24,10 @@ one response per streamed output when `streaming` (`stream_interval` tokens each
 
 import triton_python_backend_utils as pb_utils
 
-from tritonforge.engine_service import EngineService, EngineSettings
-from tritonforge.llmapi_engine import LlmApiEngine
-from tritonforge.model_parameters import PyTorchEngineParameters
-from tritonforge.triton_adapter import start_heartbeat
+from tritonforge.runtime.engine_service import EngineService, EngineSettings
+from tritonforge.runtime.llmapi_engine import LlmApiEngine
+from tritonforge.runtime.triton_adapter import start_heartbeat
+from tritonforge.spec.model_parameters import PyTorchEngineParameters
 
 
 class TritonPythonModel:

@@ -11,10 +11,10 @@ import logging
 
 import triton_python_backend_utils as pb_utils
 
-from tritonforge.engine_service import EngineService, EngineSettings
-from tritonforge.model_parameters import ReplayEngineParameters
-from tritonforge.replay_engine import ReplayEngine, SharedBatch
-from tritonforge.triton_adapter import resolve_path, start_heartbeat
+from tritonforge.runtime.engine_service import EngineService, EngineSettings
+from tritonforge.runtime.replay_engine import ReplayEngine, SharedBatch
+from tritonforge.runtime.triton_adapter import resolve_path, start_heartbeat
+from tritonforge.spec.model_parameters import ReplayEngineParameters
 
 
 class TritonPythonModel:

@@ -23,9 +23,9 @@ Same tensors as NVIDIA's `tensorrtllm` backend (INTERFACE.md), decoupled; one re
 
 import triton_python_backend_utils as pb_utils
 
-from tritonforge.engine_service import EngineService, EngineSettings
-from tritonforge.model_parameters import TransformersEngineParameters
-from tritonforge.triton_adapter import start_heartbeat
+from tritonforge.runtime.engine_service import EngineService, EngineSettings
+from tritonforge.runtime.triton_adapter import start_heartbeat
+from tritonforge.spec.model_parameters import TransformersEngineParameters
 
 
 class TritonPythonModel:

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tritonforge import model_configs as configs
-from tritonforge.build import BuildOptions, build
-from tritonforge.client import AsyncGrpcClient
-from tritonforge.server import TritonServer
+from tritonforge.build import model_configs as configs
+from tritonforge.build.builder import BuildOptions, build
+from tritonforge.clients.client import AsyncGrpcClient
+from tritonforge.serve.server import TritonServer
 
 MAX_INPUT_LEN = 64
 MAX_SEQ_LEN = 1024

@@ -3,9 +3,9 @@ fail, and worse copies score worse."""
 
 import pytest
 
-from tritonforge.accuracy import DEFAULT_PROMPTS, Thresholds, run_eval
-from tritonforge.build import BuildOptions, build
-from tritonforge.tiny_model import degraded_copy
+from tritonforge.build.builder import BuildOptions, build
+from tritonforge.tools.accuracy import DEFAULT_PROMPTS, Thresholds, run_eval
+from tritonforge.tools.tiny_model import degraded_copy
 
 from .conftest import running
 
@@ -57,7 +57,7 @@ def test_the_figures_grade_the_degradation(reports):
 def test_the_build_marks_a_failing_engine_not_ready_and_serve_refuses_it(tiny_models, tmp_path, capsys):
     import json
 
-    from tritonforge.build import AccuracyGateFailed
+    from tritonforge.build.builder import AccuracyGateFailed
     from tritonforge.cli import main
 
     degraded = degraded_copy(tiny_models["bpe"], tmp_path / "degraded", noise=0.5)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tritonforge.benchmark import PATHS, add_efficiency, make_prompts, markdown, measure_server
+from tritonforge.tools.benchmark import PATHS, add_efficiency, make_prompts, markdown, measure_server
 
 from .conftest import serve_tiny
 
@@ -26,6 +26,7 @@ def test_every_path_completes_fixed_length_streams(served, tmp_path):
     assert [(row["concurrency"], row["path"]) for row in rows] == [(c, p) for c in (1, 3) for p in PATHS]
     for row in rows:
         assert row["errors"] == 0 and row["requests"] >= row["concurrency"], row
+        assert row["streams_checked"] == row["requests"]  # each stream's content against its answer
         assert row["output_tokens_per_s"] > 0 and row["ttft_ms_p50"] is not None and row["itl_ms_p50"] is not None
         assert row["efficiency"] is not None and row["efficiency"] > 0
     table = markdown({"meta": {"machine": "m", "date": "d", "tool": "asyncio", "output_tokens": OUTPUT_TOKENS,
@@ -48,9 +49,9 @@ def test_bench_without_the_servers_processes_or_statistics_prints_no_table_of_ze
 
 
 def test_tune_measures_each_candidate_and_writes_the_chosen_one(tiny_models, tmp_path):
-    from tritonforge import model_configs as configs
-    from tritonforge.build import BuildOptions, build
-    from tritonforge.tuning import Candidate, choose, current, tune
+    from tritonforge.build import model_configs as configs
+    from tritonforge.build.builder import BuildOptions, build
+    from tritonforge.build.tuning import Candidate, choose, current, tune
 
     repository = tmp_path / "model_repository"
     build(BuildOptions(model=tiny_models["bpe"], output=repository, max_input_len=64, max_seq_len=256,

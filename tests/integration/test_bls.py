@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from tritonforge import model_configs as configs
-from tritonforge.build import BuildOptions, build
-from tritonforge.client import AsyncGrpcClient, GenerateRequest, GenerationError, GrpcClient, HttpClient
-from tritonforge.tokenization import load_tokenizer
+from tritonforge.build import model_configs as configs
+from tritonforge.build.builder import BuildOptions, build
+from tritonforge.clients.client import AsyncGrpcClient, GenerateRequest, GenerationError, GrpcClient, HttpClient
+from tritonforge.runtime.tokenization import load_tokenizer
 
 from .conftest import ascii_only, running, stream_concurrently
 

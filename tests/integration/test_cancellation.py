@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tritonforge import model_configs as configs
-from tritonforge.build import BuildOptions, build
-from tritonforge.client import AsyncGrpcClient, GenerateRequest, GrpcClient, HttpClient, ResponseTimeout
-from tritonforge.openai_gateway import GatewayThread
-from tritonforge.server import free_port
-from tritonforge.tokenization import load_tokenizer
+from tritonforge.build import model_configs as configs
+from tritonforge.build.builder import BuildOptions, build
+from tritonforge.clients.client import AsyncGrpcClient, GenerateRequest, GrpcClient, HttpClient, ResponseTimeout
+from tritonforge.clients.openai_gateway import GatewayThread
+from tritonforge.runtime.tokenization import load_tokenizer
+from tritonforge.serve.server import free_port
 
 from .conftest import engine_stream, running
 

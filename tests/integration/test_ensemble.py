@@ -11,9 +11,9 @@ import torch
 import tritonclient.grpc as grpcclient
 from transformers import AutoModelForCausalLM
 
-from tritonforge.client import GenerateRequest, GenerationError, GrpcClient, HttpClient
-from tritonforge.detokenization import TokenBytes
-from tritonforge.tokenization import load_tokenizer, phrase_token_variants
+from tritonforge.clients.client import GenerateRequest, GenerationError, GrpcClient, HttpClient
+from tritonforge.runtime.detokenization import TokenBytes
+from tritonforge.runtime.tokenization import load_tokenizer, phrase_token_variants
 
 from .conftest import MAX_INPUT_LEN, ascii_only, engine_stream, stream_concurrently
 

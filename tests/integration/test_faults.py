@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge import model_configs as configs
-from tritonforge.build import BuildOptions, build
-from tritonforge.client import GrpcClient
-from tritonforge.profiling import all_stub_pids
-from tritonforge.server import SHARED_MEMORY_DIR, TritonServer, free_port
-from tritonforge.supervisor import Supervisor
+from tritonforge.build import model_configs as configs
+from tritonforge.build.builder import BuildOptions, build
+from tritonforge.clients.client import GrpcClient
+from tritonforge.serve.server import SHARED_MEMORY_DIR, TritonServer, free_port
+from tritonforge.serve.supervisor import Supervisor
+from tritonforge.tools.profiling import all_stub_pids
 
 STREAMS = 4
 WEDGED_AFTER_S = 5  # the supervisor's limit here: far above a healthy stub's silence, far below the default

@@ -26,10 +26,10 @@ import openai
 import pytest
 import yaml
 
-from tritonforge import model_configs as configs
-from tritonforge.build import BuildOptions, build
-from tritonforge.profiling import all_stub_pids
-from tritonforge.server import free_port
+from tritonforge.build import model_configs as configs
+from tritonforge.build.builder import BuildOptions, build
+from tritonforge.serve.server import free_port
+from tritonforge.tools.profiling import all_stub_pids
 
 from ..deploy.chart import CHART, NAMESPACE, RECORDING_RULES, render
 from ..deploy.prometheus import adapter_metrics_query, adapter_rule, tool

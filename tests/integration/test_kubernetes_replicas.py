@@ -17,9 +17,9 @@ import urllib.request
 import openai
 import pytest
 
-from tritonforge import model_configs as configs
-from tritonforge.build import BuildOptions, build
-from tritonforge.server import free_port
+from tritonforge.build import model_configs as configs
+from tritonforge.build.builder import BuildOptions, build
+from tritonforge.serve.server import free_port
 
 from ..deploy.chart import render
 from .conftest import MAX_INPUT_LEN, MAX_SEQ_LEN

@@ -7,11 +7,11 @@ import time
 import numpy as np
 import pytest
 
-from tritonforge import model_configs as configs
-from tritonforge.build import BuildOptions, build
-from tritonforge.client import GenerateRequest, GrpcClient
-from tritonforge.native_replay import LIBRARY
-from tritonforge.tokenization import load_tokenizer
+from tritonforge.build import model_configs as configs
+from tritonforge.build.builder import BuildOptions, build
+from tritonforge.build.native_replay import LIBRARY
+from tritonforge.clients.client import GenerateRequest, GrpcClient
+from tritonforge.runtime.tokenization import load_tokenizer
 
 from .conftest import ascii_only, engine_stream, running, stream_concurrently
 from .test_cancellation import ANSWER_S, answer_within, open_long_engine_streams

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.build import BuildOptions, build
-from tritonforge.client import GrpcClient
-from tritonforge.server import DRAIN_END_S, SHARED_MEMORY_DIR, TritonServer, free_port
-from tritonforge.supervisor import Supervisor
+from tritonforge.build.builder import BuildOptions, build
+from tritonforge.clients.client import GrpcClient
+from tritonforge.serve.server import DRAIN_END_S, SHARED_MEMORY_DIR, TritonServer, free_port
+from tritonforge.serve.supervisor import Supervisor
 
 from .test_user_mistakes import assert_one_line, tritonforge
 

@@ -3,7 +3,7 @@ chunk, in order; the stream's end waits for the send in flight."""
 
 import threading
 
-from tritonforge.bls import _Senders, _StreamOutbox
+from tritonforge.runtime.bls import _Senders, _StreamOutbox
 
 WAIT_S = 5
 

@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge import model_configs as configs
-from tritonforge.build import BuildOptions
-from tritonforge.cli import build_options, make_parser
+from tritonforge.build import model_configs as configs
+from tritonforge.build.builder import BuildOptions
+from tritonforge.cli import make_parser
+from tritonforge.cli.build import build_options
 
 
 def options_of(*flags: str) -> BuildOptions:

@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from tritonforge.detokenization import BYTE_LEVEL, SENTENCEPIECE, IncrementalDetokenizer, TokenBytes
-from tritonforge.tokenization import load_tokenizer
+from tritonforge.runtime.detokenization import BYTE_LEVEL, SENTENCEPIECE, IncrementalDetokenizer, TokenBytes
+from tritonforge.runtime.tokenization import load_tokenizer
 
 MULTILINGUAL = ["Hello world, the server", "你好，世界。模型正在生成文本。", "café naïve Ångström",
                 "🚀 🎉 👍🏽 👨‍👩‍👧", "Привет, мир!", "  two  spaces\nand a newline", "こんにちは、世界"]

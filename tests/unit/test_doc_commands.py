@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from tritonforge.build.repository import SOURCE_ROOT
 from tritonforge.cli import make_parser
-from tritonforge.reference_docs import subcommands
-from tritonforge.repository import SOURCE_ROOT
+from tritonforge.cli.reference_docs import subcommands
 
 DOCUMENTS = [SOURCE_ROOT / "README.md", *sorted((SOURCE_ROOT / "docs").rglob("*.md"))]
 COMMAND_START = re.compile(r"^(\.venv/bin/tritonforge|tritonforge|\.venv/bin/python3?|python3?|bash|docker) ")
@@ -242,7 +242,7 @@ tritonforge serve --not-shell
 Inline, `tritonforge probe --url
 localhost:8001` and `serve --log-file` (no program), and a layout line:
 
-    tritonforge/native/        replay_backend.cc     the build's
+    tritonforge/build/native/        replay_backend.cc     the build's
 """
 
 

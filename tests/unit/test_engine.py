@@ -7,12 +7,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tritonforge.errors import RequestError
-from tritonforge.generation import GenerationRequest
-from tritonforge.inflight_engine import InflightBatchingEngine
-from tritonforge.limits import EngineLimits
-from tritonforge.sampling import SamplingParams
-from tritonforge.tokenization import load_tokenizer
+from tritonforge.runtime.generation import GenerationRequest
+from tritonforge.runtime.inflight_engine import InflightBatchingEngine
+from tritonforge.runtime.sampling import SamplingParams
+from tritonforge.runtime.tokenization import load_tokenizer
+from tritonforge.spec.errors import RequestError
+from tritonforge.spec.limits import EngineLimits
 
 PROMPTS = ["The engine", "Hello world, the server reads a request", "你好 🚀", "A", "Stop phrases end"]
 WAIT_S = 120  # generous: CI machines are shared

@@ -3,15 +3,15 @@
 import numpy as np
 import pytest
 
-from tritonforge import contract
-from tritonforge.engine_requests import (
+from tritonforge.runtime.engine_requests import (
     FEATURE_INPUTS,
     FLAG_INPUTS,
     IGNORED_INPUTS,
     SAMPLING_INPUTS,
     parse_engine_request,
 )
-from tritonforge.errors import RequestError, UnsupportedError
+from tritonforge.spec import contract
+from tritonforge.spec.errors import RequestError, UnsupportedError
 
 # Inputs the parser reads itself, besides the sampling and flag inputs.
 PARSED = {"input_ids", "input_lengths", "request_output_len", "end_id", "stop", "beam_width", "num_return_sequences",

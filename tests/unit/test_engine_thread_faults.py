@@ -18,10 +18,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tritonforge.contract import stop_request_inputs
-from tritonforge.engine_service import EngineService, EngineSettings
-from tritonforge.limits import EngineLimits
-from tritonforge.replay_engine import ReplayEngine
+from tritonforge.runtime.engine_service import EngineService, EngineSettings
+from tritonforge.runtime.replay_engine import ReplayEngine
+from tritonforge.spec.contract import stop_request_inputs
+from tritonforge.spec.limits import EngineLimits
 
 FINAL = 1
 WAIT_S = 60

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.liveness import LivenessProbes, probed_models
-from tritonforge.server import TritonServer
-from tritonforge.supervisor import Supervisor
+from tritonforge.serve.liveness import LivenessProbes, probed_models
+from tritonforge.serve.server import TritonServer
+from tritonforge.serve.supervisor import Supervisor
 
 SOURCE_REPOSITORY = Path(__file__).resolve().parents[2]  # the committed config.pbtxt of every model
 MODELS = ["ensemble", "postprocessing", "preprocessing", "tensorrt_llm_bls"]

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tritonforge.errors import UnsupportedError
-from tritonforge.generation import GenerationRequest, QueueFullError
-from tritonforge.limits import EngineLimits
-from tritonforge.llmapi_engine import NO_END_ID, LlmApiEngine, LlmApiMissing, LlmApiSettings, load_llm_api
-from tritonforge.sampling import SamplingParams
-from tritonforge.trtllm import TRITON_IMAGE
+from tritonforge.runtime.generation import GenerationRequest, QueueFullError
+from tritonforge.runtime.llmapi_engine import NO_END_ID, LlmApiEngine, LlmApiMissing, LlmApiSettings, load_llm_api
+from tritonforge.runtime.sampling import SamplingParams
+from tritonforge.spec.errors import UnsupportedError
+from tritonforge.spec.limits import EngineLimits
+from tritonforge.spec.release import TRITON_IMAGE
 
 DOUBLE = Path(__file__).resolve().parent.parent / "llmapi_test_double"
 VOCAB = 1000

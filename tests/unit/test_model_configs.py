@@ -4,9 +4,9 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from tritonforge import model_configs as configs
-from tritonforge.build import BuildOptions, build
-from tritonforge.limits import EngineLimits
+from tritonforge.build import model_configs as configs
+from tritonforge.build.builder import BuildOptions, build
+from tritonforge.spec.limits import EngineLimits
 
 
 def test_repository_configs_parse_and_carry_serving_settings(tiny_models, tmp_path):
@@ -37,7 +37,7 @@ def test_ensemble_wires_every_step_input():
 
 
 # NVIDIA's tensor names at TensorRT-LLM 1.1.0 (triton_backend/all_models/inflight_batcher_llm/*/config.pbtxt),
-# kept here independently of tritonforge/contract.py; multimodal-only tensors are left out on purpose. Checked
+# kept here independently of tritonforge/spec/contract.py; multimodal-only tensors are left out on purpose. Checked
 # again for the 1.2.1 pin in the 1.x templates as stored: tensorrt_llm and ensemble @2a9abd95, tensorrt_llm_bls
 # @0193dbd4, preprocessing @08dc37e3 (which adds only multimodal inputs, such as IMAGES): the same names.
 NVIDIA_ENGINE_INPUTS = {

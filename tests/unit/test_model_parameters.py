@@ -2,7 +2,7 @@
 
 import pytest
 
-from tritonforge.model_parameters import (
+from tritonforge.spec.model_parameters import (
     BlsParameters,
     ParameterError,
     PreprocessingParameters,

@@ -8,8 +8,9 @@ import urllib.request
 import openai
 import pytest
 
-from tritonforge.openai_gateway import API_KEY_ENV, GatewayThread, api_key_from_environment, authorized
-from tritonforge.server import free_port
+from tritonforge.clients.openai_gateway import GatewayThread, api_key_from_environment, authorized
+from tritonforge.serve.server import free_port
+from tritonforge.spec.environment import API_KEY_ENV
 
 KEY = "sk-test-7f3a"
 MODEL = "tiny"

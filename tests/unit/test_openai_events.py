@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from tritonforge.client import GenerationError, ResponseTimeout
-from tritonforge.contract import CLIENT_OUTPUTS
-from tritonforge.openai_gateway import GATEWAY_OUTPUTS, _chunk, _sse, _TextEvents, _triton_error
+from tritonforge.clients.client import GenerationError, ResponseTimeout
+from tritonforge.clients.openai_gateway import GATEWAY_OUTPUTS, _chunk, _sse, _TextEvents, _triton_error
+from tritonforge.spec.contract import CLIENT_OUTPUTS
 
 
 @pytest.mark.parametrize("kind", ["completions", "chat"])

@@ -5,7 +5,7 @@ def test_perf_analyzer_measures_streams_in_count_windows_and_reports_its_errors(
     import subprocess
     from pathlib import Path
 
-    from tritonforge.benchmark import perf_analyzer_command, perf_analyzer_error
+    from tritonforge.tools.benchmark import perf_analyzer_command, perf_analyzer_error
 
     command = perf_analyzer_command("h:1", "ensemble", Path("in.json"), 128, 6.0, 64, Path("out.json"))
     flag = {name: command[i + 1] for i, name in enumerate(command[:-1]) if name.startswith("--")}
@@ -31,7 +31,7 @@ def test_perf_analyzer_streams_openai_completions_from_the_gateway(tmp_path, mon
     import json
     import subprocess
 
-    from tritonforge import benchmark
+    from tritonforge.tools import benchmark
 
     commands = []
 
@@ -61,7 +61,7 @@ def test_perf_analyzer_streams_openai_completions_from_the_gateway(tmp_path, mon
 def test_a_failed_perf_analyzer_fails_its_point_alone_with_its_error(tmp_path, monkeypatch):
     import subprocess
 
-    from tritonforge import benchmark
+    from tritonforge.tools import benchmark
 
     def run(command, **_):
         return subprocess.CompletedProcess(command, 99, "", "error: failed to get model config: restricted\n")
@@ -79,7 +79,7 @@ def test_a_perf_analyzer_that_never_ends_fails_its_point_within_its_timeout(tmp_
     after a time that scales with the point's duration."""
     import subprocess
 
-    from tritonforge import benchmark
+    from tritonforge.tools import benchmark
 
     waited = []
 
@@ -95,9 +95,90 @@ def test_a_perf_analyzer_that_never_ends_fails_its_point_within_its_timeout(tmp_
 
 
 def test_result_files_keep_every_dot_of_their_name(tmp_path):
-    from tritonforge.benchmark import with_extension
+    from tritonforge.tools.benchmark import with_extension
 
     for name in ("run-4.25ms", "run-8.5ms"):
         with_extension(tmp_path / name, ".json").write_text(name)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run-4.25ms.json", "run-8.5ms.json"]
 
+
+
+def _string_tensor(text: bytes) -> bytes:
+    return len(text).to_bytes(4, "little") + text
+
+
+def test_streams_read_from_a_perf_analyzer_export_are_checked_against_their_answers(tmp_path, monkeypatch):
+    """perf_analyzer writes each tensor's raw bytes into its export: a stream's text is its text_output chunks
+    joined, a direct stream's tokens its output_ids counted; a stream that differs is an error of its point."""
+    import subprocess
+    from pathlib import Path
+
+    from tritonforge.tools import benchmark
+
+    euro = "€".encode()  # a character of three bytes, split over two chunks of the ensemble's stream
+    requests = [
+        {"timestamp": 1, "response_timestamps": [2, 3], "request_inputs": {"text_input": _string_tensor(b"Hi")},
+         "response_outputs": [{"text_output": _string_tensor(b" a" + euro[:1])},
+                              {"text_output": _string_tensor(euro[1:] + b"\x00b")}]},
+        {"timestamp": 1, "response_timestamps": [2, 3], "request_inputs": {"text_input": b"Hi"},
+         "response_outputs": [{"text_output": _string_tensor(b" b")}, {"text_output": _string_tensor(b" a")}]},
+        {"timestamp": 1, "response_timestamps": [2], "request_inputs": {"input_ids": 7},
+         "response_outputs": [{"output_ids": (5).to_bytes(4, "little") * 2}, {"output_ids": b""}]},
+        # perf_analyzer 2.60: chunks without the length prefix, numeric tensors as numbers.
+        {"timestamp": 1, "response_timestamps": [2, 3], "request_inputs": {"text_input": b"Hi"},
+         "response_outputs": [{"text_output": b" a" + euro[:1], "cum_log_probs": b""},
+                              {"text_output": euro[1:] + b"\x00b"}]},
+        {"timestamp": 1, "response_timestamps": [2, 3], "request_inputs": {"input_ids": [7, 8]},
+         "response_outputs": [{"sequence_length": 1, "output_ids": 5, "batch_index": b""},
+                              {"output_ids": [5, 6]}, {"sequence_length": b"", "output_ids": b""}]},
+    ]
+
+    def run(command, **_):
+        export = command[command.index("--profile-export-file") + 1]
+        # As perf_analyzer writes it: raw bytes inside JSON strings, control bytes escaped.
+        text = b'{"experiments": [{"requests": [' + b", ".join(_raw_json(r) for r in requests) + b"]}]}"
+        Path(export).write_bytes(text)
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(benchmark.subprocess, "run", run)
+    timings, _ = benchmark.perf_analyzer_load("h:1", "ensemble", [("Hi", [1])], 8, 2, 2.0, tmp_path)
+    assert timings[0].prompt == "Hi" and timings[0].text == b" a" + euro + b"\x00b"
+    assert timings[2].received_tokens == 2 and timings[3].text == timings[0].text
+    assert timings[4].received_tokens == 3
+    checked = benchmark.check_streams(timings, {"Hi": b" a" + euro + b"\x00b"}, output_tokens=2)
+    assert checked == 5
+    assert timings[0].error is None and timings[2].error is None and timings[3].error is None
+    assert timings[4].error == "the stream carried 3 tokens, not 2"
+    assert timings[1].error.startswith("streamed text differs from its non-streamed answer")
+    short = benchmark.Timing(sent=0, arrivals=[1], tokens=2, received_tokens=1)
+    benchmark.check_streams([short], {}, output_tokens=2)
+    assert short.error == "the stream carried 1 tokens, not 2"
+
+
+def _raw_json(value) -> bytes:
+    """JSON as rapidjson's writer makes it from raw buffers: bytes as they are, control bytes escaped."""
+    if isinstance(value, dict):
+        return b"{" + b", ".join(_raw_json(k.encode()) + b": " + _raw_json(v) for k, v in value.items()) + b"}"
+    if isinstance(value, list):
+        return b"[" + b", ".join(_raw_json(v) for v in value) + b"]"
+    if isinstance(value, int):
+        return str(value).encode()
+    escaped = b"".join(b"\\u%04x" % byte if byte < 0x20 else b'\\"' if byte == 0x22 else b"\\\\"
+                       if byte == 0x5C else bytes([byte]) for byte in value)
+    return b'"' + escaped + b'"'
+
+
+def test_the_ensembles_streams_may_show_a_character_cut_between_chunks_as_replacement_characters():
+    """Its postprocessing decodes each chunk alone (docs: streaming): a character cut in two shows as U+FFFD on
+    both sides; everything else must still arrive whole and in order."""
+    from tritonforge.tools.benchmark import Timing, check_streams
+
+    answer = "보냅니다. Emoji 🚀 travel".encode()
+    cut = " ".join(["보냅\ufffd\ufffd다.", "Emoji", "\ufffd\ufffd travel"]).encode()
+    timings = [Timing(sent=0, arrivals=[1], tokens=1, prompt="p", text=text)
+               for text in (cut, cut, cut.replace(b"Emoji", b"Emojo"), cut.replace(b" travel", b""))]
+    check_streams(timings[:1], {"p": answer}, 1, split_characters_replaced=True)
+    check_streams(timings[1:2], {"p": answer}, 1)  # the BLS keeps characters whole: no allowance
+    check_streams(timings[2:], {"p": answer}, 1, split_characters_replaced=True)
+    assert timings[0].error is None
+    assert [t.error is not None for t in timings[1:]] == [True, True, True]

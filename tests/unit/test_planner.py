@@ -2,7 +2,7 @@
 
 import pytest
 
-from tritonforge.planner import GIB, ModelShape, PlanRefused, plan_memory
+from tritonforge.build.planner import GIB, ModelShape, PlanRefused, plan_memory
 
 LLAMA_3_1_8B = ModelShape(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
                           num_heads=32, num_kv_heads=8, head_dim=128, tied_embeddings=False)

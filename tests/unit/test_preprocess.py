@@ -5,11 +5,11 @@ import json
 import numpy as np
 import pytest
 
-from tritonforge.contract import ENGINE_FROM_PREPROCESSING, PREPROCESSING_TO_ENSEMBLE
-from tritonforge.errors import RequestError
-from tritonforge.limits import EngineLimits
-from tritonforge.preprocess import CLIENT_TENSORS, PREPROCESSING_TENSORS, Preprocessor
-from tritonforge.tokenization import from_word_list, to_word_list
+from tritonforge.runtime.preprocess import CLIENT_TENSORS, PREPROCESSING_TENSORS, Preprocessor
+from tritonforge.runtime.tokenization import from_word_list, to_word_list
+from tritonforge.spec.contract import ENGINE_FROM_PREPROCESSING, PREPROCESSING_TO_ENSEMBLE
+from tritonforge.spec.errors import RequestError
+from tritonforge.spec.limits import EngineLimits
 
 LIMITS = EngineLimits(max_input_len=32, max_seq_len=101)
 
@@ -109,7 +109,7 @@ def test_special_token_text_in_a_chat_message_stays_text(tiny_model):
     """A message cannot forge a turn: only the chat template makes special tokens."""
     import json
 
-    from tritonforge.tokenization import PromptEncoder, load_tokenizer
+    from tritonforge.runtime.tokenization import PromptEncoder, load_tokenizer
 
     tokenizer = load_tokenizer(tiny_model)
     encoder = PromptEncoder(tokenizer, max_input_len=512)
@@ -140,7 +140,7 @@ class NeverTokenize:
 
 @pytest.mark.parametrize("field", ["text_input", "messages"])
 def test_a_prompt_too_long_by_its_size_is_refused_before_tokenizing(tiny_models, field):
-    from tritonforge.tokenization import PromptEncoder, load_tokenizer, longest_token
+    from tritonforge.runtime.tokenization import PromptEncoder, load_tokenizer, longest_token
 
     tokenizer = load_tokenizer(tiny_models["bpe"])
     encoder = PromptEncoder(NeverTokenize(tokenizer), max_input_len=32)
@@ -154,7 +154,7 @@ def test_a_prompt_too_long_by_its_size_is_refused_before_tokenizing(tiny_models,
 
 @pytest.mark.parametrize("name, field", [("STOP_WORDS_DICT", "stop_words"), ("BAD_WORDS_DICT", "bad_words")])
 def test_phrase_lists_are_sized_before_they_are_tokenized(preprocessor, name, field):
-    from tritonforge.preprocess import MAX_WORD_BYTES, MAX_WORDS
+    from tritonforge.runtime.preprocess import MAX_WORD_BYTES, MAX_WORDS
 
     too_big = request(QUERY=strings("hello"), REQUEST_OUTPUT_LEN=np.array([[4]], dtype=np.int32),
                       **{name: np.array([["x" * (MAX_WORD_BYTES + 1)]], dtype=object)})

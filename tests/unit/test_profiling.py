@@ -4,7 +4,7 @@ import subprocess
 import sys
 import time
 
-from tritonforge.profiling import cpu_snapshot, tree_cpu_seconds
+from tritonforge.tools.profiling import cpu_snapshot, tree_cpu_seconds
 
 # A parent that starts a child burning 0.5 s of CPU, then both wait: the CPU is the grandchild's alone.
 _PARENT = """

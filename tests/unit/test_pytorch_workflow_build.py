@@ -5,12 +5,13 @@ import json
 
 import pytest
 
-from tritonforge import model_configs as configs
-from tritonforge.build import BuildOptions, build
+from tritonforge.build import model_configs as configs
+from tritonforge.build.builder import BuildOptions, build
+from tritonforge.build.repository import SOURCE_ROOT
+from tritonforge.build.trtllm import TRITON_VERSION
 from tritonforge.cli import main
-from tritonforge.model_parameters import PyTorchEngineParameters
-from tritonforge.repository import SOURCE_ROOT
-from tritonforge.trtllm import TRITON_IMAGE, TRITON_VERSION, TRTLLM_VERSION
+from tritonforge.spec.model_parameters import PyTorchEngineParameters
+from tritonforge.spec.release import TRITON_IMAGE, TRTLLM_VERSION
 
 
 def options(model, output, **kwargs):

@@ -4,9 +4,9 @@ import functools
 
 import pytest
 
-from tritonforge import contract
-from tritonforge.reference_docs import REFERENCE_DIR, contract_tensor_names, pages
-from tritonforge.tensor_meanings import MEANINGS
+from tritonforge.cli.reference_docs import REFERENCE_DIR, contract_tensor_names, pages
+from tritonforge.spec import contract
+from tritonforge.spec.tensor_meanings import MEANINGS
 
 PAGES = ("tensors.md", "model-parameters.md", "build-flags.md", "cli.md")
 
@@ -23,11 +23,11 @@ def test_the_generator_writes_the_pages_listed_here():
 @pytest.mark.parametrize("name", PAGES)
 def test_committed_reference_page_equals_the_generated_one(name):
     committed = REFERENCE_DIR / name
-    assert committed.is_file(), f"docs/reference/{name} is missing: run python -m tritonforge.reference_docs"
+    assert committed.is_file(), f"docs/reference/{name} is missing: run python -m tritonforge.cli.reference_docs"
     assert committed.read_text() == generated()[name], (
         f"docs/reference/{name} differs from what the code generates: never edit it by hand; change the code "
-        f"(contract.py, tensor_meanings.py, model_parameters.py, the settings' fields, cli.py) and run "
-        f"python -m tritonforge.reference_docs")
+        f"(contract.py, tensor_meanings.py, model_parameters.py, the settings' fields, tritonforge/cli/) and run "
+        f"python -m tritonforge.cli.reference_docs")
 
 
 def test_every_tensor_of_the_contract_has_a_meaning():
@@ -53,7 +53,7 @@ def test_every_tensor_row_shows_its_meaning_on_the_tensors_page():
 
 def test_every_build_flag_and_cli_command_is_on_its_page():
     from tritonforge.cli import make_parser
-    from tritonforge.reference_docs import subcommands
+    from tritonforge.cli.reference_docs import subcommands
 
     commands, _ = subcommands(make_parser())
     build_flags = {flag for action in commands["build"]._actions for flag in action.option_strings} - {"-h", "--help"}

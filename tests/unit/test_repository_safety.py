@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from tritonforge.build import BuildOptions, build
-from tritonforge.repository import MANIFEST
+from tritonforge.build.builder import BuildOptions, build
+from tritonforge.build.repository import MANIFEST
 
 
 def build_to(model, output, **kwargs):

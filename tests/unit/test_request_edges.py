@@ -6,13 +6,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tritonforge.client import GenerationError
-from tritonforge.errors import RequestError
-from tritonforge.generation import GenerationRequest, QueueFullError, check_limits
-from tritonforge.limits import EngineLimits
-from tritonforge.openai_gateway import _triton_error
-from tritonforge.preprocess import PREPROCESSING_TENSORS, Preprocessor
-from tritonforge.triton_adapter import answer_each, to_triton_error
+from tritonforge.clients.client import GenerationError
+from tritonforge.clients.openai_gateway import _triton_error
+from tritonforge.runtime.generation import GenerationRequest, QueueFullError, check_limits
+from tritonforge.runtime.preprocess import PREPROCESSING_TENSORS, Preprocessor
+from tritonforge.runtime.triton_adapter import answer_each, to_triton_error
+from tritonforge.spec.errors import RequestError
+from tritonforge.spec.limits import EngineLimits
 
 LIMITS = EngineLimits(max_input_len=32, max_seq_len=101, max_batch_size=2, max_queue_size=3)
 PROMPT = [5, 6, 7, 8]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tritonforge.sampling import SamplingParams, SlotSampler, gumbel_noise
+from tritonforge.runtime.sampling import SamplingParams, SlotSampler, gumbel_noise
 
 VOCAB = 64
 EXACT = 1e-6  # float32 ops in another order: the batched and the per-row results agree to rounding

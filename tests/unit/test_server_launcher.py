@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge import server as launcher
-from tritonforge.server import ServerBinary, TritonServer, redacted
+from tritonforge.serve import server as launcher
+from tritonforge.serve.server import ServerBinary, TritonServer, redacted
 
 
 def fake_binary(tmp_path: Path, help_text: str) -> ServerBinary:
@@ -106,7 +106,7 @@ def test_the_sweep_removes_only_what_dead_runs_of_ours_left(tmp_path):
     import json
     import subprocess
 
-    from tritonforge.server import OWNER_RECORD, WORK_DIR_PREFIX, sweep_leftovers
+    from tritonforge.serve.server import OWNER_RECORD, WORK_DIR_PREFIX, sweep_leftovers
 
     exited = subprocess.Popen(["true"])
     exited.wait()  # its pid names no process now

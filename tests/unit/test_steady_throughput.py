@@ -1,6 +1,6 @@
 """The steady-state throughput of a closed-loop benchmark run leaves out its ramp and its drain."""
 
-from tritonforge.benchmark import Timing, steady_tokens_per_s, summarize
+from tritonforge.tools.benchmark import Timing, steady_tokens_per_s, summarize
 
 TOKENS = 64
 

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tritonforge.errors import EngineCallError, EngineStreamError
-from tritonforge.triton_adapter import output_tensors, requested_outputs, to_triton_error
+from tritonforge.runtime.triton_adapter import output_tensors, requested_outputs, to_triton_error
+from tritonforge.spec.errors import EngineCallError, EngineStreamError
 
 # Only the constructor the adapter calls; the real pb_utils exists only inside the server's stub.
 PB_UTILS_STAND_IN = SimpleNamespace(Tensor=lambda name, value: (name, value))
@@ -37,7 +37,8 @@ def test_a_stub_beats_into_the_supervisors_folder_only_when_asked(tmp_path, monk
     import os
     import time
 
-    from tritonforge.triton_adapter import HEARTBEAT_DIR_ENV, start_heartbeat
+    from tritonforge.runtime.triton_adapter import start_heartbeat
+    from tritonforge.spec.environment import HEARTBEAT_DIR_ENV
 
     monkeypatch.delenv(HEARTBEAT_DIR_ENV, raising=False)
     start_heartbeat()  # no supervisor: nothing is written anywhere
@@ -82,12 +83,12 @@ def test_a_stub_whose_server_and_folder_are_gone_exits(tmp_path):
 
     folder = tmp_path / "heartbeats"
     folder.mkdir()
-    stub = ("import os, sys, time; from tritonforge.triton_adapter import start_heartbeat; start_heartbeat(); "
+    stub = ("import os, sys, time; from tritonforge.runtime.triton_adapter import start_heartbeat; start_heartbeat(); "
             "print(os.getpid(), flush=True); time.sleep(600)")
     server = ("import subprocess, sys; child = subprocess.Popen([sys.executable, '-c', sys.argv[1]], "
               "stdout=subprocess.PIPE, text=True); print(child.stdout.readline().strip(), flush=True); "
               "import time; time.sleep(600)")
-    from tritonforge.triton_adapter import HEARTBEAT_DIR_ENV, HEARTBEAT_PERIOD_S
+    from tritonforge.spec.environment import HEARTBEAT_DIR_ENV, HEARTBEAT_PERIOD_S
 
     env = {**os.environ, HEARTBEAT_DIR_ENV: str(folder)}
     parent = subprocess.Popen([sys.executable, "-c", server, stub], stdout=subprocess.PIPE, text=True, env=env)

@@ -6,14 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge import model_configs as configs
-from tritonforge.build import BuildOptions, build, trt_build_spec
-from tritonforge.cli import main
-from tritonforge.trtllm import (
+from tritonforge.build import model_configs as configs
+from tritonforge.build.builder import BuildOptions, build, trt_build_spec
+from tritonforge.build.trtllm import (
     CONTAINERS,
     ENGINE_INFO,
-    TRITON_IMAGE,
-    TRTLLM_VERSION,
     EngineMismatch,
     TensorRTLLMMissing,
     build_command,
@@ -23,6 +20,8 @@ from tritonforge.trtllm import (
     parse_target_triton,
     runtime_facts,
 )
+from tritonforge.cli import main
+from tritonforge.spec.release import TRITON_IMAGE, TRTLLM_VERSION
 
 # The keys the tensorrtllm backend reads with no default: a config without them aborts the model instance.
 # Read in NVIDIA/TensorRT-LLM triton_backend/inflight_batcher_llm/src/model_instance_state.cc (release 1.1.0, and
@@ -172,7 +171,7 @@ def test_machine_facts_import_neither_torch_nor_tensorrt_llm():
     import subprocess
     import sys
 
-    probe = ("import sys; from tritonforge.trtllm import runtime_facts; runtime_facts(); "
+    probe = ("import sys; from tritonforge.build.trtllm import runtime_facts; runtime_facts(); "
              "print(sorted(m for m in ('torch', 'tensorrt_llm', 'tensorrt') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

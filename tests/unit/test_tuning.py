@@ -2,8 +2,8 @@
 
 from dataclasses import asdict
 
-from tritonforge.build import BuildOptions, build
-from tritonforge.tuning import Candidate, apply, choose, current, grid
+from tritonforge.build.builder import BuildOptions, build
+from tritonforge.build.tuning import Candidate, apply, choose, current, grid
 
 SMALL, LARGE, SLOW = Candidate(2, 4, 4, 0), Candidate(4, 8, 8, 0), Candidate(2, 4, 4, 500)
 

@@ -1,0 +1,46 @@
+"""`tritonforge build`: checkpoint → ready-to-mount model repository. Its flags are generated from the
+fields of BuildOptions and ServingConfig (spec/settings.py), which hold every default."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from ..build import model_configs as configs
+from ..build.builder import BuildOptions, build
+from ..spec.settings import add_arguments, given
+
+SERVING = "serving."  # where the ServingConfig options land in `args`
+INSTANCE_COUNTS = ("preprocessing_instances", "postprocessing_instances", "bls_instances")
+
+
+def _add_build_arguments(parser: argparse.ArgumentParser) -> None:
+    add_arguments(parser, BuildOptions)
+    add_arguments(parser.add_argument_group("serving (Triton's batching, instances and queues)"),
+                  configs.ServingConfig, prefix=SERVING)
+
+
+def build_options(args: argparse.Namespace):
+    """BuildOptions from the flags the user gave; every other value is the dataclasses' default."""
+    options, serving = given(args, BuildOptions), given(args, configs.ServingConfig, prefix=SERVING)
+    engine_batch = options.get("max_batch_size", _default(BuildOptions, "max_batch_size"))
+    serving["max_batch_size"] = max(serving.get("max_batch_size", _default(configs.ServingConfig, "max_batch_size")),
+                                    engine_batch)
+    return BuildOptions(**options, serving=configs.ServingConfig(**serving),
+                        planned_instances=not any(name in serving for name in INSTANCE_COUNTS))
+
+
+def _default(cls, name: str):
+    return next(field.default for field in dataclasses.fields(cls) if field.name == name)
+
+
+def build_command(args: argparse.Namespace) -> int:
+    output = build(build_options(args))
+    print(f"repository ready: {output}")
+    return 0
+
+
+def add_parser(command) -> None:
+    build_parser = command("build", "checkpoint → ready-to-mount model repository")
+    _add_build_arguments(build_parser)
+    build_parser.set_defaults(func=build_command)

@@ -1,0 +1,112 @@
+"""`tritonforge`: build | serve | openai | eval | generate | probe | bench | tune | demo | make-tiny-model.
+
+Every mistake a user can make here ends in one line on stderr that names the problem and what to do, with exit
+status 2 for a usage error (a bad flag, path or port) and 1 for a runtime one (no server answers, a tool is
+missing, the server failed); `-v` adds the detail (`main`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ..build.builder import AccuracyGateFailed
+from ..build.trtllm import EngineMismatch, TensorRTLLMMissing
+from . import accuracy, bench, build, demo, gateway, generate, make_tiny_model, probe, serve, tune
+from .arguments import RepositoryInUse, ToolMissing
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, except where there is none to show (None, a flag's False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if any(action.default is nothing for nothing in (None, False, argparse.SUPPRESS)) \
+                or "%(default)" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """A usage error in one line (argparse's own prints the whole usage first), pointing to --help."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tritonforge")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
+# The commands, in the order --help lists them; each module adds its parser and the function it runs.
+COMMANDS = (build, serve, generate, probe, bench, tune, make_tiny_model, accuracy, gateway, demo)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tritonforge", description=__doc__.split("\n\n")[0], formatter_class=_HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log what happens (INFO) and show the traceback of an error")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=help_text, description=help_text, formatter_class=_HelpFormatter)
+
+    for module in COMMANDS:
+        module.add_parser(command)
+    return parser
+
+
+def _exit_status(error: BaseException) -> int | None:
+    """2 for a usage error (the command line names something wrong), 1 for a runtime one; None: not ours."""
+    from ..clients.client import GenerationError, ServerUnavailable
+    from ..serve.server import PortInUse, ServerError
+    from ..spec.errors import INVALID, answered_error_kind
+
+    if isinstance(error, PortInUse):
+        return 2
+    if isinstance(error, ServerUnavailable):
+        return 1
+    if isinstance(error, GenerationError):  # the server's answer: a bad request is the command line's fault
+        return 2 if answered_error_kind(str(error)) == INVALID else 1
+    if isinstance(error, (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError)):
+        return 2
+    if isinstance(error, (ServerError, ToolMissing, RepositoryInUse, TensorRTLLMMissing, EngineMismatch,
+                          AccuracyGateFailed, OSError)):
+        return 1
+    return None
+
+
+def _advice(error: BaseException) -> str:
+    """What to do, where the message does not say it."""
+    from ..clients.client import ServerUnavailable
+
+    if isinstance(error, ServerUnavailable):
+        return "; is `tritonforge serve` running there? (start it in another terminal, or pass --url HOST:PORT)"
+    return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 - the one place an error becomes a line and an exit status
+        status = _exit_status(error)
+        if args.verbose:
+            logging.getLogger("tritonforge").exception("%s failed", args.command)
+        if status is None:
+            print(f"error: {type(error).__name__}: {error} (a bug: `tritonforge -v {args.command} ...` shows where)",
+                  file=sys.stderr)
+            return 1
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        print(f"error: {message}{_advice(error)}", file=sys.stderr)
+        return status

@@ -1,0 +1,573 @@
+"""Clients for a served repository: gRPC streaming (sync and asyncio) and HTTP `generate` / `generate_stream`.
+
+Every chunk the repository's models send is valid UTF-8; these clients still feed the bytes through an
+incremental UTF-8 decoder, so that a server of another build that splits a character never yields half of one.
+A decoupled model only answers on a gRPC stream, so non-streaming gRPC calls use the stream too.
+
+Every request carries a unique request id. A gRPC stream abandoned before its final response (the caller
+stopped reading, an error, a timeout, a disconnected gateway client) also sends the engine model a `stop`
+request with that id: Triton does not pass a client's cancel on to an ensemble step already running (2.51, and
+Triton's core to date), so without it the engine would generate the abandoned request to its end. Not when the
+client calls the BLS or the engine itself: those see the cancel and stop the engine's request themselves (the
+BLS's engine requests have ids of its own, which a client's stop could not name anyway).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import http.client
+import json
+import logging
+import queue
+import uuid
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..spec.contract import (
+    BLS_MODEL,
+    DEFAULT_MAX_TOKENS,
+    ENGINE_MODEL,
+    ENSEMBLE_MODEL,
+    FINAL_RESPONSE_PARAMETER,
+    client_inputs,
+    stop_request_inputs,
+)
+from ..spec.ports import HTTP_PORT
+
+logger = logging.getLogger(__name__)
+
+# The ensemble's (and the BLS's) inputs, from the one contract module, as tritonclient names their dtypes.
+_TRITON_DTYPE = {"TYPE_STRING": "BYTES", "TYPE_INT32": "INT32", "TYPE_INT64": "INT64", "TYPE_UINT64": "UINT64",
+                 "TYPE_FP32": "FP32", "TYPE_FP16": "FP16", "TYPE_BOOL": "BOOL", "TYPE_UINT8": "UINT8"}
+INPUT_DTYPES = {tensor.name: _TRITON_DTYPE[mc.DataType.Name(tensor.dtype)] for tensor in client_inputs(messages=True)}
+NUMPY_DTYPES = {"BYTES": np.object_, "INT32": np.int32, "INT64": np.int64, "FP32": np.float32, "FP16": np.float16,
+                "UINT64": np.uint64, "UINT8": np.uint8, "BOOL": np.bool_}
+
+
+class GenerationError(RuntimeError):
+    """The server answered with an error (its message names the field at fault)."""
+
+
+class ServerUnavailable(GenerationError):
+    """No server answers at the client's address: nothing listens there, or what listens is no Triton."""
+
+    def __init__(self, url: str, protocol: str, detail: str):
+        self.url = url
+        super().__init__(f"no Triton server answers at {url} ({protocol}): {detail}")
+
+
+def _rpc_failure(url: str, code, details: str | None) -> GenerationError:
+    """The error for a gRPC call that failed as a call (not an error the server answered): UNAVAILABLE is a
+    server that cannot be reached."""
+    import grpc
+
+    name = code.name if isinstance(code, grpc.StatusCode) else str(code).removeprefix("StatusCode.")
+    detail = (details or "").strip() or name
+    if name == "UNAVAILABLE":  # gRPC's detail nests the cause last: "failed to connect ...: Connection refused"
+        return ServerUnavailable(url, "gRPC", detail.rsplit(": ", 1)[-1].rstrip("] "))
+    return GenerationError(f"{name}: {detail}")
+
+
+def _callback_error(url: str, error) -> GenerationError:
+    """A tritonclient stream callback's error: an RPC failure carries its status, an answered error none."""
+    status = error.status() if hasattr(error, "status") else None
+    if status:
+        return _rpc_failure(url, status, error.message() if hasattr(error, "message") else str(error))
+    return GenerationError(str(error))
+
+
+# A stream that gets nothing from the server for this long ends with `ResponseTimeout` instead of waiting for
+# ever (a frozen server: README, Faults); far above any wait for a first token in the engine's queue.
+RESPONSE_TIMEOUT_S = 300.0
+
+
+class ResponseTimeout(GenerationError):
+    """The server sent nothing on a stream for `RESPONSE_TIMEOUT_S` (or the client's own limit)."""
+
+    def __init__(self, model: str, timeout_s: float):
+        super().__init__(f"no response from {model} in {timeout_s:g} s: the server may be stalled")
+
+
+@dataclass
+class GenerateRequest:
+    """One prompt (or chat) and its parameters, with the ensemble's input names."""
+
+    text_input: str | None = None
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    messages: list[dict[str, str]] | None = None
+    parameters: dict[str, object] = field(default_factory=dict)
+
+    def values(self, stream: bool) -> dict[str, object]:
+        values: dict[str, object] = {"max_tokens": self.max_tokens, "stream": stream, **self.parameters}
+        if self.text_input is not None:
+            values["text_input"] = self.text_input
+        if self.messages is not None:
+            values["messages"] = json.dumps(self.messages)
+        unknown = sorted(set(values) - set(INPUT_DTYPES))
+        if unknown:
+            raise ValueError(f"unknown inputs {unknown}; known: {sorted(INPUT_DTYPES)}")
+        return values
+
+    def tensors(self, stream: bool) -> dict[str, np.ndarray]:
+        """The request as [1, n] arrays named like the ensemble's inputs."""
+        out = {}
+        for name, value in self.values(stream).items():
+            dtype = NUMPY_DTYPES[INPUT_DTYPES[name]]
+            items = value if isinstance(value, (list, tuple)) else [value]
+            if dtype is np.object_:
+                items = [item.encode("utf-8") if isinstance(item, str) else item for item in items]
+            out[name] = np.array([items], dtype=dtype)
+        return out
+
+
+SERVING_CHECK_TIMEOUT_S = 10.0
+
+
+def check_serving(url: str, models: dict[str, str]) -> None:
+    """Fail at once unless the server at `url` (gRPC) is ready and serves every model (name → what asked for it,
+    e.g. a flag): a load against a server that is not there fails every request, as fast as it can send them."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        try:
+            ready = client.is_server_ready(client_timeout=SERVING_CHECK_TIMEOUT_S)
+        except InferenceServerException as error:
+            raise _callback_error(url, error) from None
+        if not ready:
+            raise ServerUnavailable(url, "gRPC", "the server is not ready (still loading, or stopping)")
+        for model, asked_by in models.items():
+            if not client.is_model_ready(model, client_timeout=SERVING_CHECK_TIMEOUT_S):
+                raise GenerationError(f"{asked_by}: the server at {url} does not serve {model!r} (a repository "
+                                      f"built without it?)")
+    finally:
+        client.close()
+
+
+class TextAssembler:
+    """Byte chunks in, complete UTF-8 text out (the ensemble's chunks may split a character)."""
+
+    def __init__(self):
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, chunk: bytes) -> str:
+        return self._decoder.decode(chunk)
+
+    def finish(self) -> str:
+        return self._decoder.decode(b"", final=True)
+
+
+def _grpc_inputs(request: GenerateRequest, stream: bool) -> list:
+    import tritonclient.grpc as grpcclient
+
+    return grpc_tensors(grpcclient, request.tensors(stream))
+
+
+STOP_TIMEOUT_S = 5.0
+_TRITON_DTYPE_OF = {np.dtype(numpy_dtype): triton for triton, numpy_dtype in NUMPY_DTYPES.items()}
+
+
+def grpc_tensors(module, arrays: dict[str, np.ndarray]) -> list:
+    """tritonclient inputs (`module`: tritonclient.grpc or its aio) from named arrays, typed by their dtype."""
+    inputs = []
+    for name, array in arrays.items():
+        tensor = module.InferInput(name, list(array.shape), _TRITON_DTYPE_OF[array.dtype])
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+def needs_engine_stop(model: str, engine_model: str = ENGINE_MODEL) -> bool:
+    """Whether a stream of `model` abandoned early must be followed by a `stop` to the engine: every model but
+    the BLS and the engine itself, which act on the cancel (the ensemble, under whatever name it is served)."""
+    return model not in (BLS_MODEL, engine_model)
+
+
+def stop_engine_request(url: str, request_id: str, engine_model: str = ENGINE_MODEL) -> None:
+    """End the engine's running request with this id (nothing happens when none runs); waits for the engine's
+    answer so that the stop is not cancelled in the queue, but no longer than STOP_TIMEOUT_S: an engine that
+    answers nothing (frozen) must not hold the caller."""
+    import tritonclient.grpc as grpcclient
+
+    answered: queue.Queue = queue.Queue()
+    try:
+        client = grpcclient.InferenceServerClient(url)
+        try:
+            client.start_stream(callback=lambda result, error: answered.put(error))
+            client.async_stream_infer(engine_model, grpc_tensors(grpcclient, stop_request_inputs()),
+                                      request_id=request_id, enable_empty_final_response=True)
+            error = answered.get(timeout=STOP_TIMEOUT_S)
+            if error is not None:
+                logger.warning("stopping request %s on %s failed: %s", request_id, engine_model, error)
+        finally:
+            client.stop_stream(cancel_requests=True)  # else it waits for the stop's stream to end
+            client.close()
+    except queue.Empty:
+        logger.warning("stopping request %s on %s: no answer in %.0f s", request_id, engine_model, STOP_TIMEOUT_S)
+    except Exception as error:  # noqa: BLE001 - a stop that fails (server gone) must not hide the caller's error
+        logger.warning("stopping request %s on %s failed: %r", request_id, engine_model, error)
+
+
+def _texts(chunks: Iterator[bytes]) -> Iterator[str]:
+    """Byte chunks as non-empty pieces of complete characters."""
+    assembler = TextAssembler()
+    for chunk in chunks:
+        text = assembler.push(chunk)
+        if text:
+            yield text
+    tail = assembler.finish()
+    if tail:
+        yield tail
+
+
+def is_final(result) -> bool:
+    final = result.get_response().parameters.get(FINAL_RESPONSE_PARAMETER)
+    return final is not None and final.bool_param
+
+
+def response_outputs(result, names: Collection[str]) -> dict[str, bytes]:
+    """The raw contents of the named outputs of one gRPC response, for a per-chunk path: Triton's gRPC frontend
+    sends every output as raw bytes, and tritonclient's `as_numpy` searches the outputs and builds an array for
+    each call."""
+    response = result.get_response()
+    raw = response.raw_output_contents
+    return {output.name: raw[index] for index, output in enumerate(response.outputs) if output.name in names}
+
+
+def first_string(raw: bytes) -> bytes:
+    """The first element of a raw STRING tensor (each element: a 4-byte little-endian length, then the bytes);
+    empty for an empty tensor."""
+    length = int.from_bytes(raw[:4], "little")
+    return raw[4:4 + length]
+
+
+def first_int32(raw: bytes) -> int:
+    """The first element of a raw INT32 tensor; 0 for an empty tensor."""
+    return int.from_bytes(raw[:4], "little", signed=True)
+
+
+def _chunk_bytes(value) -> bytes:
+    if isinstance(value, np.ndarray):
+        value = value.reshape(-1)[0] if value.size else b""
+    return value if isinstance(value, bytes) else str(value).encode("utf-8")
+
+
+class GrpcClient:
+    """Synchronous gRPC client of the ensemble or the BLS (both decoupled)."""
+
+    def __init__(self, url: str, model: str = ENSEMBLE_MODEL, engine_model: str = ENGINE_MODEL):
+        import tritonclient.grpc as grpcclient
+
+        self.client = grpcclient.InferenceServerClient(url)
+        self.url = url
+        self.model = model
+        self.engine_model = engine_model
+
+    def stream_bytes(self, request: GenerateRequest, *, stream: bool = True,
+                     request_id: str | None = None, timeout_s: float = RESPONSE_TIMEOUT_S) -> Iterator[bytes]:
+        """The raw text_output bytes of each response, until the final one."""
+        from tritonclient.utils import InferenceServerException
+
+        responses: queue.Queue = queue.Queue()
+        request_id = request_id or uuid.uuid4().hex
+        finished = False
+        self.client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        try:
+            try:
+                self.client.async_stream_infer(self.model, _grpc_inputs(request, stream), request_id=request_id,
+                                               enable_empty_final_response=True)
+            except InferenceServerException:
+                # The stream already failed (a server that cannot be reached fails it at once, in tritonclient's
+                # own thread): the callback has the cause, or will have it in a moment.
+                try:
+                    _, error = responses.get(timeout=STOP_TIMEOUT_S)
+                except queue.Empty:
+                    raise GenerationError(f"the gRPC stream to {self.url} failed before the request was sent") from None
+                raise _callback_error(self.url, error) from None
+            while True:
+                try:
+                    result, error = responses.get(timeout=timeout_s)
+                except queue.Empty:
+                    raise ResponseTimeout(self.model, timeout_s) from None
+                if error is not None:
+                    raise _callback_error(self.url, error)
+                if result.as_numpy("text_output") is not None:
+                    yield _chunk_bytes(result.as_numpy("text_output"))
+                if is_final(result):
+                    finished = True
+                    return
+        except ServerUnavailable:
+            finished = True  # nothing reached a server: there is no generation to stop
+            raise
+        finally:
+            if not finished and needs_engine_stop(self.model, self.engine_model):
+                stop_engine_request(self.url, request_id, self.engine_model)
+            self.client.stop_stream(cancel_requests=True)
+
+    def stream(self, prompt: str | GenerateRequest, **parameters) -> Iterator[str]:
+        """Text as it is generated: each piece holds complete characters."""
+        request = prompt if isinstance(prompt, GenerateRequest) else _request(prompt, parameters)
+        yield from _texts(self.stream_bytes(request, stream=True))
+
+    def generate(self, prompt: str | GenerateRequest, **parameters) -> str:
+        request = prompt if isinstance(prompt, GenerateRequest) else _request(prompt, parameters)
+        data = b"".join(self.stream_bytes(request, stream=False))
+        return data.decode("utf-8", errors="replace")
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class _SilenceWatch:
+    """Calls `expire` when a wait for the server's next response has lasted `timeout_s`. One timer per stream,
+    re-armed only when it comes due, so a response costs two clock reads instead of a timer of its own (the
+    OpenAI gateway reads one response per token)."""
+
+    def __init__(self, timeout_s: float, expire: Callable[[], object]):
+        self.loop = asyncio.get_running_loop()
+        self.timeout_s, self.expire = timeout_s, expire
+        self.waiting_since: float | None = None  # None while the caller handles a response
+        self.expired = False
+        self._timer = self.loop.call_later(timeout_s, self._check)
+
+    def wait_begins(self) -> None:
+        self.waiting_since = self.loop.time()
+
+    def heard(self) -> None:
+        self.waiting_since = None
+
+    def _check(self) -> None:
+        now = self.loop.time()
+        if self.waiting_since is not None and now >= self.waiting_since + self.timeout_s:
+            self.expired = True
+            self.expire()
+            return
+        start = now if self.waiting_since is None else self.waiting_since
+        self._timer = self.loop.call_at(start + self.timeout_s, self._check)
+
+    def stop(self) -> None:
+        self._timer.cancel()
+
+
+class AsyncGrpcClient:
+    """asyncio gRPC client: many concurrent streams on one connection."""
+
+    def __init__(self, url: str, model: str = ENSEMBLE_MODEL, engine_model: str = ENGINE_MODEL,
+                 response_timeout_s: float = RESPONSE_TIMEOUT_S):
+        import tritonclient.grpc.aio as aioclient
+
+        self.client = aioclient.InferenceServerClient(url)
+        self.url = url
+        self.model = model
+        self.engine_model = engine_model
+        self.response_timeout_s = response_timeout_s
+        self._stopping: set[asyncio.Task] = set()
+
+    async def responses(self, request: GenerateRequest, *, stream: bool = True, request_id: str | None = None,
+                        outputs: Collection[str] | None = None) -> AsyncIterator:
+        """Every response of one request (tritonclient results), up to the one flagged final; with `outputs`,
+        responses carry only those."""
+        import grpc
+        import tritonclient.grpc.aio as aioclient
+        from tritonclient.utils import InferenceServerException
+
+        inputs = _grpc_inputs(request, stream)
+        request_id = request_id or uuid.uuid4().hex
+        requested = None if outputs is None else [aioclient.InferRequestedOutput(name) for name in outputs]
+        finished = False
+
+        async def requests():
+            yield {"model_name": self.model, "inputs": inputs, "outputs": requested, "request_id": request_id,
+                   "enable_empty_final_response": True}
+
+        stream = self.client.stream_infer(requests())
+        silence = _SilenceWatch(self.response_timeout_s, stream.cancel)
+        try:
+            while True:
+                silence.wait_begins()
+                try:
+                    result, error = await anext(stream)
+                except StopAsyncIteration:
+                    return
+                except asyncio.CancelledError:  # the watch cancelled the call, or the caller's task is cancelled
+                    if silence.expired:
+                        raise ResponseTimeout(self.model, self.response_timeout_s) from None
+                    raise
+                silence.heard()
+                if error is not None:
+                    raise GenerationError(str(error))
+                yield result
+                if is_final(result):
+                    finished = True
+                    return
+        except InferenceServerException as error:
+            raise _callback_error(self.url, error) from None
+        except grpc.RpcError as error:  # the call itself failed: tritonclient's aio stream passes these on
+            failure = _rpc_failure(self.url, error.code(), error.details())
+            finished = finished or isinstance(failure, ServerUnavailable)  # nothing to stop on no server
+            raise failure from None
+        finally:
+            silence.stop()
+            if not finished and needs_engine_stop(self.model, self.engine_model):
+                # in a task of its own: the caller may be a task being cancelled
+                task = asyncio.get_running_loop().create_task(self._stop_engine_request(request_id))
+                self._stopping.add(task)
+                task.add_done_callback(self._stopping.discard)
+
+    async def _stop_engine_request(self, request_id: str) -> None:
+        """`stop_engine_request` on this client's connection."""
+        import tritonclient.grpc.aio as aioclient
+
+        async def stop():
+            yield {"model_name": self.engine_model, "inputs": grpc_tensors(aioclient, stop_request_inputs()),
+                   "request_id": request_id, "enable_empty_final_response": True}
+
+        try:
+            async with asyncio.timeout(STOP_TIMEOUT_S):
+                async for _, error in self.client.stream_infer(stop()):
+                    if error is not None:
+                        logger.warning("stopping request %s on %s failed: %s", request_id, self.engine_model, error)
+                    break
+        except Exception as error:  # noqa: BLE001 - a stop that fails must not fail the caller
+            logger.warning("stopping request %s on %s failed: %r", request_id, self.engine_model, error)
+
+    async def stream_bytes(self, request: GenerateRequest, *, stream: bool = True,
+                           request_id: str | None = None) -> AsyncIterator[bytes]:
+        async for result in self.responses(request, stream=stream, request_id=request_id):
+            if result.as_numpy("text_output") is not None:
+                yield _chunk_bytes(result.as_numpy("text_output"))
+
+    async def stream(self, prompt: str | GenerateRequest, **parameters) -> AsyncIterator[str]:
+        request = prompt if isinstance(prompt, GenerateRequest) else _request(prompt, parameters)
+        assembler = TextAssembler()
+        async for chunk in self.stream_bytes(request):
+            text = assembler.push(chunk)
+            if text:
+                yield text
+        tail = assembler.finish()
+        if tail:
+            yield tail
+
+    async def generate(self, prompt: str | GenerateRequest, **parameters) -> str:
+        request = prompt if isinstance(prompt, GenerateRequest) else _request(prompt, parameters)
+        chunks = [chunk async for chunk in self.stream_bytes(request, stream=False)]
+        return b"".join(chunks).decode("utf-8", errors="replace")
+
+    async def close(self) -> None:
+        if self._stopping:
+            await asyncio.wait(set(self._stopping), timeout=STOP_TIMEOUT_S)
+        await self.client.close()
+
+
+class HttpClient:
+    """HTTP client of Triton's generate extension (`/generate`, and `/generate_stream` as server-sent events).
+
+    An HTTP client that goes away cancels its request, which, as a gRPC cancel, does not reach an ensemble's
+    running engine step: a stream abandoned before its end sends the engine a `stop` with the stream's
+    request id (`id`), as the gRPC clients do."""
+
+    def __init__(self, url: str, model: str = ENSEMBLE_MODEL, timeout_s: float = RESPONSE_TIMEOUT_S,
+                 engine_model: str = ENGINE_MODEL):
+        host, _, port = url.replace("http://", "").partition(":")
+        if not host or not (port or str(HTTP_PORT)).isdigit():
+            raise ValueError(f"url {url!r}: expected HOST:PORT, e.g. 127.0.0.1:{HTTP_PORT}")
+        self.host, self.port = host, int(port or HTTP_PORT)
+        self.model = model
+        self.engine_model = engine_model
+        self.timeout_s = timeout_s
+
+    def _post(self, path: str, body: dict, model: str | None = None) -> http.client.HTTPResponse:
+        address = f"{self.host}:{self.port}"
+        connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        try:
+            connection.connect()
+        except OSError as error:
+            raise ServerUnavailable(address, "HTTP", error.strerror or str(error)) from None
+        try:
+            connection.request("POST", f"/v2/models/{model or self.model}/{path}", body=json.dumps(body),
+                               headers={"Content-Type": "application/json"})
+            return connection.getresponse()
+        except TimeoutError:
+            raise ResponseTimeout(model or self.model, self.timeout_s) from None
+        except (http.client.HTTPException, ConnectionError) as error:
+            raise ServerUnavailable(address, "HTTP", f"what answers there speaks no HTTP/1.1 ({error!r}): is it "
+                                                     f"Triton's HTTP port?") from None
+
+    def _stop_engine_request(self, request_id: str) -> None:
+        scalars = {name: value.reshape(-1)[0].item() for name, value in stop_request_inputs().items()}
+        body = {"id": request_id, **scalars}
+        try:
+            response = self._post("generate_stream", body, model=self.engine_model)
+            response.read()
+            response.close()
+        except (OSError, GenerationError) as error:  # a stop that fails (server gone) must not hide the caller's
+            logger.warning("stopping request %s on %s failed: %r", request_id, self.engine_model, error)
+
+    def generate(self, prompt: str | GenerateRequest, **parameters) -> str:
+        request = prompt if isinstance(prompt, GenerateRequest) else _request(prompt, parameters)
+        response = self._post("generate", request.values(stream=False))
+        payload = _answer(response, f"{self.host}:{self.port}")
+        if response.status != 200 or "error" in payload:
+            raise GenerationError(payload.get("error", f"HTTP {response.status}"))
+        return _event_bytes(payload).decode("utf-8", errors="replace")
+
+    def stream_bytes(self, request: GenerateRequest) -> Iterator[bytes]:
+        request_id = uuid.uuid4().hex
+        response = self._post("generate_stream", {"id": request_id, **request.values(stream=True)})
+        finished = False
+        try:
+            if response.status != 200:
+                payload = _answer(response, f"{self.host}:{self.port}")
+                raise GenerationError(payload.get("error", f"HTTP {response.status}"))
+            for line in response:
+                if not line.startswith(b"data:"):
+                    continue
+                payload = _json_event(line[5:].strip())
+                if "error" in payload:
+                    raise GenerationError(payload["error"])
+                yield _event_bytes(payload)
+            finished = True  # the server ended the stream after its final response
+        finally:
+            response.close()
+            if not finished and needs_engine_stop(self.model, self.engine_model):
+                self._stop_engine_request(request_id)
+
+    def stream(self, prompt: str | GenerateRequest, **parameters) -> Iterator[str]:
+        request = prompt if isinstance(prompt, GenerateRequest) else _request(prompt, parameters)
+        yield from _texts(self.stream_bytes(request))
+
+
+def _answer(response: http.client.HTTPResponse, address: str) -> dict:
+    """The JSON object of a whole HTTP answer; a body that is none is not Triton's generate endpoint."""
+    body = response.read()
+    try:
+        payload = _json_event(body)
+    except ValueError:
+        payload = None
+    if not isinstance(payload, dict):
+        raise ServerUnavailable(address, "HTTP", f"what answers is not Triton's generate endpoint (HTTP "
+                                                 f"{response.status}, {body[:60]!r})")
+    return payload
+
+
+def _json_event(data: bytes) -> dict:
+    # A server that streams part of a UTF-8 character writes it into its JSON as raw bytes; surrogateescape
+    # keeps them so that `_event_bytes` gets the exact bytes back.
+    return json.loads(data.decode("utf-8", errors="surrogateescape"))
+
+
+def _event_bytes(payload: dict) -> bytes:
+    text = payload.get("text_output", "")
+    if isinstance(text, list):
+        text = "".join(text)
+    return text.encode("utf-8", errors="surrogateescape")
+
+
+def _request(prompt: str, parameters: dict) -> GenerateRequest:
+    max_tokens = parameters.pop("max_tokens", DEFAULT_MAX_TOKENS)
+    return GenerateRequest(text_input=prompt, max_tokens=max_tokens, parameters=parameters)

@@ -1,0 +1,330 @@
+"""An engine behind the `tensorrt_llm` I/O contract: requests in, responses out.
+
+Called by `tensorrt_llm_transformers/1/model.py` (and the benchmarking replay engine's model) with the
+`pb_utils` module and an engine (`InflightBatchingEngine` or `ReplayEngine`); answers like the `tensorrtllm`
+backend: non-streaming responses carry the prompt unless `exclude_input_in_output`, streaming responses
+carry only new tokens, a batched request answers one response per row tagged with `batch_index`, and a
+request with `stop=true` cancels the running request that has the same request id.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..spec.errors import RequestError, ResponseSendError, ServerStopping
+from ..spec.limits import EngineLimits
+from ..spec.model_parameters import CANCELLATION_CHECK_PERIOD_MS, EngineParameters, TransformersEngineParameters
+from .engine_requests import EngineRow, is_stop_request, parse_engine_request
+from .generation import GenerationRequest, GenerationResult
+from .triton_adapter import (
+    CancellationCheck,
+    is_decoupled,
+    output_tensors,
+    request_inputs,
+    requested_outputs,
+    resolve_path,
+    to_triton_error,
+)
+
+logger = logging.getLogger(__name__)
+
+REQUIRED_OUTPUTS = frozenset({"output_ids", "sequence_length"})
+DRAIN_END_S = 5.0  # how long `drain` waits for the engine to end the rows it was told to end
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSettings:
+    """What the engine service needs, from the engine model's typed parameters and its config."""
+
+    limits: EngineLimits
+    model_path: str = ""  # the transformers checkpoint, absolute; unused by the replay engine
+    dtype: str = "auto"  # auto | float32 | float16 | bfloat16
+    device: str = "auto"  # auto | cpu | cuda
+    exclude_input_in_output: bool = True
+    cancellation_check_period_ms: int = CANCELLATION_CHECK_PERIOD_MS
+    decoupled: bool = True
+    stream_interval: int = 1  # streamed tokens per response after the first (model_parameters.EngineParameters)
+
+    @classmethod
+    def from_parameters(cls, parameters: EngineParameters, *, decoupled: bool, max_queue_size: int,
+                        model_path: str = "") -> EngineSettings:
+        transformers = isinstance(parameters, TransformersEngineParameters)
+        return cls(
+            model_path=model_path,
+            limits=EngineLimits(max_batch_size=parameters.max_batch_size, max_input_len=parameters.max_input_len,
+                                max_seq_len=parameters.max_seq_len, max_queue_size=max_queue_size),
+            dtype=parameters.dtype if transformers else "auto",
+            device=parameters.device if transformers else "auto",
+            exclude_input_in_output=parameters.exclude_input_in_output,
+            cancellation_check_period_ms=parameters.cancellation_check_period_ms,
+            decoupled=decoupled,
+            stream_interval=parameters.stream_interval,
+        )
+
+    @classmethod
+    def from_model_args(cls, args: dict, parameters: EngineParameters) -> EngineSettings:
+        """From the `args` of `initialize` and the model's parsed parameters: decoupled policy, queue size, the
+        checkpoint path made absolute."""
+        queue_policy = json.loads(args["model_config"]).get("dynamic_batching", {}).get("default_queue_policy", {})
+        model_path = getattr(parameters, "model_path", "")
+        return cls.from_parameters(parameters, decoupled=is_decoupled(args),
+                                   max_queue_size=int(queue_policy.get("max_queue_size", 0)),
+                                   model_path=resolve_path(args, model_path) if model_path else "")
+
+
+def load_model(settings: EngineSettings):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    device = settings.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = "auto" if settings.dtype == "auto" else getattr(torch, settings.dtype)
+    model = AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=dtype, trust_remote_code=False)
+    return model.to(device).eval()
+
+
+class _RequestState:
+    """One Triton request: its sender, and how many of its rows are still running."""
+
+    def __init__(self, pb_utils, sender, rows: int, check_period_s: float, requested: frozenset[str] | None,
+                 server_stopping: threading.Event, on_done: Callable[[], None] = lambda: None):
+        self.pb_utils = pb_utils
+        self.server_stopping = server_stopping  # set: every open row ends now, with ServerStopping
+        self.on_done = on_done  # called once, when the last row has ended
+        self.sender = sender
+        self.requested = requested  # the caller's requested outputs: responses carry only these
+        self.rows = rows
+        self.open_rows = rows
+        self.lock = threading.Lock()
+        self.cancelled = CancellationCheck(sender, check_period_s)
+
+    def send(self, response, row_done: bool) -> bool:
+        """Send a row's response; the last response of the last open row carries the final flag.
+
+        Never raises: it runs in the engine's thread, which a failed send (the stub out of shared memory,
+        a sender already closed) must not kill, or every request of the engine would hang. Returns False
+        when the send failed (logged), so the caller can end the row."""
+        with self.lock:
+            if row_done:
+                self.open_rows -= 1
+            final = self.open_rows == 0
+        try:
+            self.sender.send(response, flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+            return True
+        except Exception:  # noqa: BLE001
+            logger.exception("could not send a response (final: %s)", final)
+            return False
+        finally:
+            if final and row_done:
+                self.on_done()
+
+
+def _send_final(pb_utils, sender) -> None:
+    try:
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    except Exception:  # noqa: BLE001 - runs in the engine's thread, which must go on
+        logger.exception("could not answer a stop request")
+
+
+def _now_ns() -> int:
+    return time.time_ns()
+
+
+class _RowSink:
+    """Turns one row's engine events into Triton responses shaped as the tensorrtllm backend's.
+
+    Every response carries `output_ids` and `sequence_length`; the optional outputs appear only when the
+    request asked for them (`return_*` inputs), `batch_index` only for a batched request, `sequence_index`
+    never (one sequence per request) — as `ModelInstanceState::fillTritonResponse` does.
+    """
+
+    def __init__(self, state: _RequestState, row: EngineRow, batch_index: int, stream_interval: int = 1):
+        self.state = state
+        self.row = row
+        self.batch_index = batch_index
+        self.stream_interval = stream_interval
+        self.pending: tuple[list[int], list[float]] = ([], [])  # streamed tokens not yet sent
+        self.streamed = 0  # tokens already sent by a streaming row
+        self.send_failed = False  # a streamed response could not be sent: the engine drops the row
+        self.arrival_ns = _now_ns()
+        self.scheduled_ns = self.first_token_ns = self.last_token_ns = 0
+
+    def _response(self, token_ids: list[int], log_probs: list[float]):
+        pb_utils = self.state.pb_utils
+        outputs = {
+            "output_ids": np.array([[token_ids]], dtype=np.int32).reshape(1, 1, len(token_ids)),
+            "sequence_length": np.array([[len(token_ids)]], dtype=np.int32),
+        }
+        if self.row.return_log_probs:
+            outputs["cum_log_probs"] = np.array([[sum(log_probs)]], dtype=np.float32)
+            outputs["output_log_probs"] = np.array(log_probs, dtype=np.float32).reshape(1, 1, len(log_probs))
+        if self.state.rows > 1:
+            outputs["batch_index"] = np.array([[self.batch_index]], dtype=np.int32)
+        if self.row.return_num_input_tokens:
+            outputs["num_input_tokens"] = np.array([[len(self.row.prompt_ids)]], dtype=np.int32)
+        if self.row.return_num_output_tokens:
+            outputs["num_output_tokens"] = np.array([[len(token_ids)]], dtype=np.int32)
+        if self.row.return_perf_metrics:
+            outputs.update(self._perf_metrics())
+        return pb_utils.InferenceResponse(output_tensors(pb_utils, outputs, self.state.requested))
+
+    def _perf_metrics(self) -> dict[str, np.ndarray]:
+        """The backend's per-request statistics. This engine keeps no paged KV cache and drafts nothing: its
+        block and draft counts are 0."""
+        def one(value, dtype):
+            return np.array([[value]], dtype=dtype)
+
+        return {"kv_cache_alloc_new_blocks": one(0, np.int32), "kv_cache_reused_blocks": one(0, np.int32),
+                "kv_cache_alloc_total_blocks": one(0, np.int32), "arrival_time_ns": one(self.arrival_ns, np.int64),
+                "first_scheduled_time_ns": one(self.scheduled_ns, np.int64),
+                "first_token_time_ns": one(self.first_token_ns, np.int64),
+                "last_token_time_ns": one(self.last_token_ns, np.int64), "acceptance_rate": one(0.0, np.float32),
+                "total_accepted_draft_tokens": one(0, np.int32), "total_draft_tokens": one(0, np.int32)}
+
+    def _token_times(self) -> None:
+        self.last_token_ns = _now_ns()
+        self.first_token_ns = self.first_token_ns or self.last_token_ns
+
+    def scheduled(self) -> None:
+        self.scheduled_ns = _now_ns()
+
+    def tokens(self, token_ids: list[int], log_probs: list[float]) -> None:
+        """New tokens of a streaming row: sent at once when they are its first, else once `stream_interval`
+        of them wait (the rest go out with `finish`)."""
+        self._token_times()
+        pending_ids, pending_log_probs = self.pending
+        pending_ids.extend(token_ids)
+        pending_log_probs.extend(log_probs)
+        if self.streamed and len(pending_ids) < self.stream_interval:
+            return
+        self.pending = ([], [])
+        self.streamed += len(pending_ids)
+        if not self.state.send(self._response(pending_ids, pending_log_probs), row_done=False):
+            self.send_failed = True
+
+    def finish(self, result: GenerationResult | None, error: Exception | None) -> None:
+        pb_utils = self.state.pb_utils
+        if error is None and self.send_failed:  # the client missed a chunk: end with an error, not a gap
+            error = ResponseSendError()
+        if error is None and self.state.server_stopping.is_set():  # cut short: not a whole answer
+            error = ServerStopping()
+        if error is not None:
+            self.state.send(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)), row_done=True)
+            return
+        if result.token_ids[self.streamed:]:
+            self._token_times()
+        if self.row.stream:  # the tokens not yet streamed (none after an end id), flagged final
+            tokens, log_probs = result.token_ids[self.streamed:], result.log_probs[self.streamed:]
+        elif self.row.exclude_input:
+            tokens, log_probs = result.token_ids, result.log_probs
+        else:
+            tokens = self.row.prompt_ids + result.token_ids
+            log_probs = [0.0] * len(self.row.prompt_ids) + result.log_probs
+        self.state.send(self._response(tokens, log_probs), row_done=True)
+
+    def cancelled(self) -> bool:
+        """The client went away, or a response could not be sent: either way the engine stops the row, and
+        its finish tries once more to end the request (with what the row has). So does a server that stops."""
+        return self.send_failed or self.state.server_stopping.is_set() or self.state.cancelled()
+
+
+class EngineService:
+    def __init__(self, pb_utils, settings: EngineSettings, engine=None):
+        self.pb_utils = pb_utils
+        self.settings = settings
+        if engine is None:
+            from .inflight_engine import InflightBatchingEngine  # torch: loaded only for the transformers engine
+
+            engine = InflightBatchingEngine(load_model(settings), settings.limits)
+        self.engine = engine
+        self.metrics = None
+        # Set when the stopping server's time for open requests is up (`drain`): the engine stops every row,
+        # and each ends with ServerStopping.
+        self.server_stopping = threading.Event()
+        self._open = 0  # Triton requests not yet answered in full
+        self._open_changed = threading.Condition()
+
+    def _opened(self) -> None:
+        with self._open_changed:
+            self._open += 1
+
+    def _closed(self) -> None:
+        with self._open_changed:
+            self._open -= 1
+            self._open_changed.notify_all()
+
+    def drain(self, deadline: float) -> None:
+        """The server is stopping (triton_adapter.start_heartbeat calls this): let open requests finish until
+        `deadline` (time.monotonic), end the rest with ServerStopping, and return once none is open (or a few
+        seconds later, for an engine that does not stop)."""
+        with self._open_changed:
+            self._open_changed.wait_for(lambda: self._open == 0, timeout=max(deadline - time.monotonic(), 0))
+            if self._open:
+                logger.warning("the server is stopping: ending %d open requests", self._open)
+                self.server_stopping.set()
+                self._open_changed.wait_for(lambda: self._open == 0, timeout=DRAIN_END_S)
+
+    def publish_metrics(self, model: str, version: str) -> None:
+        """The backend's nv_trt_llm_* families on Triton's /metrics (one engine instance per model)."""
+        from .engine_metrics import EngineMetrics
+
+        limits = self.settings.limits
+        self.metrics = EngineMetrics(self.pb_utils, self.engine, model=model, version=version,
+                                     max_batch_size=limits.max_batch_size, max_seq_len=limits.max_seq_len)
+
+    def handle(self, request) -> None:
+        """Answer one Triton request through its response sender (never raises)."""
+        pb_utils = self.pb_utils
+        sender = request.get_response_sender()
+        try:
+            inputs = request_inputs(request)
+            if is_stop_request(inputs):
+                if not request.request_id():  # as the backend: an anonymous stop could only hit others' requests
+                    raise RequestError("stop", "needs the request id of the request to stop; this request has none")
+                # Answered by the engine's thread once it takes the stop: a liveness probe's stop then tells
+                # whether that thread still runs, not just this stub.
+                self.engine.cancel(request.request_id(), lambda: _send_final(pb_utils, sender))
+                return
+            requested = requested_outputs(request)
+            if requested is not None and not REQUIRED_OUTPUTS <= requested:
+                raise RequestError("outputs", f"must include {sorted(REQUIRED_OUTPUTS)}, as the tensorrtllm "
+                                              f"backend requires")
+            rows = parse_engine_request(inputs, default_exclude_input=self.settings.exclude_input_in_output)
+            if not self.settings.decoupled:
+                if any(row.stream for row in rows):
+                    raise RequestError("stream", "streaming needs the engine model deployed decoupled "
+                                                 "(build with streaming enabled)")
+                if len(rows) > 1:
+                    raise RequestError("input_ids", "a batched request needs the engine model deployed decoupled")
+            state = _RequestState(pb_utils, sender, len(rows), self.settings.cancellation_check_period_ms / 1000,
+                                  requested, self.server_stopping, self._closed)
+            requests = []
+            for index, row in enumerate(rows):
+                generation = GenerationRequest(
+                    request_id=request.request_id(), prompt_ids=row.prompt_ids,
+                    max_new_tokens=row.max_new_tokens, end_id=row.end_id, sampling=row.sampling,
+                    stop_sequences=row.stop_sequences, bad_sequences=row.bad_sequences, stream=row.stream,
+                    return_log_probs=row.return_log_probs, embedding_bias=row.embedding_bias,
+                    sink=_RowSink(state, row, index, self.settings.stream_interval))
+                self.engine.validate(generation)
+                requests.append(generation)
+        except Exception as error:  # noqa: BLE001 - every failure becomes this request's error response
+            sender.send(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
+        self._opened()
+        for generation in requests:
+            self.engine.submit(generation)
+
+    def shutdown(self) -> None:
+        if self.metrics is not None:
+            self.metrics.stop()
+        self.engine.shutdown()

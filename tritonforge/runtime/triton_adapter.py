@@ -1,0 +1,163 @@
+"""The thin edge between Triton's Python backend (`pb_utils`) and the library.
+
+model.py files pass the `pb_utils` module in, so that nothing else in tritonforge imports it and plain unit
+tests reach all the logic. One place maps our exceptions to Triton error codes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from ..spec.environment import DRAINED_SUFFIX, DRAINS_SUFFIX, HEARTBEAT_DIR_ENV, HEARTBEAT_PERIOD_S, STOPPING_FILE
+from ..spec.errors import (
+    INTERNAL,
+    INVALID,
+    UNAVAILABLE,
+    EngineCallError,
+    EngineStreamError,
+    RequestError,
+    ResponseSendError,
+    ServerStopping,
+    UnsupportedError,
+    answered_error_kind,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def request_inputs(request) -> dict[str, np.ndarray]:
+    """Every input tensor of a request, copied out (request tensors die when execute returns)."""
+    return {tensor.name(): np.array(tensor.as_numpy(), copy=True) for tensor in request.inputs()}
+
+
+def is_decoupled(args: dict) -> bool:
+    return bool(json.loads(args["model_config"]).get("model_transaction_policy", {}).get("decoupled", False))
+
+
+def to_triton_error(pb_utils, error: Exception):
+    """A client-safe TritonError: our own messages verbatim, anything else without internals."""
+    from .generation import QueueFullError
+
+    if isinstance(error, EngineStreamError):
+        return pb_utils.TritonError(str(error), pb_utils.TritonError.UNAVAILABLE)
+    if isinstance(error, EngineCallError):  # the engine's own answer: its message unchanged, its kind read from it
+        code = {INVALID: pb_utils.TritonError.INVALID_ARG, UNAVAILABLE: pb_utils.TritonError.UNAVAILABLE,
+                INTERNAL: pb_utils.TritonError.INTERNAL}[answered_error_kind(str(error))]
+        return pb_utils.TritonError(str(error), code)
+    if isinstance(error, (QueueFullError, ServerStopping)):
+        return pb_utils.TritonError(str(error), pb_utils.TritonError.UNAVAILABLE)
+    if isinstance(error, UnsupportedError):
+        return pb_utils.TritonError(str(error), pb_utils.TritonError.UNSUPPORTED)
+    if isinstance(error, RequestError):
+        return pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG)
+    if isinstance(error, ResponseSendError):
+        return pb_utils.TritonError(str(error), pb_utils.TritonError.INTERNAL)
+    logger.error("internal error: %r", error)
+    return pb_utils.TritonError(f"internal error: {type(error).__name__}", pb_utils.TritonError.INTERNAL)
+
+
+def requested_outputs(request) -> frozenset[str] | None:
+    """The outputs the caller asked for (None: all)."""
+    return frozenset(request.requested_output_names()) or None
+
+
+def output_tensors(pb_utils, outputs: dict[str, np.ndarray], requested: frozenset[str] | None = None) -> list:
+    """Tensors for a response or a BLS request, only those `requested` when given.
+
+    A response must not carry outputs its caller did not request: the 2.51 stub drops them in
+    `ResponseSender.send` without holding the GIL, which crashes the stub under Python 3.12 (the Python of
+    NVIDIA's containers). A Python-backend BLS call that asks for a subset of a model's outputs is such a caller.
+    """
+    return [pb_utils.Tensor(name, value) for name, value in outputs.items() if requested is None or name in requested]
+
+
+def answer_each(pb_utils, requests, compute) -> list:
+    """The responses of a non-decoupled model: `compute(inputs)` gives one request's outputs; a request
+    that fails gets its own error response, and the others in the batch are still answered."""
+    responses = []
+    for request in requests:
+        try:
+            tensors = output_tensors(pb_utils, compute(request_inputs(request)), requested_outputs(request))
+            responses.append(pb_utils.InferenceResponse(tensors))
+        except Exception as error:  # noqa: BLE001 - one bad request must not fail the batch
+            responses.append(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)))
+    return responses
+
+
+class CancellationCheck:
+    """Whether a request's client went away, asked of its response sender at most once per period:
+    `is_cancelled()` is an IPC round trip to the server, too costly for every token."""
+
+    def __init__(self, sender, period_s: float):
+        self._sender = sender
+        self._period_s = period_s
+        self._next_check = 0.0
+        self._cancelled = False
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if not self._cancelled and now >= self._next_check:
+            self._next_check = now + self._period_s
+            self._cancelled = bool(self._sender.is_cancelled())
+        return self._cancelled
+
+
+def resolve_path(args: dict, value: str) -> str:
+    """A path parameter; a relative one is relative to the model's directory, so a repository mounts anywhere."""
+    path = Path(value)
+    return str(path if path.is_absolute() else (Path(args["model_repository"]) / path).resolve())
+
+
+def start_heartbeat(drain: Callable[[float], None] | None = None) -> None:
+    """Write this stub's clock (time.monotonic, one clock for the whole machine) into the supervisor's folder
+    every second, from a thread that needs the GIL: a stub that stops running Python (a stopped process, a
+    call stuck holding the GIL) stops writing, even where other instances of its model still answer. Nothing
+    happens where no supervisor asked for it (no folder in the environment).
+
+    The same thread ends the stub when its server is gone (its parent changed: the server was killed, e.g.
+    with the `tritonforge serve` that started it): Triton 2.51's stub then waits for ever in some states (an
+    engine stub seen idle a minute later), holding its memory and shared-memory region. And with `drain`, it
+    calls `drain(deadline)` once the server is stopping (`STOPPING_FILE`), then says it is drained."""
+    folder = os.environ.get(HEARTBEAT_DIR_ENV)
+    if not folder:
+        return
+    path = Path(folder) / str(os.getpid())
+    stopping = Path(folder) / STOPPING_FILE
+    server = os.getppid()
+    if drain is not None:
+        path.with_suffix(DRAINS_SUFFIX).touch()
+
+    def beat() -> None:
+        nonlocal drain
+        fresh = path.with_suffix(".tmp")
+        while True:
+            if os.getppid() != server:
+                os._exit(1)  # nothing is left to serve; no cleanup could reach a server that is gone
+            deadline = _deadline(stopping) if drain is not None else None
+            if deadline is not None:
+                drain(deadline)
+                drain = None
+                path.with_suffix(DRAINED_SUFFIX).touch()
+            try:
+                fresh.write_text(repr(time.monotonic()))
+                os.replace(fresh, path)  # readers never see a half-written time
+            except OSError:  # the folder went with its server: keep watching for the server's end above
+                pass
+            time.sleep(HEARTBEAT_PERIOD_S)
+
+    threading.Thread(target=beat, daemon=True, name="tritonforge-heartbeat").start()
+
+
+def _deadline(stopping: Path) -> float | None:
+    try:
+        return float(stopping.read_text())
+    except (OSError, ValueError):  # not stopping (the launcher writes the file whole, with a rename)
+        return None

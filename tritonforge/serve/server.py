@@ -1,0 +1,534 @@
+"""Start and stop a real `tritonserver` on a model repository (`tritonforge serve`, tests, benchmarks).
+
+Finds the server in this order: an explicit path (argument or `TRITONSERVER`), `tritonserver` on PATH
+(NVIDIA's containers; backends at `<bin>/../backends`), the nvidia-pytriton wheel's bundle (whose Python
+backend stub for the running interpreter is copied into a private backends folder). The running
+interpreter's `bin/` goes first on PATH, because the stub embeds the first `python3` it finds there.
+
+Model control and repository APIs are not exposed to clients: the load API can upload code.
+
+Nothing is left behind, even by a run killed from outside: the server dies with the process that started
+it (PR_SET_PDEATHSIG), its stubs' temporary files go into its work folder, which records the pids it belongs
+to, and its stubs' shared-memory regions carry the starting process's pid in their names; every start removes
+what such dead runs left (`sweep_leftovers`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import functools
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..spec.environment import (
+    DRAINED_SUFFIX,
+    DRAINS_SUFFIX,
+    ENGINE_GRPC_URL_ENV,
+    HEARTBEAT_DIR_ENV,
+    HEARTBEAT_PERIOD_S,
+    STOPPING_FILE,
+    TRITONSERVER_ENV,
+)
+
+logger = logging.getLogger(__name__)
+
+# APIs a client of an LLM server never needs; restricted behind a header that only an operator knows.
+RESTRICTED_APIS = "model-repository,model-config,shared-memory,statistics,trace,logging"
+HTTP_MAX_INPUT_BYTES = 8 * 1024 * 1024  # a prompt of max_input_len tokens is far smaller
+# Where the Python backend keeps each stub's shared-memory region. A stub that is killed (a crash, the
+# supervisor's restart, a stop that had to SIGKILL) leaves its region there, a file of RAM: each server names
+# its regions with a prefix of its own, and removes what is left under that prefix once it has exited.
+SHARED_MEMORY_DIR = Path("/dev/shm")
+# After the time open requests get at a stop, how long the engine may take to end the rest (its
+# EngineService.drain waits 5 s) and to say so (a heartbeat later).
+DRAIN_END_S = 5 + 2 * HEARTBEAT_PERIOD_S
+WORK_DIR_PREFIX = "tritonforge-server-"  # in the temporary folder, one per start
+OWNER_RECORD = "owner.json"  # in a work folder: the pids it belongs to
+# A shared-memory prefix names the process that started the server, so that a sweep can tell a dead run's.
+_SHM_PREFIX = re.compile(r"tritonforge_pid(\d+)_[0-9a-f]+_")
+_PR_SET_PDEATHSIG = 1
+
+
+class ServerError(RuntimeError):
+    """The server did not start or died; the message quotes its log."""
+
+
+class PortInUse(ServerError):
+    """A port the server must listen on is taken: starting again cannot help."""
+
+
+class RepositoryError(ValueError):
+    """A path that is no model repository Triton could serve."""
+
+
+def check_repository(repository: Path) -> list[str]:
+    """The models a repository holds (folders with a config.pbtxt); refuses a path Triton would serve nothing
+    from, before a server claims to serve it."""
+    if not repository.exists():
+        raise RepositoryError(f"{repository} does not exist: pass the folder `tritonforge build` wrote "
+                              f"(its --output, model_repository by default)")
+    if not repository.is_dir():
+        raise RepositoryError(f"{repository} is not a folder: pass the folder `tritonforge build` wrote")
+    models = sorted(child.name for child in repository.iterdir() if (child / "config.pbtxt").is_file())
+    if not models:
+        raise RepositoryError(f"{repository} holds no model (no <model>/config.pbtxt): it is not a model "
+                              f"repository; build one with `tritonforge build --model CHECKPOINT --output "
+                              f"{repository}`")
+    return models
+
+
+def check_ports_free(address: str, ports: dict[str, int]) -> None:
+    """Refuse to start on a port something already listens on: the server would fail to bind, and a readiness
+    check could reach the other server."""
+    for name, port in ports.items():
+        if not port:
+            continue
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with socket.socket(family) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is no owner
+            try:
+                probe.bind((address, port))
+            except OSError as error:
+                if error.errno == errno.EADDRINUSE:
+                    raise PortInUse(f"{name}: {address}:{port} is already in use (another tritonserver, or a "
+                                    f"`tritonforge serve` still running?): stop what holds it, or choose another "
+                                    f"port") from None
+                raise PortInUse(f"{name}: cannot listen on {address}:{port} ({error.strerror}): check the "
+                                f"address") from None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def sweep_leftovers(temporary_dir: Path | None = None, shared_memory_dir: Path | None = None) -> list[Path]:
+    """Remove what servers of runs that were killed from outside left: work folders whose recorded processes
+    are all gone, and shared-memory regions whose starting process is gone. Folders and regions without our
+    record are never touched. Returns what was removed."""
+    removed = []
+    for folder in Path(temporary_dir or tempfile.gettempdir()).glob(f"{WORK_DIR_PREFIX}*"):
+        try:
+            record = json.loads((folder / OWNER_RECORD).read_text())
+            pids = [int(pid) for pid in record["pids"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not ours to judge
+        if pids and not any(_pid_alive(pid) for pid in pids):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    for region in Path(shared_memory_dir or SHARED_MEMORY_DIR).glob("tritonforge_pid*"):
+        match = _SHM_PREFIX.match(region.name)
+        if match and not _pid_alive(int(match.group(1))):
+            region.unlink(missing_ok=True)
+            removed.append(region)
+    if removed:
+        logger.info("removed %d leftovers of tritonforge servers that were killed: %s", len(removed),
+                    ", ".join(str(path) for path in removed))
+    return removed
+
+
+def serving_processes(repository: Path, temporary_dir: Path | None = None) -> list[int]:
+    """The live processes of other runs whose servers serve `repository` (from their work folders' records)."""
+    target = str(Path(repository).resolve())
+    found = []
+    for folder in Path(temporary_dir or tempfile.gettempdir()).glob(f"{WORK_DIR_PREFIX}*"):
+        try:
+            record = json.loads((folder / OWNER_RECORD).read_text())
+            launcher = int(record["pids"][0])
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            continue
+        if record.get("repository") == target and launcher != os.getpid() and _pid_alive(launcher):
+            found.append(launcher)
+    return sorted(set(found))
+
+
+def _die_with_parent() -> None:
+    """In the server's process, before exec: the kernel kills it when the process that started it dies, so a
+    launcher killed with SIGKILL leaves no orphan server holding its ports."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+@dataclass(frozen=True)
+class ServerBinary:
+    executable: Path
+    backend_directory: Path
+    library_path: Path | None = None  # extra LD_LIBRARY_PATH entry (the wheel's bundled libraries)
+
+
+def _pytriton_bundle(work_dir: Path) -> ServerBinary | None:
+    try:
+        import pytriton
+    except ImportError:
+        return None
+    root = Path(pytriton.__file__).resolve().parent
+    bundle = root / "tritonserver"
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    stub = bundle / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise ServerError(f"nvidia-pytriton has no Python backend stub for Python {version}")
+    backends = work_dir / "backends"
+    shutil.copytree(bundle / "backends", backends, dirs_exist_ok=True)
+    shutil.copy2(stub, backends / "python" / "triton_python_backend_stub")
+    return ServerBinary(bundle / "bin" / "tritonserver", backends, root.parent / "nvidia_pytriton.libs")
+
+
+def locate_server(work_dir: Path, explicit: str | os.PathLike | None = None) -> ServerBinary:
+    explicit = explicit or os.environ.get(TRITONSERVER_ENV)
+    if explicit:
+        path = Path(explicit)
+        if not path.is_file():
+            raise ServerError(f"tritonserver not found at {path}")
+        return ServerBinary(path, path.resolve().parent.parent / "backends")
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        path = Path(on_path).resolve()
+        return ServerBinary(path, path.parent.parent / "backends")
+    bundled = _pytriton_bundle(work_dir)
+    if bundled:
+        return bundled
+    raise ServerError("no tritonserver found: set TRITONSERVER, put it on PATH (NVIDIA's container), or "
+                      "pip install 'tritonforge[server]' for the nvidia-pytriton bundle")
+
+
+@functools.lru_cache(maxsize=8)
+def _help_text(executable: Path, library_path: Path | None) -> str:
+    env = dict(os.environ)
+    if library_path:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(library_path), env.get("LD_LIBRARY_PATH")]))
+    try:
+        result = subprocess.run([str(executable), "--help"], capture_output=True, text=True, timeout=30, env=env,
+                                check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return result.stdout + result.stderr
+
+
+@functools.lru_cache(maxsize=8)
+def _note_no_http_limit(executable: Path) -> None:
+    """Said once per binary, as information: Triton 2.51 has no cap on HTTP bodies (README, Limits)."""
+    logger.info("%s has no --http-max-input-size (Triton 2.53 and later have it): HTTP request bodies are not "
+                "capped; prompts are still checked by size before tokenizing", executable)
+
+
+def _supports_option(binary: ServerBinary, option: str) -> bool:
+    return f"{option} " in _help_text(binary.executable, binary.library_path)
+
+
+def redacted(command: list[str]) -> str:
+    """A command line fit for a log: the restricted APIs' key hidden."""
+    return " ".join(re.sub(r"admin-key=\S+", "admin-key=<hidden>", part) for part in command)
+
+
+def _new_shm_prefix() -> str:
+    return f"tritonforge_pid{os.getpid()}_{uuid.uuid4().hex[:12]}_"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class TritonServer:
+    """A tritonserver subprocess. Use as a context manager, or call start() / stop()."""
+
+    repository: Path
+    executable: str | None = None
+    http_port: int = 0  # 0 = pick a free port
+    grpc_port: int = 0
+    metrics_port: int = 0
+    address: str = "127.0.0.1"
+    ready_timeout_s: float = 300.0
+    exit_timeout_s: int = 10  # tritonserver's --exit-timeout-secs: its wait for in-flight requests, and for unloading
+    drain_timeout_s: float | None = None  # how long open requests get to finish at a stop; None: exit_timeout_s
+    log_verbose: int = 0
+    restricted_api_key: str | None = None  # header value that unlocks the restricted APIs; None = random
+    # Which APIs need that key; "" opens them all (perf_analyzer reads the model config and statistics).
+    restricted_apis: str = RESTRICTED_APIS
+    require_all_models: bool = True  # False: serve the models that load, and be "ready" without the others
+    world_size: int = 1  # TensorRT-LLM engines with tp*pp > 1: one tritonserver per MPI rank
+    extra_args: list[str] = field(default_factory=list)
+    log_file: Path | None = None  # kept after stop; None: a log in the work folder, removed with it
+    # The largest HTTP request body accepted, where the server has the option (--http-max-input-size, Triton
+    # 2.53+); 2.51 has none, and a 10 MB body to its `generate` endpoint can crash it (README, Limits).
+    http_max_input_bytes: int = HTTP_MAX_INPUT_BYTES
+
+    def __post_init__(self):
+        self.repository = Path(self.repository).resolve()
+        self._process: subprocess.Popen | None = None
+        self._work_dir: Path | None = None  # ours: the log (unless log_file) and an unpacked server; removed at stop
+        self._final_log = ""
+        self.log_path: Path | None = None
+        self.shm_prefix = _new_shm_prefix()  # renewed at each start
+        self.heartbeat_dir: Path | None = None  # where the stubs write their heartbeats (triton_adapter)
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.address}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.address}:{self.grpc_port}"
+
+    @property
+    def loopback_grpc_url(self) -> str:
+        """The gRPC endpoint as a process on this host reaches it (the BLS, to call the engine)."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.address, self.address)
+        return f"[{host}]:{self.grpc_port}" if ":" in host else f"{host}:{self.grpc_port}"
+
+    def command(self, binary: ServerBinary, rank: int = 0) -> list[str]:
+        key = self.restricted_api_key or os.urandom(16).hex()
+        restricted = []
+        if self.restricted_apis:
+            restricted = [f"--http-restricted-api={self.restricted_apis}:admin-key={key}",
+                          f"--grpc-restricted-protocol={self.restricted_apis}:admin-key={key}"]
+        return [
+            str(binary.executable),
+            f"--model-repository={self.repository}",
+            f"--backend-directory={binary.backend_directory}",
+            f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            f"--http-address={self.address}", f"--grpc-address={self.address}",
+            f"--metrics-address={self.address}",
+            *restricted,
+            *self._http_limit(binary),
+            f"--exit-on-error={str(self.require_all_models).lower()}",
+            f"--strict-readiness={str(self.require_all_models).lower()}",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+            f"--log-verbose={self.log_verbose}",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}{rank}_",
+            *self.extra_args,
+        ]
+
+    def _http_limit(self, binary: ServerBinary) -> list[str]:
+        if _supports_option(binary, "--http-max-input-size"):
+            return [f"--http-max-input-size={self.http_max_input_bytes}"]
+        _note_no_http_limit(binary.executable)
+        return []
+
+    def mpi_command(self, binary: ServerBinary) -> list[str]:
+        """One tritonserver per MPI rank: rank 0 loads everything and serves the ports; the other ranks load
+        only the engine model (whose executor never returns to them), each with its own shared-memory prefix."""
+        if self.world_size == 1:
+            return self.command(binary)
+        command = ["mpirun", "--allow-run-as-root"]
+        for rank in range(self.world_size):
+            rank_args = ["--disable-auto-complete-config"]
+            if rank > 0:
+                rank_args += ["--model-control-mode=explicit", "--load-model=tensorrt_llm"]
+            command += [*([":"] if rank else []), "-n", "1", *self.command(binary, rank), *rank_args]
+        return command
+
+    def environment(self, binary: ServerBinary) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        if self.heartbeat_dir is not None:
+            env[HEARTBEAT_DIR_ENV] = str(self.heartbeat_dir)
+        if self._work_dir is not None:  # the stubs' temporary files (the replay engine's lock) go with it
+            env["TMPDIR"] = str(self._work_dir / "tmp")
+        env[ENGINE_GRPC_URL_ENV] = self.loopback_grpc_url
+        # The stub links libpython by soname: make it find this interpreter's, not another build's
+        # (a mismatch fails at import time with undefined symbols).
+        libdir = sysconfig.get_config_var("LIBDIR") if sysconfig.get_config_var("Py_ENABLE_SHARED") else None
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [
+            libdir, str(binary.library_path) if binary.library_path else None, env.get("LD_LIBRARY_PATH")]))
+        return env
+
+    def start(self) -> TritonServer:
+        """Start and wait until ready. Refuses a path that holds no model and ports already taken, before
+        anything runs; removes what killed runs of ours left first."""
+        check_repository(self.repository)
+        check_ports_free(self.address, {"HTTP port": self.http_port, "gRPC port": self.grpc_port,
+                                        "metrics port": self.metrics_port})
+        sweep_leftovers()
+        self.shm_prefix = _new_shm_prefix()
+        self._work_dir = Path(tempfile.mkdtemp(prefix=WORK_DIR_PREFIX))
+        self._record_owner()
+        self.heartbeat_dir = self._work_dir / "heartbeats"
+        self.heartbeat_dir.mkdir()
+        (self._work_dir / "tmp").mkdir()
+        try:
+            binary = locate_server(self._work_dir, self.executable)
+        except BaseException:
+            self._remove_work_dir()
+            raise
+        self.http_port = self.http_port or free_port()
+        self.grpc_port = self.grpc_port or free_port()
+        self.metrics_port = self.metrics_port or free_port()
+        self.log_path = Path(self.log_file) if self.log_file else self._work_dir / "tritonserver.log"
+        command = self.mpi_command(binary)
+        logger.info("starting %s", redacted(command))
+        with open(self.log_path, "wb") as log:
+            self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                             env=self.environment(binary), start_new_session=True,
+                                             preexec_fn=_die_with_parent)
+        self._record_owner(self._process.pid)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _record_owner(self, server_pid: int | None = None) -> None:
+        """Which processes the work folder belongs to: once all are gone, a later start may remove it."""
+        pids = [os.getpid(), *([server_pid] if server_pid else [])]
+        (self._work_dir / OWNER_RECORD).write_text(json.dumps({"pids": pids, "repository": str(self.repository),
+                                                               "shm_prefix": self.shm_prefix}))
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout_s
+        url = f"http://{self.http_url}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                log = self.log_text()
+                if re.search(r"already in use|Address in use", log):
+                    raise PortInUse(f"tritonserver could not listen on its ports (HTTP {self.http_port}, gRPC "
+                                    f"{self.grpc_port}, metrics {self.metrics_port}): one is already in use")
+                raise ServerError(f"tritonserver exited with code {self._process.returncode}:\n"
+                                  f"{self.failure_summary()}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.25)
+        raise ServerError(f"tritonserver not ready after {self.ready_timeout_s:.0f} s:\n{self.failure_summary()}")
+
+    def log_text(self) -> str:
+        if self.log_path and self.log_path.exists():
+            return self.log_path.read_text(errors="replace")
+        return self._final_log  # the log of a stopped server whose work folder is gone
+
+    def failure_summary(self, max_lines: int = 20, max_chars: int = 600) -> str:
+        """The log lines that say why (model load failures first, else errors, else the tail), shortened."""
+        lines = self.log_text().splitlines()
+        failing = [line for line in lines if re.search(r"failed to load|UNAVAILABLE", line)]
+        errors = [line for line in lines if re.search(r"\bE\d{4}|error|Error|Traceback", line)]
+        chosen = (failing or errors or lines)[-max_lines:]
+        return "\n".join(line if len(line) <= max_chars else line[:max_chars] + " ..." for line in chosen)
+
+    def is_running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def stop(self) -> int | None:
+        """SIGTERM, and wait for the server to exit by itself: it gives in-flight requests its exit timeout, then
+        its models' unloading the same again. Only a server that outlives both is killed, and what is left of
+        its process group in any case: a Python stub busy in a generation can outlive a server that exited."""
+        if self._process is None:
+            self._remove_work_dir()
+            self._remove_shared_memory()
+            return None
+        if self._process.poll() is None:
+            self._drain()
+            os.killpg(self._process.pid, signal.SIGTERM)
+            try:
+                self._process.wait(timeout=self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                logger.warning("tritonserver did not exit %.0f s after SIGTERM; killing it", self.stop_timeout_s)
+        try:
+            os.killpg(self._process.pid, signal.SIGKILL)  # the group is ours (start_new_session)
+        except ProcessLookupError:
+            pass
+        self._process.wait()
+        self._wait_group_gone()
+        self._remove_work_dir()
+        self._remove_shared_memory()
+        return self._process.returncode
+
+    def _drain(self) -> None:
+        """Before the server is signalled: open requests get `drain_timeout_s` to finish, then the engine ends
+        the rest (environment.STOPPING_FILE: an ensemble request still open when Triton is signalled is never
+        ended, and holds its exit). Returns once every model that drains has, at the latest a few seconds after
+        that time."""
+        if self.heartbeat_dir is None or not self.heartbeat_dir.is_dir():
+            return
+        draining = [path.with_suffix(DRAINED_SUFFIX) for path in self.heartbeat_dir.glob(f"*{DRAINS_SUFFIX}")]
+        if not draining:
+            return
+        deadline = time.monotonic() + (self.exit_timeout_s if self.drain_timeout_s is None else self.drain_timeout_s)
+        marker = self.heartbeat_dir / STOPPING_FILE
+        marker.with_suffix(".tmp").write_text(repr(deadline))
+        os.replace(marker.with_suffix(".tmp"), marker)
+        while not all(path.exists() for path in draining) and time.monotonic() < deadline + DRAIN_END_S:
+            if self._process.poll() is not None:
+                return
+            time.sleep(0.05)  # the stubs' files are the only signal across these processes
+
+    @property
+    def stop_timeout_s(self) -> float:
+        """How long `stop` waits for the server to exit by itself: its exit timeout for in-flight requests, the
+        same for unloading its models, and a margin for the process to end."""
+        return 2 * self.exit_timeout_s + 5
+
+    def kill(self) -> None:
+        """SIGKILL the server and its stubs now: open streams end with a connection error at once."""
+        if self._process is not None and self._process.poll() is None:
+            try:
+                os.killpg(self._process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._process.wait()
+        self.stop()
+
+    def _remove_work_dir(self) -> None:
+        if self._work_dir is None:
+            return
+        self._final_log = self.log_text()
+        shutil.rmtree(self._work_dir, ignore_errors=True)
+        if self.log_path is not None and self._work_dir in self.log_path.parents:
+            self.log_path = None
+        self._work_dir = None
+
+    def _wait_group_gone(self, timeout_s: float = 5.0) -> None:
+        """Until no process of the server's group is left: stubs killed with their server die a moment later,
+        and until then they hold its ports and their shared memory."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self._process.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.02)
+        logger.warning("processes of tritonserver's group (%d) still exist %.0f s after SIGKILL",
+                       self._process.pid, timeout_s)
+
+    def _remove_shared_memory(self) -> None:
+        """The regions of this server's stubs that outlived them (only after the whole group is gone)."""
+        for region in SHARED_MEMORY_DIR.glob(f"{self.shm_prefix}*"):
+            region.unlink(missing_ok=True)
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

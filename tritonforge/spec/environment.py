@@ -1,0 +1,28 @@
+"""The environment variables tritonforge reads, and the files that the server launcher and the Python stubs
+exchange through one of them. `tritonforge serve` sets them in the server's environment, which the stubs
+inherit; the runtime reads them there."""
+
+# The stubs' heartbeat folder: each stub writes its clock there (triton_adapter.start_heartbeat), the
+# supervisor reads it (tritonforge/serve/supervisor.py).
+HEARTBEAT_DIR_ENV = "TRITONFORGE_HEARTBEAT_DIR"
+HEARTBEAT_PERIOD_S = 1.0
+# Written into that folder by a launcher that stops the server (tritonforge/serve/server.py), before it signals
+# the server: the time.monotonic() by which open requests must end. A model that drains (the engine) says so
+# at start with a `<pid>.drains` file and, once none of its requests is open, writes `<pid>.drained`; the
+# launcher signals the server after that. Triton 2.51 cannot end an ensemble request once it has been told
+# to stop (the request stays in flight until its exit timeout, and the process then hangs in its exit), so
+# the ensembles must be over before the signal.
+STOPPING_FILE = "stopping"
+DRAINS_SUFFIX, DRAINED_SUFFIX = ".drains", ".drained"
+
+# Where the BLS finds the server's gRPC endpoint: the launcher that picks the port says so through this
+# variable, which the stubs inherit; otherwise the BLS's `engine_grpc_url` parameter (Triton's default port).
+ENGINE_GRPC_URL_ENV = "TRITONFORGE_ENGINE_GRPC_URL"
+
+# Where the OpenAI gateway's key comes from when no --api-key is given: an environment variable, so that a
+# Kubernetes Secret can hand it over without putting it on a command line (/proc/PID/cmdline is readable by
+# local users).
+API_KEY_ENV = "TRITONFORGE_API_KEY"
+
+# The tritonserver binary to run, where --tritonserver names none.
+TRITONSERVER_ENV = "TRITONSERVER"

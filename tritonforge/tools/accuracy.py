@@ -1,0 +1,259 @@
+"""`tritonforge eval`: does the served engine answer like the Hugging Face checkpoint it came from?
+
+An engine built at reduced precision (FP8, INT8 SmoothQuant, INT4 AWQ, an FP8/INT8 KV cache) changes the
+model's numerics; this is the check to run before such an engine ships, and `build --accuracy-gate` runs it
+after a build. It compares the served `tensorrt_llm` model (any engine; the ensemble and the BLS put the
+same engine behind the same tokenizer) with the checkpoint run by transformers, on a prompt set:
+
+- greedy agreement: share of prompts whose first N generated tokens equal the reference's exactly, and the
+  mean position of the first divergence (N where none);
+- log-prob agreement: the served engine's `output_log_probs` for its own tokens against the reference
+  model's log-probs of the same tokens (teacher-forced): mean absolute difference, and the share of tokens
+  whose difference exceeds `logprob_tolerance`;
+- optionally, task accuracy on a multiple-choice JSONL (question, choices, answer): both sides answer by the
+  letter they generate greedily after the lettered choices, side by side.
+
+The prompts are tokenized by the repository's own tokenizer, exactly as its preprocessing does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import string
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..clients.client import grpc_tensors, is_final
+from ..spec.contract import ENGINE_MODEL
+
+DEFAULT_PROMPTS = Path(__file__).resolve().parent / "data" / "accuracy_prompts.jsonl"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    min_greedy_agreement: float = 0.9
+    max_logprob_mae: float = 0.05
+    logprob_tolerance: float = 0.1  # a token's |served - reference| log-prob above this counts as off
+    max_logprob_off_share: float = 0.05
+    max_task_accuracy_drop: float = 0.02  # served accuracy may trail the reference's by this much
+
+
+@dataclass
+class Report:
+    prompts: int
+    tokens: int
+    greedy_agreement: float
+    mean_first_divergence: float
+    logprob_mae: float | None
+    logprob_off_share: float | None
+    task_accuracy_served: float | None = None
+    task_accuracy_reference: float | None = None
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def table(self) -> str:
+        rows = [("prompts × generated tokens", f"{self.prompts} × {self.tokens}"),
+                ("greedy agreement (first N tokens identical)", f"{self.greedy_agreement:.3f}"),
+                ("mean position of the first divergence", f"{self.mean_first_divergence:.1f} of {self.tokens}"),
+                ("log-prob mean |served − reference|", _fmt(self.logprob_mae)),
+                ("tokens off by more than the tolerance", _fmt(self.logprob_off_share))]
+        if self.task_accuracy_served is not None:
+            rows.append(("task accuracy served / reference",
+                         f"{self.task_accuracy_served:.3f} / {self.task_accuracy_reference:.3f}"))
+        width = max(len(name) for name, _ in rows)
+        lines = [f"  {name:<{width}}  {value}" for name, value in rows]
+        lines.append("  PASS" if self.passed else "  FAIL: " + "; ".join(self.failures))
+        return "\n".join(lines)
+
+    def record(self) -> dict:
+        return {**asdict(self), "passed": self.passed}
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def load_jsonl(path: Path, required: tuple[str, ...]) -> list[dict]:
+    rows = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        missing = [key for key in required if key not in row]
+        if missing:
+            raise ValueError(f"{path}:{number}: missing {missing}")
+        rows.append(row)
+    if not rows:
+        raise ValueError(f"{path} holds no rows")
+    return rows
+
+
+class Reference:
+    """The checkpoint run by transformers on the CPU (or the first GPU), greedy, in float32."""
+
+    def __init__(self, checkpoint: Path, tokenizer):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from ..runtime.tokenization import default_end_id
+
+        self.torch = torch
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).to(self.device).eval()
+        self.tokenizer = tokenizer
+        self.end_id = default_end_id(tokenizer)
+
+    def greedy(self, prompt_ids: list[int], tokens: int) -> list[int]:
+        torch = self.torch
+        with torch.inference_mode():
+            ids = torch.tensor([prompt_ids], device=self.device)
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
+                                      min_new_tokens=tokens, do_sample=False, eos_token_id=self.end_id,
+                                      pad_token_id=self.end_id)
+        return out[0, len(prompt_ids):].tolist()
+
+    def log_probs(self, prompt_ids: list[int], continuation: list[int]) -> list[float]:
+        """log p(continuation[i] | prompt + continuation[:i]) for each i, with the end token masked as the
+        served engine masks it while `min_tokens` holds."""
+        torch = self.torch
+        with torch.inference_mode():
+            ids = torch.tensor([prompt_ids + continuation], device=self.device)
+            logits = self.model(ids).logits[0, len(prompt_ids) - 1: -1].float()
+            logits[:, self.end_id] = float("-inf")
+            targets = torch.tensor(continuation, device=self.device)[:, None]
+            chosen = torch.log_softmax(logits, dim=-1).gather(1, targets)
+        return chosen[:, 0].tolist()
+
+
+class Served:
+    """The repository's `tensorrt_llm` model over gRPC: greedy tokens with their log-probs."""
+
+    def __init__(self, url: str, end_id: int, model: str = ENGINE_MODEL):
+        import tritonclient.grpc as grpcclient
+
+        self.grpc = grpcclient
+        self.url, self.end_id, self.model = url, end_id, model
+
+    def greedy(self, prompt_ids: list[int], tokens: int) -> tuple[list[int], list[float]]:
+        import queue
+
+        arrays = {"input_ids": np.array([prompt_ids], dtype=np.int32),
+                  "input_lengths": np.array([[len(prompt_ids)]], dtype=np.int32),
+                  "request_output_len": np.array([[tokens]], dtype=np.int32),
+                  "min_tokens": np.array([[tokens]], dtype=np.int32),
+                  "end_id": np.array([[self.end_id]], dtype=np.int32),  # as preprocessing sends it
+                  "runtime_top_k": np.array([[1]], dtype=np.int32),
+                  "return_log_probs": np.array([[True]]), "streaming": np.array([[False]])}
+        inputs = grpc_tensors(self.grpc, arrays)
+        client = self.grpc.InferenceServerClient(self.url)
+        answers: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        ids: list[int] = []
+        log_probs: list[float] = []
+        try:
+            client.async_stream_infer(self.model, inputs, enable_empty_final_response=True)
+            while True:
+                result, error = answers.get(timeout=300)
+                if error is not None:
+                    raise RuntimeError(f"the served engine answered: {error}")
+                output_ids = result.as_numpy("output_ids")
+                if output_ids is not None:
+                    length = int(result.as_numpy("sequence_length").reshape(-1)[0])
+                    ids += output_ids.reshape(-1)[:length].tolist()
+                    lp = result.as_numpy("output_log_probs")
+                    if lp is not None:
+                        log_probs += lp.reshape(-1)[:length].tolist()
+                if is_final(result):
+                    break
+        finally:
+            client.stop_stream()
+            client.close()
+        return ids, log_probs
+
+
+def first_divergence(a: list[int], b: list[int]) -> int:
+    for position, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return position
+    return min(len(a), len(b))
+
+
+def run_eval(url: str, checkpoint: Path, tokenizer_dir: Path, *, prompts_path: Path | None = None,
+             tokens: int = 32, thresholds: Thresholds = Thresholds(), choices_path: Path | None = None,
+             model: str = "tensorrt_llm") -> Report:
+    """The whole check: load the prompt sets, the repository's tokenizer and the reference; evaluate."""
+    from ..runtime.tokenization import default_end_id, load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    prompts = load_jsonl(prompts_path or DEFAULT_PROMPTS, ("prompt",))
+    choices = load_jsonl(choices_path, ("question", "choices", "answer")) if choices_path else None
+    served = Served(url, default_end_id(tokenizer), model)
+    return evaluate(served, Reference(checkpoint, tokenizer), tokenizer, prompts, tokens=tokens,
+                    thresholds=thresholds, choices=choices)
+
+
+def evaluate(served: Served, reference: Reference, tokenizer, prompts: list[dict], *, tokens: int = 32,
+             thresholds: Thresholds = Thresholds(), choices: list[dict] | None = None) -> Report:
+    agreements, divergences, differences = [], [], []
+    for row in prompts:
+        prompt_ids = tokenizer(row["prompt"]).input_ids
+        served_ids, served_lp = served.greedy(prompt_ids, tokens)
+        reference_ids = reference.greedy(prompt_ids, tokens)
+        agreements.append(served_ids[:tokens] == reference_ids[:tokens])
+        divergences.append(first_divergence(served_ids[:tokens], reference_ids[:tokens]))
+        if served_lp and served_ids:
+            reference_lp = reference.log_probs(prompt_ids, served_ids)
+            differences += [abs(s - r) for s, r in zip(served_lp, reference_lp) if math.isfinite(s)]
+    report = Report(prompts=len(prompts), tokens=tokens, greedy_agreement=float(np.mean(agreements)),
+                    mean_first_divergence=float(np.mean(divergences)),
+                    logprob_mae=float(np.mean(differences)) if differences else None,
+                    logprob_off_share=float(np.mean([d > thresholds.logprob_tolerance for d in differences]))
+                    if differences else None)
+    if choices:
+        report.task_accuracy_served, report.task_accuracy_reference = _task_accuracy(served, reference, tokenizer,
+                                                                                      choices)
+    _judge(report, thresholds)
+    return report
+
+
+def _judge(report: Report, thresholds: Thresholds) -> None:
+    if report.greedy_agreement < thresholds.min_greedy_agreement:
+        report.failures.append(f"greedy agreement {report.greedy_agreement:.3f} < {thresholds.min_greedy_agreement}")
+    if report.logprob_mae is None:
+        report.failures.append("the served engine returned no output_log_probs")
+    else:
+        if report.logprob_mae > thresholds.max_logprob_mae:
+            report.failures.append(f"log-prob MAE {report.logprob_mae:.4f} > {thresholds.max_logprob_mae}")
+        if report.logprob_off_share > thresholds.max_logprob_off_share:
+            report.failures.append(f"{report.logprob_off_share:.3f} of tokens off by > {thresholds.logprob_tolerance} "
+                                   f"(allowed {thresholds.max_logprob_off_share})")
+    if report.task_accuracy_served is not None and (
+            report.task_accuracy_reference - report.task_accuracy_served > thresholds.max_task_accuracy_drop):
+        report.failures.append(f"task accuracy {report.task_accuracy_served:.3f} trails the reference's "
+                               f"{report.task_accuracy_reference:.3f} by more than {thresholds.max_task_accuracy_drop}")
+
+
+def _task_accuracy(served: Served, reference: Reference, tokenizer, rows: list[dict]) -> tuple[float, float]:
+    """Each side answers with the letter it generates after the lettered choices."""
+    served_right, reference_right = [], []
+    for row in rows:
+        letters = string.ascii_uppercase[:len(row["choices"])]
+        prompt = row["question"] + "\n" + "".join(f"{letter}. {choice}\n" for letter, choice in
+                                                  zip(letters, row["choices"])) + "Answer:"
+        answer = row["answer"] if isinstance(row["answer"], str) else letters[int(row["answer"])]
+        prompt_ids = tokenizer(prompt).input_ids
+        served_text = tokenizer.decode(served.greedy(prompt_ids, 2)[0])
+        reference_text = tokenizer.decode(reference.greedy(prompt_ids, 2))
+        served_right.append(_letter(served_text, letters) == answer)
+        reference_right.append(_letter(reference_text, letters) == answer)
+    return float(np.mean(served_right)), float(np.mean(reference_right))
+
+
+def _letter(text: str, letters: str) -> str | None:
+    return next((char for char in text.strip() if char in letters), None)
