@@ -27,6 +27,9 @@ class Collect:
     def __init__(self):
         self.done, self.result = threading.Event(), None
 
+    def scheduled(self):
+        pass
+
     def tokens(self, ids, log_probs):
         pass
 

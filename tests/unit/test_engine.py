@@ -163,3 +163,36 @@ def test_engine_limits_are_enforced(setup, kwargs, field):
 def test_out_of_range_sampling_values_are_rejected(kwargs, field):
     with pytest.raises(RequestError, match=f"^{field}"):
         SamplingParams(**kwargs)
+
+
+def test_freed_slot_serves_a_new_request_without_its_predecessors_cache(setup):
+    """A finished request leaves its slot as it was; the next one in it writes its own columns and must not
+    attend to the longer predecessor's leftovers past its own length."""
+    tokenizer, model, engine = setup
+    keeper = submit(engine, tokenizer, "Hello world, the server reads a request", Sink(), max_new_tokens=60,
+                    end_id=None)
+    assert keeper.started.wait(WAIT_S)
+    long = submit(engine, tokenizer, "The engine", Sink(), max_new_tokens=40, end_id=None)
+    assert long.done.wait(WAIT_S) and len(long.result.token_ids) == 40
+    short = submit(engine, tokenizer, "A", Sink(), max_new_tokens=8)  # takes the freed slot, beside `keeper`
+    assert short.done.wait(WAIT_S) and keeper.done.wait(WAIT_S)
+    assert short.result.token_ids == reference(model, tokenizer, "A", 8)
+    assert engine._free == sorted(engine._free) and len(engine._free) == engine.limits.max_batch_size
+
+
+def test_seeded_sampling_is_the_same_alone_and_in_a_busy_batch(setup):
+    tokenizer, _, engine = setup
+    params = SamplingParams(top_k=50, temperature=1.5, seed=2**40 + 3, repetition_penalty=1.2)
+    alone = submit(engine, tokenizer, "The engine", Sink(), sampling=params, request_id="alone")
+    greedy = submit(engine, tokenizer, "The engine", Sink(), request_id="greedy",
+                    sampling=SamplingParams(repetition_penalty=1.2))
+    assert alone.done.wait(WAIT_S) and greedy.done.wait(WAIT_S)
+    assert alone.result.token_ids != greedy.result.token_ids  # it does sample
+    # They run on while `busy` generates, so it joins a batch of three, in another slot than `alone` had.
+    others = [submit(engine, tokenizer, prompt, Sink(), request_id=f"other-{i}", end_id=None, max_new_tokens=60,
+                     sampling=SamplingParams(top_k=5, seed=i) if i % 2 else SamplingParams())
+              for i, prompt in enumerate(PROMPTS[:3])]
+    assert all(other.started.wait(WAIT_S) for other in others)
+    busy = submit(engine, tokenizer, "The engine", Sink(), sampling=params, request_id="busy")
+    assert busy.done.wait(WAIT_S) and all(other.done.wait(WAIT_S) for other in others)
+    assert busy.result.token_ids == alone.result.token_ids

@@ -2,14 +2,17 @@
 
 One background thread owns the model. Each iteration it
 1. takes new requests and cancellations from thread-safe queues,
-2. prefills each admitted request on its own (batch of one, so its first token is exactly `generate`'s),
-   then merges its KV cache into the running batch (left-padded, with an attention mask),
-3. runs ONE batched forward pass that decodes the next token of every running sequence,
-4. applies each request's own sampling, reports tokens, and drops finished sequences from the batch.
+2. prefills each admitted request on its own (batch of one, so its first token is exactly `generate`'s) and
+   copies its KV cache into a free slot of a preallocated cache (`SlotCache`),
+3. runs ONE batched forward pass that decodes the next token of every slot, each row at its own position
+   (per-row position ids, a 4-D attention mask over the columns each row has written),
+4. processes and samples every row's logits at once with its own parameters (`SlotSampler`), copies the
+   chosen tokens to the host (the step's one sync), reports them, and frees the slots of finished requests.
 
-A request that arrives while others generate therefore joins at the next step, as in TensorRT-LLM. The cache
-is bounded explicitly: at most `max_batch_size` sequences of at most `max_seq_len` tokens run at once; the rest
-wait in a queue of `max_queue_size` (0 = unbounded).
+A request that arrives while others generate therefore joins at the next step, as in TensorRT-LLM. Joining
+and leaving move no cache: a request owns its slot until it ends. The cache is bounded explicitly: at most
+`max_batch_size` sequences (slots) of at most `max_seq_len` tokens run at once; the rest wait in a queue of
+`max_queue_size` (0 = unbounded).
 
 transformers' own continuous batching manager is not used: it applies one sampling configuration to the whole
 batch, and this engine must serve per-request seeds, penalties, min_tokens, bad and stop words.
@@ -17,38 +20,167 @@ batch, and this engine must serve per-request seeds, penalties, min_tokens, bad 
 
 from __future__ import annotations
 
+import contextlib
+import heapq
+import inspect
 import logging
 
 import torch
+from transformers import DynamicCache
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
 from ..spec.limits import EngineLimits
 from .generation import EngineStats, EngineThread, GenerationRequest, GenerationResult, check_limits
-from .sampling import apply_penalties, choose_token
+from .sampling import SlotSampler
 
 logger = logging.getLogger(__name__)
+
+CACHE_LENGTH_STEP = 256  # the cache's length grows by doubling from this, up to max_seq_len
+
+
+class _SlotLayer(CacheLayerMixin):
+    """One layer's keys and values for every slot: [slots, kv_heads, capacity, head_dim], written in place."""
+
+    is_sliding = False
+
+    def __init__(self, owner: SlotCache):
+        super().__init__()
+        self.owner = owner
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        raise RuntimeError("a SlotCache layer is filled by SlotCache.store, before any decode step")
+
+    def allocate(self, keys: torch.Tensor, values: torch.Tensor, slots: int, capacity: int) -> None:
+        self.keys = keys.new_zeros((slots, keys.shape[1], capacity, keys.shape[3]))
+        self.values = values.new_zeros((slots, values.shape[1], capacity, values.shape[3]))
+        self.device, self.is_initialized = keys.device, True
+
+    def grow(self, capacity: int) -> None:
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = old.new_zeros((old.shape[0], old.shape[1], capacity, old.shape[3]))
+            new[:, :, : old.shape[2]] = old
+            setattr(self, name, new)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Decode: write each row's new key and value [rows, heads, 1, dim] at that row's own position; return
+        the rows' caches up to the step's longest length (views: no copy)."""
+        owner = self.owner
+        rows = owner.row_index  # [rows]
+        self.keys[rows, :, owner.positions] = key_states[:, :, 0]
+        self.values[rows, :, owner.positions] = value_states[:, :, 0]
+        return self.keys[: owner.rows, :, : owner.length], self.values[: owner.rows, :, : owner.length]
+
+    def get_mask_sizes(self, query_length, *args) -> tuple[int, int]:
+        return self.owner.length, 0
+
+    def get_seq_length(self) -> int:
+        return self.owner.length - 1
+
+    def get_max_length(self) -> int:
+        return self.keys.shape[2] if self.is_initialized else -1
+
+
+class SlotCache(Cache):
+    """A KV cache of fixed slots, one per running sequence. A prefill's cache is copied into its slot
+    (`store`); a decode step over slots [0, rows) writes each row's new entry at `positions` and attends to
+    the first `length` columns, with a mask that hides each row's columns past its own length (`prepare`).
+    A finished sequence just leaves its slot; what it wrote is never read again (the next sequence writes
+    its own columns before its mask shows them)."""
+
+    def __init__(self, num_layers: int, slots: int, max_len: int):
+        super().__init__(layers=[_SlotLayer(self) for _ in range(num_layers)])
+        self.slots, self.max_len = slots, max_len
+        self.rows, self.length = 0, 0
+        self.positions = self.row_index = None
+
+    def store(self, slot: int, cache: DynamicCache) -> None:
+        """Copy a prefilled batch-of-one DynamicCache into `slot`."""
+        length = cache.layers[0].keys.shape[2]
+        for layer, source in zip(self.layers, cache.layers, strict=True):
+            if not layer.is_initialized:
+                layer.allocate(source.keys, source.values, self.slots, min(self.max_len, CACHE_LENGTH_STEP))
+            self.reserve(length)
+            layer.keys[slot, :, :length] = source.keys[0]
+            layer.values[slot, :, :length] = source.values[0]
+
+    def reserve(self, length: int) -> None:
+        """Room for `length` columns: grow by doubling (rarely; each growth copies the cache once)."""
+        capacity = self.layers[0].keys.shape[2]
+        if length <= capacity:
+            return
+        while capacity < length:
+            capacity *= 2
+        for layer in self.layers:
+            layer.grow(min(capacity, self.max_len))
+
+    def prepare(self, rows: int, positions: torch.Tensor, length: int) -> None:
+        """The next decode step covers slots [0, rows), row r writing at positions[r], reading `length`
+        columns."""
+        self.reserve(length)
+        self.rows, self.positions, self.length = rows, positions, length
+        self.row_index = torch.arange(rows, device=positions.device)
+
+
+def check_cache_layers(model) -> None:
+    """Refuse models whose cache is not one full-attention layer list (sliding windows, linear attention):
+    the slot cache holds every position of every layer."""
+    cache = DynamicCache(config=model.config)
+    if cache.layers and not all(type(layer) is DynamicLayer for layer in cache.layers):
+        kinds = sorted({type(layer).__name__ for layer in cache.layers})
+        raise ValueError(f"the transformers engine runs models whose layers all use full attention; "
+                         f"{model.config.model_type} has cache layers {kinds}")
 
 
 class _Sequence:
     """A running request and its state."""
 
-    def __init__(self, request: GenerationRequest, device: torch.device):
+    __slots__ = ("request", "slot", "tokens", "generated", "log_probs", "finish_reason")
+
+    def __init__(self, request: GenerationRequest, slot: int):
         self.request = request
+        self.slot = slot
         self.tokens = list(request.prompt_ids)
         self.generated: list[int] = []
         self.log_probs: list[float] = []
-        self.generator = request.sampling.make_generator(device)
         self.finish_reason: str | None = None
+
+
+class _Features:
+    """How many running sequences use each optional sampling step: a step skips the ops nobody uses."""
+
+    def __init__(self):
+        self.sampling = self.top_k = self.top_p = self.penalised = self.biased = self.log_probs = 0
+
+    def add(self, request: GenerationRequest, sign: int) -> None:
+        params = request.sampling
+        sampling = not params.greedy
+        self.sampling += sign * sampling
+        self.top_k += sign * (sampling and params.top_k > 1)
+        self.top_p += sign * (sampling and params.top_p < 1)
+        self.penalised += sign * params.penalised
+        self.biased += sign * (request.embedding_bias is not None)
+        self.log_probs += sign * request.return_log_probs
 
 
 class InflightBatchingEngine(EngineThread):
     def __init__(self, model, limits: EngineLimits):
         super().__init__("inflight-engine")
+        check_cache_layers(model)
         self.model = model
         self.limits = limits
         self.device = next(model.parameters()).device
-        self._running: list[_Sequence] = []
-        self._cache = None  # DynamicCache of the running batch, rows left-padded
-        self._attention_mask: torch.Tensor | None = None  # [batch, cache_len + 1]
+        slots = limits.max_batch_size or 1
+        self._slots: list[_Sequence | None] = [None] * slots
+        self._free = list(range(slots))  # a heap: the lowest free slot first keeps the decoded rows few
+        self._lengths = [0] * slots  # tokens in each slot's cache
+        self._features = _Features()
+        self._cache = SlotCache(model.config.num_hidden_layers, slots, limits.max_seq_len)
+        self._sampler = SlotSampler(slots, model.config.vocab_size, self.device)
+        forward = inspect.signature(model.forward).parameters
+        # transformers 5.x renames `past_key_values` to `cache` (the old name warns on every call)
+        self._cache_argument = "cache" if "cache" in forward else "past_key_values"
+        self._keep_last_logits = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
         self._thread.start()
 
     # ---- client side (any thread) -------------------------------------------------------------------------
@@ -59,21 +191,24 @@ class InflightBatchingEngine(EngineThread):
 
     # ---- engine thread ------------------------------------------------------------------------------------
 
+    def _running(self) -> list[_Sequence]:
+        return [sequence for sequence in self._slots if sequence is not None]
+
     def _loop(self) -> None:
-        with torch.inference_mode():
+        with torch.inference_mode(), _attention_backends(self.device):
             while not self._stopping.is_set():
-                if not self._running and self._idle():
+                if not self._running() and self._idle():
                     self._wait_for_work()
                     continue
                 try:
                     self._iteration()
                 except Exception as error:  # noqa: BLE001 - a broken step must end its requests, not the thread
                     logger.exception("engine step failed")
-                    for sequence in self._running:
+                    for sequence in self._running():
                         sequence.request.sink.finish(None, error)
-                    self._running, self._cache, self._attention_mask = [], None, None
+                        self._release(sequence)
         self._take_new()  # answers the stops and moves the last requests to _waiting, which ends them below
-        for sequence in self._running:
+        for sequence in self._running():
             sequence.request.sink.finish(None, RuntimeError("the engine is shutting down"))
         for request in self._waiting:
             request.sink.finish(None, RuntimeError("the engine is shutting down"))
@@ -81,7 +216,7 @@ class InflightBatchingEngine(EngineThread):
     def _iteration(self) -> None:
         self._apply_cancellations(self._take_new())
         prefilled = 0
-        while self._waiting and len(self._running) < self.limits.max_batch_size:
+        while self._waiting and self._free:
             request = self._waiting.pop(0)
             if request.sink.cancelled():
                 request.sink.finish(GenerationResult([], [], "cancelled"), None)
@@ -91,89 +226,110 @@ class InflightBatchingEngine(EngineThread):
             # A prefill is a forward pass over a whole prompt: stops (the liveness probe's too) and cancels wait
             # for one of them, not for every prefill of the iteration.
             self._apply_cancellations(self._take_new())
-        if self._running:
+        if self._running():
             self._decode_step()
-        self.stats = EngineStats(waiting=self.pending(), scheduled=len(self._running), context=prefilled,
-                                 kv_tokens=sum(len(sequence.tokens) for sequence in self._running))
+        running = self._running()
+        self.stats = EngineStats(waiting=self.pending(), scheduled=len(running), context=prefilled,
+                                 kv_tokens=sum(len(sequence.tokens) for sequence in running))
 
     def _apply_cancellations(self, ids: set[str]) -> None:
-        for sequence in self._running:
-            if sequence.finish_reason is None and sequence.request.request_id in ids:
-                sequence.finish_reason = "cancelled"
-        for request in [r for r in self._waiting if r.request_id in ids]:
-            self._waiting.remove(request)
-            request.sink.finish(GenerationResult([], [], "cancelled"), None)
+        if ids:
+            for sequence in self._running():
+                if sequence.finish_reason is None and sequence.request.request_id in ids:
+                    sequence.finish_reason = "cancelled"
+            for request in [r for r in self._waiting if r.request_id in ids]:
+                self._waiting.remove(request)
+                request.sink.finish(GenerationResult([], [], "cancelled"), None)
         self._retire_finished()
 
     def _prefill(self, request: GenerationRequest) -> None:
-        from transformers import DynamicCache
-
         request.sink.scheduled()
-        sequence = _Sequence(request, self.device)
+        slot = heapq.heappop(self._free)
+        sequence = _Sequence(request, slot)
+        self._slots[slot] = sequence
+        self._features.add(request, +1)
+        self._sampler.admit(slot, request.sampling, request.prompt_ids, request.embedding_bias)
         input_ids = torch.tensor([request.prompt_ids], device=self.device)
         cache = DynamicCache(config=self.model.config)
-        output = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True)
-        self._accept(sequence, output.logits[0, -1])
-        mask = torch.ones((1, input_ids.shape[1] + 1), dtype=torch.long, device=self.device)
-        self._merge(sequence, output.past_key_values, mask)
+        output = self.model(input_ids=input_ids, use_cache=True, **{self._cache_argument: cache},
+                            **self._keep_last_logits)
+        self._cache.store(slot, cache)
+        self._lengths[slot] = len(request.prompt_ids)
+        steps = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._sample([sequence], output.logits[:, -1], slice(slot, slot + 1), steps, request_features(request))
         self._retire_finished()
-
-    def _merge(self, sequence: _Sequence, cache, mask: torch.Tensor) -> None:
-        """Append one sequence's cache to the running batch, left-padding the shorter side."""
-        if not self._running:
-            self._running, self._cache, self._attention_mask = [sequence], cache, mask
-            return
-        old_len, new_len = self._attention_mask.shape[1], mask.shape[1]
-        width = max(old_len, new_len)
-        for old_layer, new_layer in zip(self._cache.layers, cache.layers):
-            old_layer.keys = torch.cat([_left_pad(old_layer.keys, width - 1), _left_pad(new_layer.keys, width - 1)])
-            old_layer.values = torch.cat([_left_pad(old_layer.values, width - 1),
-                                          _left_pad(new_layer.values, width - 1)])
-        self._attention_mask = torch.cat([_left_pad_mask(self._attention_mask, width),
-                                          _left_pad_mask(mask, width)])
-        self._running.append(sequence)
 
     def _decode_step(self) -> None:
-        batch = len(self._running)
-        last = torch.tensor([[s.tokens[-1]] for s in self._running], device=self.device)  # [batch, 1]
-        mask = self._attention_mask  # [batch, cache_len + 1]: the new token is the last column
-        positions = (mask.sum(dim=1, keepdim=True) - 1)  # [batch, 1]: real tokens before the new one
-        cache_position = torch.tensor([mask.shape[1] - 1], device=self.device)
-        output = self.model(input_ids=last, attention_mask=mask, position_ids=positions,
-                            past_key_values=self._cache, cache_position=cache_position, use_cache=True)
-        self._cache = output.past_key_values
-        logits = output.logits[:, -1, :]  # [batch, vocab]
-        for row in range(batch):
-            self._accept(self._running[row], logits[row])
-        ones = torch.ones((batch, 1), dtype=mask.dtype, device=self.device)
-        self._attention_mask = torch.cat([mask, ones], dim=1)
+        rows = max(sequence.slot for sequence in self._running()) + 1
+        sequences = self._slots[:rows]
+        lengths = self._lengths[:rows]
+        # One copy to the device: each row's last token, its position (= its cache length) and its step.
+        # A free slot inside [0, rows) decodes a dummy token at position 0 of its own (unused) cache.
+        host = torch.tensor([[s.tokens[-1] if s else 0 for s in sequences], lengths,
+                             [len(s.generated) if s else 0 for s in sequences]], dtype=torch.long)
+        host = host.to(self.device, non_blocking=True)
+        input_ids, positions, steps = host[0, :, None], host[1], host[2]  # [rows, 1], [rows], [rows]
+        length = max(lengths) + 1
+        columns = torch.arange(length, device=self.device)
+        visible = columns[None, :] <= positions[:, None]  # [rows, length]: the row's cache and its new token
+        dtype = self.model.dtype
+        mask = torch.zeros(visible.shape, dtype=dtype, device=self.device).masked_fill_(
+            ~visible, torch.finfo(dtype).min)[:, None, None, :]  # [rows, 1, 1, length], additive
+        self._cache.prepare(rows, positions, length)
+        output = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions[:, None],
+                            use_cache=True, **{self._cache_argument: self._cache})
+        for sequence in sequences:
+            if sequence is not None:
+                self._lengths[sequence.slot] += 1
+        self._sample(sequences, output.logits[:, -1], slice(0, rows), steps, self._features)
         self._retire_finished()
 
-    def _accept(self, sequence: _Sequence, logits: torch.Tensor) -> None:
-        """Pick, record and report one sequence's next token from its row of logits [vocab]."""
+    def _sample(self, sequences: list[_Sequence | None], logits: torch.Tensor, rows: slice, steps: torch.Tensor,
+                features: _Features) -> None:
+        """Choose, record and report the next token of every sequence from its row of logits [rows, vocab]."""
+        banned: list[tuple[int, int]] = []
+        live = []
+        for row, sequence in enumerate(sequences):
+            if sequence is None or sequence.finish_reason is not None:
+                continue
+            request = sequence.request
+            if request.sink.cancelled():
+                sequence.finish_reason = "cancelled"
+                continue
+            live.append((row, sequence))
+            if request.end_id is not None and len(sequence.generated) < request.sampling.min_tokens:
+                banned.append((row, request.end_id))
+            if request.bad_sequences:
+                banned.extend((row, token) for token in _banned_tokens(sequence.tokens, request.bad_sequences))
+        if not live:
+            return
+        vocab = logits.shape[-1]
+        banned = [(row, token) for row, token in banned if 0 <= token < vocab]
+        logits = self._sampler.process(logits.float(), rows, biased=bool(features.biased),
+                                       penalised=bool(features.penalised), banned=banned)
+        tokens = self._sampler.choose(logits, rows, steps, sampling=bool(features.sampling),
+                                      top_k=bool(features.top_k), top_p=bool(features.top_p))
+        if features.penalised:
+            self._sampler.record(rows, tokens)
+        if features.log_probs:
+            log_probs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
+            chosen, chosen_log_probs = torch.stack((tokens.double(), log_probs.double())).tolist()  # the sync
+            chosen = [int(token) for token in chosen]
+        else:
+            chosen, chosen_log_probs = tokens.tolist(), None  # the sync
+        for row, sequence in live:
+            log_prob = chosen_log_probs[row] if sequence.request.return_log_probs else 0.0
+            self._accept(sequence, chosen[row], log_prob)
+
+    def _accept(self, sequence: _Sequence, token: int, log_prob: float) -> None:
         request = sequence.request
-        if sequence.finish_reason is not None:
-            return
-        if request.sink.cancelled():
-            sequence.finish_reason = "cancelled"
-            return
-        logits = logits.float()
-        if request.embedding_bias is not None:
-            bias = torch.as_tensor(request.embedding_bias[: logits.shape[-1]], device=logits.device)
-            logits = logits.clone()
-            logits[: bias.shape[0]] += bias
-        logits = apply_penalties(logits, request.sampling, sequence.tokens, sequence.generated, request.end_id)
-        for banned in _banned_tokens(sequence.tokens, request.bad_sequences):
-            logits[banned] = float("-inf")
-        token = choose_token(logits, request.sampling, sequence.generator)
-        log_prob = float(torch.log_softmax(logits, dim=-1)[token]) if request.return_log_probs else 0.0
         if request.end_id is not None and token == request.end_id:
             sequence.finish_reason = "end_id"
             return
         sequence.tokens.append(token)
         sequence.generated.append(token)
         sequence.log_probs.append(log_prob)
-        if _ends_with_any(sequence.tokens, request.stop_sequences):
+        if request.stop_sequences and _ends_with_any(sequence.tokens, request.stop_sequences):
             sequence.finish_reason = "stop_words"
         elif len(sequence.generated) >= request.max_new_tokens:
             sequence.finish_reason = "length"
@@ -181,41 +337,35 @@ class InflightBatchingEngine(EngineThread):
             request.sink.tokens([token], [log_prob])
 
     def _retire_finished(self) -> None:
-        keep = [row for row, s in enumerate(self._running) if s.finish_reason is None]
-        if len(keep) == len(self._running):
-            return
-        for sequence in self._running:
-            if sequence.finish_reason is not None:
+        for sequence in self._slots:
+            if sequence is not None and sequence.finish_reason is not None:
+                self._release(sequence)
                 sequence.request.sink.finish(
                     GenerationResult(sequence.generated, sequence.log_probs, sequence.finish_reason), None)
-        if not keep:
-            self._running, self._cache, self._attention_mask = [], None, None
-            return
-        index = torch.tensor(keep, device=self.device)
-        self._running = [self._running[row] for row in keep]
-        mask = self._attention_mask.index_select(0, index)
-        # Columns that are padding in every remaining row are dead weight: cut them.
-        first = int((mask.sum(dim=0) > 0).nonzero()[0])
-        self._attention_mask = mask[:, first:]
-        for layer in self._cache.layers:
-            layer.keys = layer.keys.index_select(0, index)[:, :, first:]
-            layer.values = layer.values.index_select(0, index)[:, :, first:]
+
+    def _release(self, sequence: _Sequence) -> None:
+        """Free the sequence's slot: nothing moves on the device."""
+        self._slots[sequence.slot] = None
+        self._lengths[sequence.slot] = 0
+        self._features.add(sequence.request, -1)
+        heapq.heappush(self._free, sequence.slot)
 
 
-def _left_pad(tensor: torch.Tensor, length: int) -> torch.Tensor:
-    """Left-pad a [batch, heads, seq, dim] cache tensor along seq to `length`."""
-    missing = length - tensor.shape[2]
-    if missing == 0:
-        return tensor
-    pad = tensor.new_zeros(tensor.shape[0], tensor.shape[1], missing, tensor.shape[3])
-    return torch.cat([pad, tensor], dim=2)
+def _attention_backends(device: torch.device):
+    """On CUDA, SDPA without its cuDNN backend, which builds an execution plan for each new shape: the decode
+    step's shape changes with its length and row count, and a first H200 run crawled (11 tokens/s at one
+    stream) with cuDNN attention in its profile."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
-def _left_pad_mask(mask: torch.Tensor, length: int) -> torch.Tensor:
-    missing = length - mask.shape[1]
-    if missing == 0:
-        return mask
-    return torch.cat([mask.new_zeros(mask.shape[0], missing), mask], dim=1)
+def request_features(request: GenerationRequest) -> _Features:
+    features = _Features()
+    features.add(request, +1)
+    return features
 
 
 def _ends_with_any(tokens: list[int], sequences: list[list[int]]) -> bool:

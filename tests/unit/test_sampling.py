@@ -1,0 +1,127 @@
+"""Batched sampling (`SlotSampler`) against a plain one-row-at-a-time reference, and its seeded noise."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tritonforge.runtime.sampling import SamplingParams, SlotSampler, gumbel_noise
+
+VOCAB = 64
+EXACT = 1e-6  # float32 ops in another order: the batched and the per-row results agree to rounding
+DRAWS = 20_000
+# Sampled frequencies vs the probabilities: 4 standard deviations of a binomial at DRAWS, for every token.
+FREQUENCY_SIGMAS = 4
+
+
+def reference_logits(logits, params: SamplingParams, seen: list[int], generated: list[int], bias) -> torch.Tensor:
+    """One row's bias and penalties, written out as the sampling module's docstring defines them."""
+    logits = logits.clone()
+    if bias is not None:
+        logits += torch.as_tensor(bias)
+    for token in set(seen):
+        value = logits[token]
+        logits[token] = value / params.repetition_penalty if value > 0 else value * params.repetition_penalty
+    for token in set(generated):
+        logits[token] -= params.presence_penalty + params.frequency_penalty * generated.count(token)
+    return logits
+
+
+def reference_probs(logits, params: SamplingParams) -> torch.Tensor:
+    """One sampling row's distribution: temperature, then top-k, then the smallest top-p prefix."""
+    scores = logits / params.temperature
+    if params.top_k > 1:
+        kth = torch.topk(scores, params.top_k).values[-1]
+        scores = scores.masked_fill(scores < kth, -math.inf)
+    probs = torch.softmax(scores, dim=-1)
+    if params.top_p < 1:
+        order = torch.argsort(probs, descending=True)
+        kept, mass = [], 0.0
+        for token in order.tolist():
+            if mass >= params.top_p:
+                break
+            kept.append(token)
+            mass += float(probs[token])
+        keep = torch.zeros_like(probs, dtype=torch.bool)
+        keep[kept] = True
+        probs = torch.where(keep, probs, 0.0)
+        probs = probs / probs.sum()
+    return probs
+
+
+ROWS = [  # (params, prompt, generated, bias)
+    (SamplingParams(), [1, 2], [3], None),  # greedy, no penalty: its row must not change
+    (SamplingParams(top_k=5, temperature=0.7, repetition_penalty=1.3), [4, 5, 6], [7, 7], None),
+    (SamplingParams(top_p=0.6, temperature=1.5, presence_penalty=0.5, frequency_penalty=0.25), [8], [9, 9, 9, 10],
+     None),
+    (SamplingParams(top_k=10, top_p=0.8, temperature=1.0), [11], [], np.linspace(-1, 1, VOCAB, dtype=np.float32)),
+]
+
+
+@pytest.fixture()
+def filled():
+    """A sampler whose slots hold ROWS, with each row's generated tokens recorded as the engine does."""
+    torch.manual_seed(0)
+    sampler = SlotSampler(len(ROWS), VOCAB, torch.device("cpu"))
+    for slot, (params, prompt, generated, bias) in enumerate(ROWS):
+        sampler.admit(slot, params, prompt, bias)
+        for token in generated:
+            sampler.record(slice(slot, slot + 1), torch.tensor([token]))
+    return sampler, torch.randn(len(ROWS), VOCAB) * 3
+
+
+def test_batched_penalties_and_bias_equal_the_per_row_reference(filled):
+    sampler, logits = filled
+    processed = sampler.process(logits, slice(0, len(ROWS)), biased=True, penalised=True, banned=[])
+    for row, (params, prompt, generated, bias) in enumerate(ROWS):
+        expected = reference_logits(logits[row], params, prompt + generated, generated, bias)
+        torch.testing.assert_close(processed[row], expected, atol=EXACT, rtol=EXACT)
+    assert torch.equal(processed[0], logits[0])  # neutral values leave a plain row bit-exact
+
+
+def test_banned_tokens_get_minus_infinity_in_their_row_only(filled):
+    sampler, logits = filled
+    processed = sampler.process(logits, slice(0, len(ROWS)), biased=False, penalised=False, banned=[(1, 3), (2, 5)])
+    assert processed[1, 3] == -math.inf and processed[2, 5] == -math.inf
+    assert torch.isfinite(processed[0]).all() and torch.isfinite(processed[3]).all()
+
+
+def test_batched_sampling_distribution_equals_the_per_row_reference(filled):
+    sampler, logits = filled
+    scores = sampler.scores(logits, slice(0, len(ROWS)), top_k=True, top_p=True)
+    for row, (params, *_) in enumerate(ROWS):
+        if params.greedy:
+            continue
+        torch.testing.assert_close(torch.softmax(scores[row], dim=-1), reference_probs(logits[row], params),
+                                   atol=EXACT, rtol=EXACT)
+
+
+def test_greedy_rows_take_the_argmax_beside_sampling_rows(filled):
+    sampler, logits = filled
+    tokens = sampler.choose(logits, slice(0, len(ROWS)), torch.zeros(len(ROWS), dtype=torch.long), sampling=True,
+                            top_k=True, top_p=True)
+    assert tokens[0] == torch.argmax(logits[0])
+
+
+def test_noise_draws_follow_the_distribution():
+    """Gumbel-max over the counter-based noise, one draw per step, samples softmax(scores)."""
+    scores = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -math.inf])
+    steps = torch.arange(DRAWS)
+    noise = gumbel_noise(torch.full((DRAWS,), 12345), torch.full((DRAWS,), 678), steps, scores.shape[0])
+    drawn = torch.argmax(scores[None, :] + noise, dim=-1)
+    frequencies = torch.bincount(drawn, minlength=scores.shape[0]).double() / DRAWS
+    probs = torch.softmax(scores.double(), dim=-1)
+    sigma = torch.sqrt(probs * (1 - probs) / DRAWS)
+    assert frequencies[-1] == 0  # -inf is never drawn
+    assert torch.all((frequencies - probs).abs() <= FREQUENCY_SIGMAS * sigma + 1e-12), (frequencies, probs)
+
+
+def test_noise_depends_on_seed_step_and_token_only():
+    vocab = 1000
+    a = gumbel_noise(torch.tensor([1, 1, 2]), torch.tensor([0, 0, 0]), torch.tensor([5, 6, 5]), vocab)
+    again = gumbel_noise(torch.tensor([2, 1]), torch.tensor([0, 0]), torch.tensor([5, 5]), vocab)
+    assert torch.equal(a[0], again[1]) and torch.equal(a[2], again[0])  # whatever the other rows
+    assert not torch.equal(a[0], a[1]) and not torch.equal(a[0], a[2])  # another step, another seed
+    high = gumbel_noise(torch.tensor([1]), torch.tensor([1]), torch.tensor([5]), vocab)
+    assert not torch.equal(a[0], high[0])  # the seed's upper 32 bits count
