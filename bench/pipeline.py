@@ -81,6 +81,7 @@ def measure_engine(args, model_dir: Path, engine: str, work: Path, rows: list[di
         measured = measure_server(server.grpc_url, prompts, concurrencies=args.concurrency,
                                   output_tokens=args.output_tokens, duration_s=args.duration_s, tool=args.tool,
                                   work=work, label=engine, server_pid=server.pid, on_row=on_row,
+                                  progress=lambda line: print(line, file=sys.stderr, flush=True),
                                   stacks_dir=args.stacks_dir, paths=args.paths,
                                   ms_per_token=args.replay_step_ms if engine == "replay" else DEFAULT_MS_PER_TOKEN)
         if any(row["errors"] for row in measured):

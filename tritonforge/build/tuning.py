@@ -138,7 +138,8 @@ def tune(repository: Path, candidates: list[Candidate], *, concurrency: int = 12
                 with tempfile.TemporaryDirectory() as work:
                     measured = measure_server(server.grpc_url, prompts, paths=paths, concurrencies=(concurrency,),
                                               output_tokens=output_tokens, duration_s=duration_s, tool=tool,
-                                              work=Path(work), label=candidate.label, server_pid=server.pid)
+                                              work=Path(work), label=candidate.label, server_pid=server.pid,
+                                              progress=progress)
             finally:
                 server.stop()
             add_efficiency(measured)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..spec.contract import DEFAULT_MAX_TOKENS
 from ..spec.ports import LOCAL_GRPC_URL
-from .arguments import positive_int, positive_ints, positive_seconds, repository_tokenizer, require_tool
+from .arguments import positive_int, positive_ints, positive_seconds, repository_tokenizer, require_tool, say
 
 
 def bench_command(args: argparse.Namespace) -> int:
@@ -39,7 +39,7 @@ def bench_command(args: argparse.Namespace) -> int:
         rows = measure_server(args.url, prompts, paths=paths,
                               concurrencies=args.concurrency,
                               output_tokens=args.output_tokens, duration_s=args.duration_s, tool=args.tool,
-                              work=Path(work), label=args.repository.name)
+                              work=Path(work), label=args.repository.name, progress=say)
     add_efficiency(rows)
     result = {"meta": {"machine": machine_description(), "date": datetime.date.today().isoformat(),
                        "tool": args.tool, "output_tokens": args.output_tokens, "duration_s": args.duration_s,

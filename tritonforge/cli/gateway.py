@@ -9,7 +9,7 @@ from ..clients.openai_gateway import DEFAULT_MODEL as OPENAI_DEFAULT_MODEL
 from ..clients.openai_gateway import SERVED_MODEL_NAME
 from ..spec.contract import BLS_MODEL, ENSEMBLE_MODEL
 from ..spec.ports import GRPC_PORT, OPENAI_PORT
-from .arguments import API_KEY_HELP, port, positive_int
+from .arguments import API_KEY_HELP, port, positive_int, say
 
 
 def openai_command(args: argparse.Namespace) -> int:
@@ -19,7 +19,7 @@ def openai_command(args: argparse.Namespace) -> int:
     check_ports_free(args.host, {"--host/--port": args.port})
     print(f"OpenAI API on http://{args.host}:{args.port}/v1 → {args.model} at {args.url}", file=sys.stderr)
     run(args.url, host=args.host, port=args.port, model=args.model, served_model_name=args.served_model_name,
-        workers=args.workers, api_key=api_key_from_environment(args.api_key))
+        workers=args.workers, api_key=api_key_from_environment(args.api_key), on_ready=say)
     return 0
 
 

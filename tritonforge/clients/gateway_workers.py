@@ -22,7 +22,6 @@ import multiprocessing
 import os
 import signal
 import socket
-import sys
 import time
 
 import uvicorn
@@ -52,9 +51,10 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 def serve_workers(make_app, *, host: str, port: int, workers: int, log_level: str = "warning",
-                  on_worker_exit=None) -> None:
+                  on_worker_exit=None, on_ready=lambda line: None) -> None:
     """Serve the ASGI app `make_app()` builds (a picklable callable: each worker builds its own) from `workers`
-    processes on host:port until SIGINT or SIGTERM; `on_worker_exit(pid)` is called for a worker that died."""
+    processes on host:port until SIGINT or SIGTERM; `on_worker_exit(pid)` is called for a worker that died,
+    `on_ready(line)` once, when every worker takes connections."""
     context = multiprocessing.get_context("spawn")
     counts = context.Array("i", [NOT_SERVING] * workers, lock=False)
     accepting = context.Lock()
@@ -78,7 +78,7 @@ def serve_workers(make_app, *, host: str, port: int, workers: int, log_level: st
         while not stopping:
             time.sleep(0.2)
             if not announced and all(count != NOT_SERVING for count in counts):
-                print(f"{READY_MESSAGE}: {workers} on {host}:{port}", file=sys.stderr, flush=True)
+                on_ready(f"{READY_MESSAGE}: {workers} on {host}:{port}")
                 announced = True
             for index, process in enumerate(processes):
                 if not process.is_alive() and not stopping:

@@ -437,10 +437,11 @@ def _whole(kind: str, ident: str, created: int, model: str, generation: Generati
 
 
 def run(url: str, *, host: str = "127.0.0.1", port: int = OPENAI_PORT, model: str = DEFAULT_MODEL,
-        served_model_name: str = SERVED_MODEL_NAME, workers: int = 1, api_key: str | None = None) -> None:
+        served_model_name: str = SERVED_MODEL_NAME, workers: int = 1, api_key: str | None = None,
+        on_ready=lambda line: None) -> None:
     """Serve the gateway until interrupted. One process handles a few thousand streamed chunks a second;
     `workers` processes share the port, each connection going to the one with the fewest open connections
-    (`tritonforge.clients.gateway_workers`), and share their metrics."""
+    (`tritonforge.clients.gateway_workers`), and share their metrics; `on_ready(line)` once they all serve."""
     import uvicorn
 
     if workers < 1:
@@ -454,7 +455,8 @@ def run(url: str, *, host: str = "127.0.0.1", port: int = OPENAI_PORT, model: st
 
     with tempfile.TemporaryDirectory(prefix="tritonforge-gateway-metrics-") as metrics_dir:
         os.environ[MULTIPROCESS_DIR_ENV] = metrics_dir  # read by the workers' metrics (spawned after this)
-        serve_workers(make_app, host=host, port=port, workers=workers, on_worker_exit=forget_worker)
+        serve_workers(make_app, host=host, port=port, workers=workers, on_worker_exit=forget_worker,
+                      on_ready=on_ready)
 
 
 class GatewayThread:

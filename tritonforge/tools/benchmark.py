@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import platform
 import re
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +35,8 @@ from ..spec.contract import (
 )
 from .profiling import cpu_cores, cpu_snapshot, model_statistics, record_stubs, statistics_delta
 from .tiny_model import corpus_lines
+
+logger = logging.getLogger(__name__)
 
 PATHS = ("direct", "ensemble", "bls")
 PATH_MODELS = {"direct": ENGINE_MODEL, "ensemble": ENSEMBLE_MODEL, "bls": BLS_MODEL}
@@ -543,7 +545,7 @@ def write_results(result: dict, stem: Path) -> None:
     try:
         plot(result, with_extension(stem, ".png"))
     except ImportError:
-        print("matplotlib is not installed: no plot (pip install -e .[bench])", file=sys.stderr)
+        logger.warning("matplotlib is not installed: no plot (pip install -e .[bench])")
 
 
 def machine_description() -> str:
@@ -564,7 +566,8 @@ def machine_description() -> str:
 def measure_server(url: str, prompts, *, paths=PATHS, concurrencies=(1, 8, 32, 128), output_tokens: int = 64,
                    duration_s: float = 10.0, tool: str = "asyncio", work: Path, label: str = "",
                    server_pid: int | None = None, stacks_dir: Path | None = None,
-                   ms_per_token: float = DEFAULT_MS_PER_TOKEN, on_row=lambda row: None) -> list[dict]:
+                   ms_per_token: float = DEFAULT_MS_PER_TOKEN, on_row=lambda row: None,
+                   progress=lambda line: None) -> list[dict]:
     """Warm up, then measure every path at every concurrency (the paths of one concurrency back to back).
 
     Each row also says where the time went (tritonforge.tools.profiling): CPU cores by process, and Triton's
@@ -605,8 +608,12 @@ def measure_server(url: str, prompts, *, paths=PATHS, concurrencies=(1, 8, 32, 1
             on_row(row)
             if row["requests"] and row["errors"] == row["requests"]:
                 check_serving(url, served)  # every request failed: a server that went away ends the run
-            print(f"{label:12} {concurrency:4} {path:9} {row['output_tokens_per_s']:10,.0f} tok/s  "
-                  f"TTFT p50 {row['ttft_ms_p50']} ms  ITL p50 {row['itl_ms_p50']} ms  "
-                  f"checked {row['streams_checked']}  errors {row['errors']} "
-                  f"{row['first_error'] or ''}"[:600], file=sys.stderr, flush=True)
+            progress(point_line(row))
     return rows
+
+
+def point_line(row: dict) -> str:
+    """One measured point in a line, for a run's progress."""
+    return (f"{row['engine']:12} {row['concurrency']:4} {row['path']:9} {row['output_tokens_per_s']:10,.0f} tok/s  "
+            f"TTFT p50 {row['ttft_ms_p50']} ms  ITL p50 {row['itl_ms_p50']} ms  "
+            f"checked {row['streams_checked']}  errors {row['errors']} {row['first_error'] or ''}")[:600]
