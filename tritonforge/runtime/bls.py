@@ -39,7 +39,7 @@ from .engine_stream import EngineStream
 from .preprocess import CLIENT_TENSORS, EncodedRequest, Preprocessor
 from .stop_phrases import StopPhraseFilter
 from .tokenization import decode_utf8
-from .triton_adapter import CancellationCheck, output_tensors, request_inputs, requested_outputs, to_triton_error
+from .triton_adapter import RequestRows, answer_error, request_inputs, requested_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class _StreamOutbox:
     """One stream's text not yet sent, and whether a sender holds it (at most one at a time, so chunks go
     out in order). `add` is called by the stream's reader thread; a sender takes everything pending."""
 
-    def __init__(self, senders: _Senders, completion: _Completion, make_response):
+    def __init__(self, senders: _Senders, completion: RequestRows, make_response):
         self.senders, self.completion, self.make_response = senders, completion, make_response
         self.condition = threading.Condition()
         self.text: list[str] = []
@@ -120,9 +120,11 @@ class _StreamOutbox:
                 text, tokens = "".join(self.text), self.tokens
                 self.text, self.tokens = [], 0
             try:
-                self.completion.send(self.make_response(text, tokens))
-            except Exception:  # noqa: BLE001 - the stream's reader ends it with an error
-                logger.exception("could not send a streamed chunk")
+                sent = self.completion.send(self.make_response(text, tokens))
+            except Exception:  # noqa: BLE001 - a response that could not be built: the stream's reader ends it
+                logger.exception("could not build a streamed chunk")
+                sent = False
+            if not sent:
                 self.send_failed = True
 
     def drain(self) -> tuple[str, int]:
@@ -147,31 +149,6 @@ class BlsSettings:
     decoupled: bool
 
 
-class _Completion:
-    """Counts a request's open rows; the last one to finish sends FINAL."""
-
-    def __init__(self, pb_utils, sender, rows: int, requested: frozenset[str] | None):
-        self.pb_utils, self.sender, self.open_rows = pb_utils, sender, rows
-        self.requested = requested  # the client's requested outputs: responses carry only these
-        self.lock = threading.Lock()
-        self.cancelled = CancellationCheck(sender, CANCEL_CHECK_PERIOD_S)
-
-    def send(self, response) -> None:
-        with self.lock:
-            self.sender.send(response)
-
-    def row_done(self, last_response=None) -> None:
-        """A row's last response (data or error); the last open row's is flagged final, so that a
-        non-decoupled BLS answers exactly one response."""
-        with self.lock:
-            self.open_rows -= 1
-            final = self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if self.open_rows == 0 else 0
-            if last_response is not None:
-                self.sender.send(last_response, flags=final)
-            elif final:
-                self.sender.send(flags=final)
-
-
 class BlsOrchestrator:
     def __init__(self, pb_utils, settings: BlsSettings):
         self.pb_utils = pb_utils
@@ -185,7 +162,6 @@ class BlsOrchestrator:
 
     def submit(self, request) -> None:
         """Called from execute(): parse now (errors answer at once), generate in the pool."""
-        pb_utils = self.pb_utils
         sender = request.get_response_sender()
         try:
             inputs = request_inputs(request)
@@ -199,10 +175,9 @@ class BlsOrchestrator:
                                    "streaming and batched requests need the BLS deployed decoupled "
                                    "(build with streaming enabled)")
         except Exception as error:  # noqa: BLE001 - the client gets the error, the model keeps serving
-            sender.send(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)),
-                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            answer_error(self.pb_utils, sender, error)
             return
-        completion = _Completion(pb_utils, sender, batch, requested_outputs(request))
+        completion = RequestRows(self.pb_utils, sender, batch, requested_outputs(request), CANCEL_CHECK_PERIOD_S)
         for row in range(batch):
             future = self.pool.submit(self._run_row, inputs, encoded, row, stop_phrases[row], stream, exclude_input,
                                       completion)
@@ -236,8 +211,7 @@ class BlsOrchestrator:
             self.engine.stop(request_id)
 
     def _run_row(self, inputs, encoded: EncodedRequest, row: int, stop_phrases: list[str], stream: bool,
-                 exclude_input: bool, completion: _Completion) -> None:
-        pb_utils = self.pb_utils
+                 exclude_input: bool, completion: RequestRows) -> None:
         request_id = uuid.uuid4().hex
         batch = encoded.batch
         detokenizer = IncrementalDetokenizer(self.token_bytes)
@@ -305,14 +279,14 @@ class BlsOrchestrator:
                 prompt = self.token_bytes.decode_sequence(encoded.prompt_ids[row])
                 pieces.insert(0, prompt.decode("utf-8", errors="replace"))
             if not stream:
-                completion.row_done(self._response(completion, "".join(pieces) + tail, row, batch,
+                completion.send(self._response(completion, "".join(pieces) + tail, row, batch,
                                                log_probs if return_log_probs else None, statistics,
-                                               tokens_unsent if count_tokens else None))
+                                               tokens_unsent if count_tokens else None), row_done=True)
             elif tail or (count_tokens and tokens_unsent):
-                completion.row_done(self._response(completion, tail, row, batch, None, statistics,
-                                                   tokens_unsent if count_tokens else None))
+                completion.send(self._response(completion, tail, row, batch, None, statistics,
+                                               tokens_unsent if count_tokens else None), row_done=True)
             else:
-                completion.row_done()
+                completion.send(row_done=True)
         except Exception as error:  # noqa: BLE001 - the stream must always end, with the error
             outbox.drain()  # no chunk may follow the final response
             if not stopped_engine:
@@ -320,14 +294,14 @@ class BlsOrchestrator:
                     self._stop_engine(request_id)
                 except Exception:  # noqa: BLE001
                     logger.exception("could not stop engine request %s", request_id)
-            completion.row_done(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)))
+            completion.send(completion.error_response(error), row_done=True)
 
     @staticmethod
-    def _wanted_statistics(completion: _Completion) -> list[str]:
+    def _wanted_statistics(completion: RequestRows) -> list[str]:
         requested = completion.requested
         return [name for name in ENGINE_STATISTICS if requested is None or name in requested]
 
-    def _response(self, completion: _Completion, text: str, row: int, batch: int, log_probs: list[float] | None,
+    def _response(self, completion: RequestRows, text: str, row: int, batch: int, log_probs: list[float] | None,
                   statistics: dict[str, np.ndarray], new_tokens: int | None):
         """One response to the client, shaped as NVIDIA's BLS answers: `text_output` flat (one string),
         `batch_index` only for a batched request, the engine's statistics as it sent them last."""
@@ -339,7 +313,7 @@ class BlsOrchestrator:
         if log_probs is not None:
             outputs["output_log_probs"] = np.array(log_probs, dtype=np.float32).reshape(1, 1, -1)
             outputs["cum_log_probs"] = np.array([[sum(log_probs)]], dtype=np.float32)
-        return self.pb_utils.InferenceResponse(output_tensors(self.pb_utils, outputs, completion.requested))
+        return completion.response(outputs)
 
     def shutdown(self) -> None:
         """Called by finalize, as the server stops: close the stream to the engine first, which ends every open

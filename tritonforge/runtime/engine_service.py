@@ -13,7 +13,6 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,13 +23,13 @@ from ..spec.model_parameters import CANCELLATION_CHECK_PERIOD_MS, EngineParamete
 from .engine_requests import EngineRow, is_stop_request, parse_engine_request
 from .generation import GenerationRequest, GenerationResult
 from .triton_adapter import (
-    CancellationCheck,
+    RequestRows,
+    answer_error,
     is_decoupled,
-    output_tensors,
     request_inputs,
     requested_outputs,
     resolve_path,
-    to_triton_error,
+    send_final,
 )
 
 logger = logging.getLogger(__name__)
@@ -91,49 +90,6 @@ def load_model(settings: EngineSettings):
     return model.to(device).eval()
 
 
-class _RequestState:
-    """One Triton request: its sender, and how many of its rows are still running."""
-
-    def __init__(self, pb_utils, sender, rows: int, check_period_s: float, requested: frozenset[str] | None,
-                 server_stopping: threading.Event, on_done: Callable[[], None] = lambda: None):
-        self.pb_utils = pb_utils
-        self.server_stopping = server_stopping  # set: every open row ends now, with ServerStopping
-        self.on_done = on_done  # called once, when the last row has ended
-        self.sender = sender
-        self.requested = requested  # the caller's requested outputs: responses carry only these
-        self.rows = rows
-        self.open_rows = rows
-        self.lock = threading.Lock()
-        self.cancelled = CancellationCheck(sender, check_period_s)
-
-    def send(self, response, row_done: bool) -> bool:
-        """Send a row's response; the last response of the last open row carries the final flag.
-
-        Never raises: it runs in the engine's thread, which a failed send (the stub out of shared memory,
-        a sender already closed) must not kill, or every request of the engine would hang. Returns False
-        when the send failed (logged), so the caller can end the row."""
-        with self.lock:
-            if row_done:
-                self.open_rows -= 1
-            final = self.open_rows == 0
-        try:
-            self.sender.send(response, flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
-            return True
-        except Exception:  # noqa: BLE001
-            logger.exception("could not send a response (final: %s)", final)
-            return False
-        finally:
-            if final and row_done:
-                self.on_done()
-
-
-def _send_final(pb_utils, sender) -> None:
-    try:
-        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-    except Exception:  # noqa: BLE001 - runs in the engine's thread, which must go on
-        logger.exception("could not answer a stop request")
-
-
 def _now_ns() -> int:
     return time.time_ns()
 
@@ -146,8 +102,10 @@ class _RowSink:
     never (one sequence per request) — as `ModelInstanceState::fillTritonResponse` does.
     """
 
-    def __init__(self, state: _RequestState, row: EngineRow, batch_index: int, stream_interval: int = 1):
+    def __init__(self, state: RequestRows, row: EngineRow, batch_index: int, server_stopping: threading.Event,
+                 stream_interval: int = 1):
         self.state = state
+        self.server_stopping = server_stopping  # set: every open row ends now, with ServerStopping
         self.row = row
         self.batch_index = batch_index
         self.stream_interval = stream_interval
@@ -158,7 +116,6 @@ class _RowSink:
         self.scheduled_ns = self.first_token_ns = self.last_token_ns = 0
 
     def _response(self, token_ids: list[int], log_probs: list[float]):
-        pb_utils = self.state.pb_utils
         outputs = {
             "output_ids": np.array([[token_ids]], dtype=np.int32).reshape(1, 1, len(token_ids)),
             "sequence_length": np.array([[len(token_ids)]], dtype=np.int32),
@@ -174,7 +131,7 @@ class _RowSink:
             outputs["num_output_tokens"] = np.array([[len(token_ids)]], dtype=np.int32)
         if self.row.return_perf_metrics:
             outputs.update(self._perf_metrics())
-        return pb_utils.InferenceResponse(output_tensors(pb_utils, outputs, self.state.requested))
+        return self.state.response(outputs)
 
     def _perf_metrics(self) -> dict[str, np.ndarray]:
         """The backend's per-request statistics. This engine keeps no paged KV cache and drafts nothing: its
@@ -211,13 +168,12 @@ class _RowSink:
             self.send_failed = True
 
     def finish(self, result: GenerationResult | None, error: Exception | None) -> None:
-        pb_utils = self.state.pb_utils
         if error is None and self.send_failed:  # the client missed a chunk: end with an error, not a gap
             error = ResponseSendError()
-        if error is None and self.state.server_stopping.is_set():  # cut short: not a whole answer
+        if error is None and self.server_stopping.is_set():  # cut short: not a whole answer
             error = ServerStopping()
         if error is not None:
-            self.state.send(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)), row_done=True)
+            self.state.send(self.state.error_response(error), row_done=True)
             return
         if result.token_ids[self.streamed:]:
             self._token_times()
@@ -233,7 +189,7 @@ class _RowSink:
     def cancelled(self) -> bool:
         """The client went away, or a response could not be sent: either way the engine stops the row, and
         its finish tries once more to end the request (with what the row has). So does a server that stops."""
-        return self.send_failed or self.state.server_stopping.is_set() or self.state.cancelled()
+        return self.send_failed or self.server_stopping.is_set() or self.state.cancelled()
 
 
 class EngineService:
@@ -291,7 +247,7 @@ class EngineService:
                     raise RequestError("stop", "needs the request id of the request to stop; this request has none")
                 # Answered by the engine's thread once it takes the stop: a liveness probe's stop then tells
                 # whether that thread still runs, not just this stub.
-                self.engine.cancel(request.request_id(), lambda: _send_final(pb_utils, sender))
+                self.engine.cancel(request.request_id(), lambda: send_final(pb_utils, sender))
                 return
             requested = requested_outputs(request)
             if requested is not None and not REQUIRED_OUTPUTS <= requested:
@@ -304,8 +260,8 @@ class EngineService:
                                                  "(build with streaming enabled)")
                 if len(rows) > 1:
                     raise RequestError("input_ids", "a batched request needs the engine model deployed decoupled")
-            state = _RequestState(pb_utils, sender, len(rows), self.settings.cancellation_check_period_ms / 1000,
-                                  requested, self.server_stopping, self._closed)
+            state = RequestRows(pb_utils, sender, len(rows), requested,
+                                self.settings.cancellation_check_period_ms / 1000, self._closed)
             requests = []
             for index, row in enumerate(rows):
                 generation = GenerationRequest(
@@ -313,12 +269,11 @@ class EngineService:
                     max_new_tokens=row.max_new_tokens, end_id=row.end_id, sampling=row.sampling,
                     stop_sequences=row.stop_sequences, bad_sequences=row.bad_sequences, stream=row.stream,
                     return_log_probs=row.return_log_probs, embedding_bias=row.embedding_bias,
-                    sink=_RowSink(state, row, index, self.settings.stream_interval))
+                    sink=_RowSink(state, row, index, self.server_stopping, self.settings.stream_interval))
                 self.engine.validate(generation)
                 requests.append(generation)
         except Exception as error:  # noqa: BLE001 - every failure becomes this request's error response
-            sender.send(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)),
-                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            answer_error(pb_utils, sender, error)
             return
         self._opened()
         for generation in requests:

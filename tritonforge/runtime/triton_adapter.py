@@ -110,6 +110,67 @@ class CancellationCheck:
         return self._cancelled
 
 
+class RequestRows:
+    """One decoupled request answered row by row: the rows of a batched request run apart, and the last
+    response of the last open row carries the final flag. It builds the request's responses (only the outputs
+    the caller asked for) and sends them one at a time. A send never raises: it runs in threads that serve
+    other requests too (the engine's, a stream's reader), so a failed send is logged and returns False, and
+    the caller ends its row."""
+
+    def __init__(self, pb_utils, sender, rows: int, requested: frozenset[str] | None, check_period_s: float,
+                 on_done: Callable[[], None] = lambda: None):
+        self.pb_utils, self.sender, self.rows, self.requested = pb_utils, sender, rows, requested
+        self.open_rows = rows
+        self.on_done = on_done  # called once, after the final response
+        self.cancelled = CancellationCheck(sender, check_period_s)
+        self._lock = threading.Lock()  # held through a send: no response can follow the final one
+
+    def response(self, outputs: dict[str, np.ndarray]):
+        return self.pb_utils.InferenceResponse(output_tensors(self.pb_utils, outputs, self.requested))
+
+    def error_response(self, error: Exception):
+        return self.pb_utils.InferenceResponse(error=to_triton_error(self.pb_utils, error))
+
+    def send(self, response=None, *, row_done: bool = False) -> bool:
+        """Send a row's response (None: nothing, unless it is the request's final flag); `row_done`: the row's
+        last. True when sent."""
+        with self._lock:
+            if row_done:
+                self.open_rows -= 1
+            final = row_done and self.open_rows == 0
+            if response is None and not final:
+                return True
+            try:
+                flags = self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+                if response is None:
+                    self.sender.send(flags=flags)
+                else:
+                    self.sender.send(response, flags=flags)
+                return True
+            except Exception:  # noqa: BLE001
+                logger.exception("could not send a response (final: %s)", final)
+                return False
+            finally:
+                if final:
+                    self.on_done()
+
+
+def answer_error(pb_utils, sender, error: Exception) -> None:
+    """End a decoupled request with its error response, before any other response was sent."""
+    send_final(pb_utils, sender, pb_utils.InferenceResponse(error=to_triton_error(pb_utils, error)))
+
+
+def send_final(pb_utils, sender, response=None) -> None:
+    """A request's one and final response (or the final flag alone); never raises, as `RequestRows.send`."""
+    try:
+        if response is None:
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        else:
+            sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    except Exception:  # noqa: BLE001
+        logger.exception("could not send a final response")
+
+
 def resolve_path(args: dict, value: str) -> str:
     """A path parameter; a relative one is relative to the model's directory, so a repository mounts anywhere."""
     path = Path(value)
