@@ -12,6 +12,7 @@ from tritonforge.build import model_configs as configs
 from tritonforge.build.builder import BuildOptions, build
 from tritonforge.clients.client import AsyncGrpcClient, GenerateRequest, GenerationError, GrpcClient, HttpClient
 from tritonforge.runtime.tokenization import load_tokenizer
+from tritonforge.spec.errors import ErrorKind
 
 from .conftest import ascii_only, running, stream_concurrently
 
@@ -141,10 +142,11 @@ def test_chat_messages_are_rendered_once_with_one_bos(clients, served):
 
 def test_bls_errors_name_the_field_and_the_next_request_is_served(clients):
     bls, ensemble = clients
-    with pytest.raises(GenerationError, match="temperature"):
+    with pytest.raises(GenerationError, match="temperature") as bad_value:
         bls.generate("hi", max_tokens=4, temperature=-1.0)
-    with pytest.raises(GenerationError, match="messages"):
+    with pytest.raises(GenerationError, match="messages") as bad_messages:
         bls.generate(GenerateRequest(messages=json.loads('[{"role": 1}]'), max_tokens=4))
+    assert bad_value.value.kind is bad_messages.value.kind is ErrorKind.CLIENT  # read from the message alone
     assert bls.generate("A", max_tokens=4) == ensemble.generate("A", max_tokens=4)
 
 

@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 from tritonforge.clients.client import GenerateRequest, GenerationError, GrpcClient, HttpClient
 from tritonforge.runtime.detokenization import TokenBytes
 from tritonforge.runtime.tokenization import load_tokenizer, phrase_token_variants
+from tritonforge.spec.errors import ErrorKind, answered_kind
 
 from .conftest import MAX_INPUT_LEN, ascii_only, engine_stream, stream_concurrently
 
@@ -194,6 +195,7 @@ def test_bad_input_gets_an_error_naming_the_field_and_the_next_request_is_served
             inputs[name] = (np.array([[value]], dtype=np.int32), "INT32")
     _, error = _raw_grpc(served[0].grpc_url, inputs)
     assert error is not None and field in str(error), error
+    assert answered_kind(str(error)) is ErrorKind.CLIENT, error  # the message is all the stream carries
     assert grpc_client.generate(PROMPTS[3], max_tokens=4) == reference(PROMPTS[3], 4)[1]
 
 
@@ -202,6 +204,7 @@ def test_wrong_dtype_is_rejected_naming_the_input(served, grpc_client, reference
         "text_input": (np.array([[b"hi"]], dtype=object), "BYTES"),
         "max_tokens": (np.array([[4.0]], dtype=np.float32), "FP32")})
     assert error is not None and "max_tokens" in str(error)
+    assert answered_kind(str(error)) is ErrorKind.CLIENT, error  # Triton's own check, by its wording
     assert grpc_client.generate(PROMPTS[3], max_tokens=4) == reference(PROMPTS[3], 4)[1]
 
 

@@ -19,6 +19,7 @@ from tritonforge.build.builder import BuildOptions, build
 from tritonforge.clients.client import GrpcClient
 from tritonforge.serve.server import SHARED_MEMORY_DIR, TritonServer, free_port
 from tritonforge.serve.supervisor import Supervisor
+from tritonforge.spec.errors import ErrorKind
 from tritonforge.tools.profiling import all_stub_pids
 
 STREAMS = 4
@@ -61,6 +62,7 @@ def open_streams(url: str, model: str, first_chunk: threading.Barrier) -> list[d
             outcome["error"] = None
         except Exception as error:  # noqa: BLE001 - the outcome under test
             outcome["error"] = str(error)
+            outcome["kind"] = getattr(error, "kind", None)
         finally:
             outcome["ended"] = time.monotonic()
             client.close()
@@ -88,6 +90,8 @@ def test_a_killed_stub_ends_every_stream_with_an_error_and_the_server_comes_back
         time.sleep(0.05)
     assert all("ended" in o for o in outcomes), "a stream was still open 5 s after the kill"
     assert all(o["error"] and o["ended"] - killed <= 5 for o in outcomes), outcomes
+    # a crash is the server's failure: never read as the client's mistake (HTTP 400 at the gateway)
+    assert all(o["kind"] in (ErrorKind.INTERNAL, ErrorKind.UNAVAILABLE) for o in outcomes), outcomes
     assert not ready(server) or supervised.restarts > restarts
 
     # The supervisor says the server is back once its restart is done (a request can succeed a little earlier,

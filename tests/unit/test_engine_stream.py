@@ -69,7 +69,7 @@ class Call:
         """Every response, then the error that ended the call if one did."""
         try:
             assert self.call.wait(GIVE_UP_S), "the call never ended"
-        except EngineCallError as error:
+        except (EngineCallError, EngineStreamError) as error:  # the engine's answer, or the stream failing
             return [*self.received, error]
         return self.received
 

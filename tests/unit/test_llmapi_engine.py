@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tritonforge.runtime.generation import GenerationRequest, QueueFullError
+from tritonforge.runtime.generation import GenerationRequest
 from tritonforge.runtime.llmapi_engine import NO_END_ID, LlmApiEngine, LlmApiMissing, LlmApiSettings, load_llm_api
 from tritonforge.runtime.sampling import SamplingParams
-from tritonforge.spec.errors import UnsupportedError
+from tritonforge.spec.errors import QueueFullError, UnsupportedError
 from tritonforge.spec.limits import EngineLimits
 from tritonforge.spec.release import TRITON_IMAGE
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tritonforge.clients.client import GenerationError, ResponseTimeout
+from tritonforge.clients.client import GenerationError, ResponseTimeout, ServerUnavailable
 from tritonforge.clients.openai_gateway import GATEWAY_OUTPUTS, _chunk, _sse, _TextEvents, _triton_error
 from tritonforge.spec.contract import CLIENT_OUTPUTS
 
@@ -30,6 +30,18 @@ def test_the_outputs_the_gateway_requests_are_the_ensembles_and_the_bls():
     (ResponseTimeout("tensorrt_llm_bls", 300), 504),  # the server went silent
     (GenerationError("max_tokens: must be >= 1"), 400),  # the request is at fault
     (GenerationError("Stub process is not healthy"), 500),
-    (GenerationError("the engine queue is full (8 waiting)"), 503)])
+    (GenerationError("the engine queue is full (8 waiting)"), 503),
+    (GenerationError("in ensemble 'ensemble', text_input: has 602 tokens, more than the maximum input length 64"),
+     400),
+    (GenerationError("unavailable: the engine queue is full (8 waiting)"), 503),
+    (GenerationError("CUDA error: an illegal memory access was encountered"), 500),  # the engine crashed
+    (GenerationError("note: an answer of no kind we know"), 500)])  # the server's failure, not the client's
 def test_an_error_from_the_repository_gets_its_http_status(error, status):
-    assert _triton_error(error).status == status
+    answer = _triton_error(error)
+    assert answer.status == status
+    assert answer.kind == ("invalid_request_error" if status == 400 else "server_error")
+    assert answer.message == str(error)  # a bad request's names its field
+
+
+def test_a_server_that_cannot_be_reached_is_503():
+    assert _triton_error(ServerUnavailable("127.0.0.1:1", "gRPC", "Connection refused")).status == 503

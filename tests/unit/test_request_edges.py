@@ -8,10 +8,10 @@ import pytest
 
 from tritonforge.clients.client import GenerationError
 from tritonforge.clients.openai_gateway import _triton_error
-from tritonforge.runtime.generation import GenerationRequest, QueueFullError, check_limits
+from tritonforge.runtime.generation import GenerationRequest, check_limits
 from tritonforge.runtime.preprocess import PREPROCESSING_TENSORS, Preprocessor
 from tritonforge.runtime.triton_adapter import answer_each, to_triton_error
-from tritonforge.spec.errors import RequestError
+from tritonforge.spec.errors import QueueFullError, RequestError
 from tritonforge.spec.limits import EngineLimits
 
 LIMITS = EngineLimits(max_input_len=32, max_seq_len=101, max_batch_size=2, max_queue_size=3)

@@ -11,7 +11,15 @@ import numpy as np
 import pytest
 
 from tritonforge.runtime.triton_adapter import output_tensors, requested_outputs, to_triton_error
-from tritonforge.spec.errors import EngineCallError, EngineStreamError
+from tritonforge.spec.errors import (
+    EngineCallError,
+    EngineStreamError,
+    QueueFullError,
+    RequestError,
+    ResponseSendError,
+    ServerStopping,
+    UnsupportedError,
+)
 
 # Only the constructor the adapter calls; the real pb_utils exists only inside the server's stub.
 PB_UTILS_STAND_IN = SimpleNamespace(Tensor=lambda name, value: (name, value))
@@ -62,13 +70,31 @@ class _TritonError:
 
 @pytest.mark.parametrize("error, code", [
     (EngineCallError("temperature: must be >= 0, got -1.0"), "INVALID_ARG"),  # the request is at fault
-    (EngineCallError("request: the engine queue is full (8 waiting)"), "UNAVAILABLE"),
+    (EngineCallError("unavailable: the engine queue is full (8 waiting)"), "UNAVAILABLE"),
     (EngineCallError("internal error: KeyError"), "INTERNAL"),
+    (EngineCallError("Stub process 'tensorrt_llm_0_0' is not healthy."), "INTERNAL"),  # the engine crashed
+    (EngineCallError("note: an answer of no kind we know"), "INTERNAL"),  # never the client's fault by default
     (EngineStreamError("the stream to the engine model 'tensorrt_llm' at localhost:8001 closed"), "UNAVAILABLE")])
 def test_an_error_the_engine_answered_the_bls_keeps_its_message_and_gets_its_kind(error, code):
     """Over gRPC the engine's answer carries only its message: its code is read from it, as the gateway does."""
     triton_error = to_triton_error(SimpleNamespace(TritonError=_TritonError), error)
     assert (triton_error.message, triton_error.code) == (str(error), code)
+
+
+@pytest.mark.parametrize("error, code", [
+    (RequestError("top_p", "must be in (0, 1], got 1.5"), "INVALID_ARG"),
+    (UnsupportedError("beam_width", "beam search is not supported"), "UNSUPPORTED"),
+    (QueueFullError(8), "UNAVAILABLE"),
+    (ServerStopping(), "UNAVAILABLE"),
+    (ResponseSendError(), "INTERNAL")])
+def test_our_error_keeps_its_message_and_gets_its_kinds_code(error, code):
+    triton_error = to_triton_error(SimpleNamespace(TritonError=_TritonError), error)
+    assert (triton_error.message, triton_error.code) == (str(error), code)
+
+
+def test_an_exception_of_no_kind_of_ours_is_internal_and_shows_no_internals():
+    triton_error = to_triton_error(SimpleNamespace(TritonError=_TritonError), KeyError("/secret/path"))
+    assert (triton_error.message, triton_error.code) == ("internal error: KeyError", "INTERNAL")
 
 
 STUB_EXIT_S = 30  # the stub checks its server every heartbeat (1 s); the rest absorbs a loaded machine

@@ -63,16 +63,13 @@ def make_parser() -> argparse.ArgumentParser:
 
 def _exit_status(error: BaseException) -> int | None:
     """2 for a usage error (the command line names something wrong), 1 for a runtime one; None: not ours."""
-    from ..clients.client import GenerationError, ServerUnavailable
     from ..serve.server import PortInUse, ServerError
-    from ..spec.errors import INVALID, answered_error_kind
+    from ..spec.errors import TritonforgeError
 
     if isinstance(error, PortInUse):
         return 2
-    if isinstance(error, ServerUnavailable):
-        return 1
-    if isinstance(error, GenerationError):  # the server's answer: a bad request is the command line's fault
-        return 2 if answered_error_kind(str(error)) == INVALID else 1
+    if isinstance(error, TritonforgeError):  # a request's error (the server's answer among them), by its kind
+        return error.codes.exit_status
     if isinstance(error, (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError)):
         return 2
     if isinstance(error, (ServerError, ToolMissing, RepositoryInUse, TensorRTLLMMissing, EngineMismatch,

@@ -36,6 +36,7 @@ from ..spec.contract import (
     client_inputs,
     stop_request_inputs,
 )
+from ..spec.errors import AnsweredError, ErrorKind, grpc_status_kind
 from ..spec.ports import HTTP_PORT
 
 logger = logging.getLogger(__name__)
@@ -48,8 +49,9 @@ NUMPY_DTYPES = {"BYTES": np.object_, "INT32": np.int32, "INT64": np.int64, "FP32
                 "UINT64": np.uint64, "UINT8": np.uint8, "BOOL": np.bool_}
 
 
-class GenerationError(RuntimeError):
-    """The server answered with an error (its message names the field at fault)."""
+class GenerationError(AnsweredError):
+    """The server answered with an error, or could not be reached. Its kind: the one given where the call
+    carried a status or the client knows the cause, else the one its message reads as (`answered_kind`)."""
 
 
 class ServerUnavailable(GenerationError):
@@ -57,7 +59,7 @@ class ServerUnavailable(GenerationError):
 
     def __init__(self, url: str, protocol: str, detail: str):
         self.url = url
-        super().__init__(f"no Triton server answers at {url} ({protocol}): {detail}")
+        super().__init__(f"no Triton server answers at {url} ({protocol}): {detail}", ErrorKind.UNAVAILABLE)
 
 
 def _rpc_failure(url: str, code, details: str | None) -> GenerationError:
@@ -69,7 +71,7 @@ def _rpc_failure(url: str, code, details: str | None) -> GenerationError:
     detail = (details or "").strip() or name
     if name == "UNAVAILABLE":  # gRPC's detail nests the cause last: "failed to connect ...: Connection refused"
         return ServerUnavailable(url, "gRPC", detail.rsplit(": ", 1)[-1].rstrip("] "))
-    return GenerationError(f"{name}: {detail}")
+    return GenerationError(f"{name}: {detail}", grpc_status_kind(name))
 
 
 def _callback_error(url: str, error) -> GenerationError:
@@ -89,7 +91,8 @@ class ResponseTimeout(GenerationError):
     """The server sent nothing on a stream for `RESPONSE_TIMEOUT_S` (or the client's own limit)."""
 
     def __init__(self, model: str, timeout_s: float):
-        super().__init__(f"no response from {model} in {timeout_s:g} s: the server may be stalled")
+        super().__init__(f"no response from {model} in {timeout_s:g} s: the server may be stalled",
+                         ErrorKind.UNAVAILABLE)
 
 
 @dataclass
@@ -144,7 +147,7 @@ def check_serving(url: str, models: dict[str, str]) -> None:
         for model, asked_by in models.items():
             if not client.is_model_ready(model, client_timeout=SERVING_CHECK_TIMEOUT_S):
                 raise GenerationError(f"{asked_by}: the server at {url} does not serve {model!r} (a repository "
-                                      f"built without it?)")
+                                      f"built without it?)", ErrorKind.CLIENT)  # the caller named it
     finally:
         client.close()
 

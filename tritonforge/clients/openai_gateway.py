@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from ..spec.contract import BLS_MODEL
 from ..spec.environment import API_KEY_ENV
-from ..spec.errors import INTERNAL, UNAVAILABLE, answered_error_kind
+from ..spec.errors import ERROR_CODES, ErrorKind
 from ..spec.ports import OPENAI_PORT
 from .client import (
     AsyncGrpcClient,
@@ -69,8 +69,8 @@ logger = logging.getLogger(__name__)
 class OpenAIError(Exception):
     """An error answered as OpenAI's error object."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
-                 code: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 kind: str = ERROR_CODES[ErrorKind.CLIENT].openai, code: str | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
 
@@ -214,24 +214,21 @@ class TritonBackend:
         await self.client.close()
 
 
+GATEWAY_TIMEOUT = 504  # a stream the server left silent: HTTP's own status for an upstream that went quiet
+
+
 def _triton_error(error: GenerationError) -> OpenAIError:
-    """The HTTP status for an error the repository answered. An error inside a gRPC stream carries only its
-    message (no status code), so it is read from the message: the models answer a bad request with
-    "<field>: <reason>" (→ 400), a full queue or a missing server as unavailable (→ 503), anything else
-    without internals as "internal error" (→ 500); a stream the server left silent is the client's own
-    `ResponseTimeout` (→ 504)."""
+    """OpenAI's error object for an error the repository answered (or a server that could not be reached), by
+    its kind (`spec/errors.py`: the table, and how a message alone is read: an error inside a gRPC stream
+    carries no status code). A stream the server left silent is the one status the table does not give: the
+    client's own `ResponseTimeout`, answered 504."""
     message = str(error)
+    codes = ERROR_CODES[error.kind]
     if isinstance(error, ResponseTimeout):  # the server went silent: it, not the request, is at fault
-        return OpenAIError(504, message, kind="server_error")
+        return OpenAIError(GATEWAY_TIMEOUT, message, kind=ERROR_CODES[ErrorKind.UNAVAILABLE].openai)
     if isinstance(error, ServerUnavailable):  # Triton is down or elsewhere: one line for the operator
-        logger.warning("answering 503: %s", message)
-        return OpenAIError(503, message, kind="server_error")
-    kind = answered_error_kind(message)
-    if kind == INTERNAL:
-        return OpenAIError(500, message, kind="server_error")
-    if kind == UNAVAILABLE:
-        return OpenAIError(503, message, kind="server_error")
-    return OpenAIError(400, message)
+        logger.warning("answering %d: %s", codes.http, message)
+    return OpenAIError(codes.http, message, kind=codes.openai)
 
 
 SERVED_MODEL_NAME = "tritonforge"  # the model name /v1/models shows unless the operator names it

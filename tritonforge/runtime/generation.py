@@ -11,7 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..spec.errors import RequestError, UnsupportedError
+from ..spec.errors import QueueFullError, RequestError, UnsupportedError
 from ..spec.limits import EngineLimits
 from .sampling import SamplingParams
 
@@ -128,10 +128,6 @@ class EngineThread:
         return cancelled
 
 
-class QueueFullError(RequestError):
-    """The engine's queue is full: the client may retry later (UNAVAILABLE)."""
-
-
 def check_limits(request: GenerationRequest, limits: EngineLimits, *, vocab_size: int, pending: int) -> None:
     """The checks every engine makes before accepting a request; each error names the tensor at fault."""
     prompt_len = len(request.prompt_ids)
@@ -149,7 +145,7 @@ def check_limits(request: GenerationRequest, limits: EngineLimits, *, vocab_size
     if any(not 0 <= token < vocab_size for token in request.prompt_ids):
         raise RequestError("input_ids", f"token ids must be in [0, {vocab_size})")
     if limits.max_queue_size and pending >= limits.max_queue_size:
-        raise QueueFullError("request", f"the engine queue is full ({limits.max_queue_size} waiting)")
+        raise QueueFullError(limits.max_queue_size)
 
 
 def check_supported(*, beam_width: int, num_return_sequences: int) -> None:

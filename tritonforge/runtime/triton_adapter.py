@@ -17,18 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..spec.environment import DRAINED_SUFFIX, DRAINS_SUFFIX, HEARTBEAT_DIR_ENV, HEARTBEAT_PERIOD_S, STOPPING_FILE
-from ..spec.errors import (
-    INTERNAL,
-    INVALID,
-    UNAVAILABLE,
-    EngineCallError,
-    EngineStreamError,
-    RequestError,
-    ResponseSendError,
-    ServerStopping,
-    UnsupportedError,
-    answered_error_kind,
-)
+from ..spec.errors import ERROR_CODES, INTERNAL_PREFIX, ErrorKind, TritonforgeError
 
 logger = logging.getLogger(__name__)
 
@@ -43,25 +32,13 @@ def is_decoupled(args: dict) -> bool:
 
 
 def to_triton_error(pb_utils, error: Exception):
-    """A client-safe TritonError: our own messages verbatim, anything else without internals."""
-    from .generation import QueueFullError
-
-    if isinstance(error, EngineStreamError):
-        return pb_utils.TritonError(str(error), pb_utils.TritonError.UNAVAILABLE)
-    if isinstance(error, EngineCallError):  # the engine's own answer: its message unchanged, its kind read from it
-        code = {INVALID: pb_utils.TritonError.INVALID_ARG, UNAVAILABLE: pb_utils.TritonError.UNAVAILABLE,
-                INTERNAL: pb_utils.TritonError.INTERNAL}[answered_error_kind(str(error))]
-        return pb_utils.TritonError(str(error), code)
-    if isinstance(error, (QueueFullError, ServerStopping)):
-        return pb_utils.TritonError(str(error), pb_utils.TritonError.UNAVAILABLE)
-    if isinstance(error, UnsupportedError):
-        return pb_utils.TritonError(str(error), pb_utils.TritonError.UNSUPPORTED)
-    if isinstance(error, RequestError):
-        return pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG)
-    if isinstance(error, ResponseSendError):
-        return pb_utils.TritonError(str(error), pb_utils.TritonError.INTERNAL)
+    """A client-safe TritonError: our own errors with their message and their kind's code (`ERROR_CODES`),
+    anything else without internals, as INTERNAL."""
+    if isinstance(error, TritonforgeError):
+        return pb_utils.TritonError(str(error), getattr(pb_utils.TritonError, error.codes.triton))
     logger.error("internal error: %r", error)
-    return pb_utils.TritonError(f"internal error: {type(error).__name__}", pb_utils.TritonError.INTERNAL)
+    return pb_utils.TritonError(f"{INTERNAL_PREFIX}{type(error).__name__}",
+                                getattr(pb_utils.TritonError, ERROR_CODES[ErrorKind.INTERNAL].triton))
 
 
 def requested_outputs(request) -> frozenset[str] | None:

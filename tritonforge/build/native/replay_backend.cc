@@ -162,7 +162,7 @@ class Engine {
     }
     wake_.notify_all();
     for (auto& worker : workers_) worker.join();
-    for (Stream* stream : waiting_) End(stream, "the engine is shutting down");
+    for (Stream* stream : waiting_) End(stream, "unavailable: the engine is shutting down");
   }
 
   void Submit(Stream* stream) {
@@ -235,7 +235,7 @@ class Engine {
       next_step = std::max(next_step + step, Clock::now());
       std::this_thread::sleep_until(next_step);
     }
-    for (Stream* stream : running) End(stream, "the engine is shutting down");
+    for (Stream* stream : running) End(stream, "unavailable: the engine is shutting down");
   }
 
   void Step(std::vector<Stream*>* running) {

@@ -1,0 +1,43 @@
+"""The `tritonforge` command's exit status for a request's error, by its kind (spec/errors.py's table): 2 where
+the command line must change (a bad request, a model the server does not serve), 1 where the server is at
+fault or away (tests/integration/test_user_mistakes.py runs the command itself)."""
+
+import pytest
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from tritonforge.cli.main import _exit_status
+from tritonforge.clients.client import GenerationError, ResponseTimeout, ServerUnavailable, _rpc_failure, check_serving
+from tritonforge.spec.errors import ErrorKind
+
+from ..conftest import serving_grpc
+
+
+@pytest.mark.parametrize("error, status", [
+    (GenerationError("in ensemble 'ensemble', max_tokens: must be in [1, 255], got 0"), 2),
+    (GenerationError("--paths bls: the server does not serve 'tensorrt_llm_bls'", ErrorKind.CLIENT), 2),
+    (_rpc_failure("127.0.0.1:8001", "INVALID_ARGUMENT", "unexpected inference input"), 2),
+    (GenerationError("unavailable: the engine queue is full (8 waiting)"), 1),
+    (ServerUnavailable("127.0.0.1:8001", "gRPC", "Connection refused"), 1),
+    (ResponseTimeout("ensemble", 300), 1),
+    (GenerationError("Stub process 'tensorrt_llm_0_0' is not healthy."), 1),
+    (GenerationError("note: an answer of no kind we know"), 1)])
+def test_a_requests_error_exits_with_its_kinds_status(error, status):
+    assert _exit_status(error) == status
+
+
+class TritonWithoutTheBls(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """A stand-in for a ready server that serves every model but the BLS."""
+
+    def ServerReady(self, request, context):
+        return service_pb2.ServerReadyResponse(ready=True)
+
+    def ModelReady(self, request, context):
+        return service_pb2.ModelReadyResponse(ready=request.name != "tensorrt_llm_bls")
+
+
+def test_a_model_the_command_line_names_and_the_server_does_not_serve_is_a_usage_error():
+    with serving_grpc(TritonWithoutTheBls()) as url:
+        check_serving(url, {"ensemble": "--paths ensemble"})
+        with pytest.raises(GenerationError, match="^--paths bls: the server at .* does not serve") as refused:
+            check_serving(url, {"tensorrt_llm_bls": "--paths bls"})
+    assert _exit_status(refused.value) == 2
