@@ -6,7 +6,7 @@ import pytest
 
 from tritonforge.runtime.generation import GenerationRequest
 from tritonforge.runtime.replay_engine import ReplayEngine
-from tritonforge.spec.errors import RequestError
+from tritonforge.spec.errors import ErrorKind, RequestError
 from tritonforge.spec.limits import EngineLimits
 
 TOKENS = list(range(10, 50))
@@ -108,3 +108,23 @@ def test_instances_share_one_batch_through_the_lock_file(tmp_path):
     assert mine.acquire() == 1
     mine.close()
     assert not (tmp_path / "batch.lock").exists()  # the last to close removes the file it created
+
+
+def test_requests_open_when_the_engine_shuts_down_end_unavailable():
+    """A model unloading under open requests: they end with an error another server can take over (503)."""
+    engine = ReplayEngine(TOKENS, step_ms=2, limits=EngineLimits(max_batch_size=1, max_input_len=8, max_seq_len=64),
+                          vocab_size=100)
+    errors, ended = [], threading.Event()
+
+    class Ended(Sink):
+        def finish(self, result, error):
+            errors.append(error)
+            if len(errors) == 2:
+                ended.set()
+
+    for name in ("running", "waiting"):  # one slot: the second waits in the queue
+        request = GenerationRequest(request_id=name, prompt_ids=[1], max_new_tokens=60, sink=Ended(name, []))
+        engine.submit(request)
+    engine.shutdown()
+    assert ended.wait(WAIT_S)
+    assert all(error.kind is ErrorKind.UNAVAILABLE for error in errors), errors

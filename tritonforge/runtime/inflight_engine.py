@@ -29,6 +29,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
+from ..spec.errors import EngineShuttingDown
 from ..spec.limits import EngineLimits
 from .generation import EngineStats, EngineThread, GenerationRequest, GenerationResult, check_limits
 from .sampling import SlotSampler
@@ -209,9 +210,9 @@ class InflightBatchingEngine(EngineThread):
                         self._release(sequence)
         self._take_new()  # answers the stops and moves the last requests to _waiting, which ends them below
         for sequence in self._running():
-            sequence.request.sink.finish(None, RuntimeError("the engine is shutting down"))
+            sequence.request.sink.finish(None, EngineShuttingDown())
         for request in self._waiting:
-            request.sink.finish(None, RuntimeError("the engine is shutting down"))
+            request.sink.finish(None, EngineShuttingDown())
 
     def _iteration(self) -> None:
         self._apply_cancellations(self._take_new())

@@ -36,7 +36,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..spec.errors import UnsupportedError
+from ..spec.errors import EngineShuttingDown, UnsupportedError
 from ..spec.limits import EngineLimits
 from .generation import EngineStats, GenerationRequest, GenerationResult, check_limits
 
@@ -249,7 +249,7 @@ class LlmApiEngine:
         async def stop():
             for running in [r for group in self._running.values() for r in group]:
                 running.abort()
-                running.end(None, RuntimeError("the engine is shutting down"))
+                running.end(None, EngineShuttingDown())
             tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
             for task in tasks:  # the cancellation watcher, and requests still iterating their results
                 task.cancel()

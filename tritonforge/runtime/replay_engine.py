@@ -26,6 +26,7 @@ import os
 import tempfile
 import time
 
+from ..spec.errors import EngineShuttingDown
 from ..spec.limits import EngineLimits
 from .generation import EngineStats, EngineThread, GenerationRequest, GenerationResult, check_limits
 
@@ -127,9 +128,9 @@ class ReplayEngine(EngineThread):
             next_step = max(next_step + self.step_s, time.monotonic())
             time.sleep(max(0.0, next_step - time.monotonic()))
         self._take_new()  # answers the stops and moves the last requests to _waiting, which ends them below
-        self._end_running(RuntimeError("the engine is shutting down"))
+        self._end_running(EngineShuttingDown())
         for request in self._waiting:
-            request.sink.finish(None, RuntimeError("the engine is shutting down"))
+            request.sink.finish(None, EngineShuttingDown())
 
     def _end_running(self, error: Exception) -> None:
         """End every running request with `error`, freeing its batch slot."""

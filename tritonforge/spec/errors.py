@@ -107,6 +107,13 @@ class ServerStopping(UnavailableError):
         super().__init__("the server is shutting down; the generation was stopped")
 
 
+class EngineShuttingDown(UnavailableError):
+    """The engine stopped (its model is unloading) with the request still open: another server may serve it."""
+
+    def __init__(self):
+        super().__init__("the engine is shutting down")
+
+
 class EngineStreamError(UnavailableError):
     """The stream that carried the BLS's engine request failed: the server is going away or unreachable."""
 
