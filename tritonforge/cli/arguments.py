@@ -41,17 +41,6 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def port(text: str) -> int:
-    """An argparse `type` for a TCP port."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 0 < value < 65536:
-        raise argparse.ArgumentTypeError(f"expected a port in 1..65535, got {value}")
-    return value
-
-
 def positive_int(text: str) -> int:
     """An argparse `type` for a count of at least 1."""
     try:
@@ -96,5 +85,3 @@ def repository_tokenizer(repository: Path) -> Path:
     return tokenizer
 
 
-API_KEY_HELP = ("require 'Authorization: Bearer KEY' on every OpenAI request but GET /health (401 otherwise); "
-                "default: $TRITONFORGE_API_KEY, no key when unset")

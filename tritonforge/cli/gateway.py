@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..clients.openai_gateway import API_KEY_HELP, SERVED_MODEL_NAME
 from ..clients.openai_gateway import DEFAULT_MODEL as OPENAI_DEFAULT_MODEL
-from ..clients.openai_gateway import SERVED_MODEL_NAME
 from ..spec.contract import BLS_MODEL, ENSEMBLE_MODEL
-from ..spec.ports import GRPC_PORT, OPENAI_PORT
-from .arguments import API_KEY_HELP, port, positive_int, say
+from ..spec.ports import GRPC_PORT, OPENAI_PORT, port_number
+from .arguments import positive_int, say
 
 
 def openai_command(args: argparse.Namespace) -> int:
@@ -27,7 +27,7 @@ def add_parser(command) -> None:
     gateway = command("openai", "OpenAI-compatible HTTP API in front of a served repository")
     gateway.add_argument("--url", required=True, help=f"Triton's gRPC address, e.g. localhost:{GRPC_PORT}")
     gateway.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    gateway.add_argument("--port", type=port, default=OPENAI_PORT, help="port to listen on")
+    gateway.add_argument("--port", type=port_number, default=OPENAI_PORT, help="port to listen on")
     gateway.add_argument("--model", default=OPENAI_DEFAULT_MODEL, choices=(BLS_MODEL, ENSEMBLE_MODEL),
                          help="what it calls")
     gateway.add_argument("--served-model-name", default=SERVED_MODEL_NAME,

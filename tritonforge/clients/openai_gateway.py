@@ -234,6 +234,10 @@ def _triton_error(error: GenerationError) -> OpenAIError:
 SERVED_MODEL_NAME = "tritonforge"  # the model name /v1/models shows unless the operator names it
 
 
+API_KEY_HELP = ("require 'Authorization: Bearer KEY' on every OpenAI request but GET /health (401 otherwise); "
+                f"default: ${API_KEY_ENV}, no key when unset")
+
+
 def api_key_from_environment(explicit: str | None = None) -> str | None:
     """The API key the gateway requires: the one given, else $TRITONFORGE_API_KEY; None (or empty) = no key."""
     key = explicit if explicit is not None else os.environ.get(API_KEY_ENV)

@@ -1,0 +1,24 @@
+"""`tritonforge serve`'s flags come from ServeOptions' fields: one default for each, whatever reads it."""
+
+import dataclasses
+
+import pytest
+
+from tritonforge.cli import make_parser
+from tritonforge.serve.options import ServeOptions
+from tritonforge.spec.settings import given
+
+
+def test_serve_options_not_given_keep_the_dataclass_defaults_and_given_ones_are_parsed():
+    args = make_parser().parse_args(["serve", "repo", "--grpc-port", "9001", "--open-apis",
+                                     "--openai-model", "ensemble"])
+    options = ServeOptions(**given(args, ServeOptions))
+    assert options == dataclasses.replace(ServeOptions(), grpc_port=9001, open_apis=True, openai_model="ensemble")
+    assert set(given(args, ServeOptions)) == {"grpc_port", "open_apis", "openai_model"}
+
+
+@pytest.mark.parametrize("flags", [["--http-port", "70000"], ["--metrics-port", "x"], ["--openai-model", "other"]])
+def test_a_bad_serve_flag_is_refused_by_the_parser(flags, capsys):
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["serve", "repo", *flags])
+    assert flags[0] in capsys.readouterr().err

@@ -1,0 +1,36 @@
+"""What `tritonforge serve` takes: each option's default, help and flag declared once, as a field; the command
+line is generated from these fields (`tritonforge.spec.settings`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..clients.openai_gateway import API_KEY_HELP, SERVED_MODEL_NAME
+from ..clients.openai_gateway import DEFAULT_MODEL as OPENAI_DEFAULT_MODEL
+from ..spec.contract import BLS_MODEL, ENSEMBLE_MODEL
+from ..spec.ports import GRPC_PORT, HTTP_PORT, LOOPBACK, METRICS_PORT, port_number
+from ..spec.settings import setting
+from .liveness import DEFAULT_WEDGED_AFTER_S
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeOptions:
+    tritonserver: str | None = setting(None, "path of the tritonserver binary (default: $TRITONSERVER, then "
+                                             "tritonserver on PATH, then the nvidia-pytriton wheel's)", parse=str)
+    address: str = setting(LOOPBACK, "address the HTTP, gRPC and metrics endpoints listen on (0.0.0.0: every "
+                                     "interface)")
+    http_port: int = setting(HTTP_PORT, "HTTP/REST port (generate, generate_stream)", parse=port_number)
+    grpc_port: int = setting(GRPC_PORT, "gRPC port (streaming)", parse=port_number)
+    metrics_port: int = setting(METRICS_PORT, "Prometheus metrics port", parse=port_number)
+    log_verbose: int = setting(0, "tritonserver's --log-verbose level (0: off)")
+    wedged_after_s: float = setting(DEFAULT_WEDGED_AFTER_S, "restart the server when a Python model has answered "
+                                                            "no liveness probe for this long (0: no probes)")
+    openai_port: int | None = setting(None, "also serve OpenAI's API (/v1/completions, /v1/chat/completions) on "
+                                            "this port", parse=port_number)
+    openai_model: str = setting(OPENAI_DEFAULT_MODEL, "what the OpenAI API calls", choices=(BLS_MODEL, ENSEMBLE_MODEL))
+    served_model_name: str = setting(SERVED_MODEL_NAME, "the model name the OpenAI API shows")
+    api_key: str | None = setting(None, API_KEY_HELP, parse=str)
+    log_file: Path | None = setting(None, "tritonserver's log, kept after exit (default: a temporary file removed "
+                                          "at exit)", parse=Path)
+    open_apis: bool = setting(False, "leave model-config, statistics, ... unrestricted (perf_analyzer reads them)")
