@@ -30,11 +30,11 @@ from pathlib import Path
 from tritonforge.build import model_configs as configs
 from tritonforge.build.builder import BuildOptions, build
 from tritonforge.build.repository import tokenizer_dir
-from tritonforge.cli.arguments import positive_ints
 from tritonforge.clients.gateway_metrics import ITL_METRIC, TTFT_METRIC
 from tritonforge.clients.openai_gateway import DEFAULT_MODEL, SERVED_MODEL_NAME
 from tritonforge.serve.server import TritonServer, free_port
 from tritonforge.spec.contract import BLS_MODEL, ENSEMBLE_MODEL
+from tritonforge.spec.settings import positive_ints
 from tritonforge.tools.benchmark import (
     Timing,
     asyncio_load,

@@ -30,8 +30,8 @@ from pathlib import Path
 from tritonforge.build import model_configs as configs
 from tritonforge.build.builder import BuildOptions, build
 from tritonforge.build.repository import tokenizer_dir
-from tritonforge.cli.arguments import positive_ints
 from tritonforge.serve.server import TritonServer
+from tritonforge.spec.settings import positive_ints
 from tritonforge.tools.benchmark import (
     DEFAULT_MS_PER_TOKEN,
     PATHS,

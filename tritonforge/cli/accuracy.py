@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .arguments import positive_int
+from ..spec.settings import positive_int
 
 
 def eval_command(args: argparse.Namespace) -> int:

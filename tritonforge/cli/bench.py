@@ -7,7 +7,8 @@ from pathlib import Path
 
 from ..spec.contract import DEFAULT_MAX_TOKENS
 from ..spec.ports import LOCAL_GRPC_URL
-from .arguments import positive_int, positive_ints, positive_seconds, repository_tokenizer, require_tool, say
+from ..spec.settings import positive_int, positive_ints, positive_seconds
+from .arguments import repository_tokenizer, require_tool, say
 
 
 def bench_command(args: argparse.Namespace) -> int:

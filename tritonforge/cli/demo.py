@@ -7,7 +7,8 @@ import tempfile
 from pathlib import Path
 
 from ..build.builder import BuildOptions, build
-from .arguments import positive_int, say
+from ..spec.settings import positive_int
+from .arguments import say
 
 
 def demo_command(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ import argparse
 
 from ..spec.contract import BLS_MODEL, DEFAULT_MAX_TOKENS, ENSEMBLE_MODEL
 from ..spec.ports import LOCAL_GRPC_URL, LOCAL_HTTP_URL
-from .arguments import positive_int
+from ..spec.settings import positive_int
 
 
 def _client(args: argparse.Namespace):

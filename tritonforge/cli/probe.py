@@ -8,7 +8,7 @@ import sys
 
 from ..spec.contract import BLS_MODEL, ENSEMBLE_MODEL
 from ..spec.ports import LOCAL_GRPC_URL
-from .arguments import positive_seconds
+from ..spec.settings import positive_seconds
 
 
 def probe_command(args: argparse.Namespace) -> int:

@@ -8,15 +8,8 @@ import sys
 from pathlib import Path
 
 from ..spec.contract import DEFAULT_MAX_TOKENS
-from .arguments import (
-    RepositoryInUse,
-    non_negative_ints,
-    positive_int,
-    positive_ints,
-    positive_seconds,
-    repository_tokenizer,
-    require_tool,
-)
+from ..spec.settings import non_negative_ints, positive_int, positive_ints, positive_seconds
+from .arguments import RepositoryInUse, repository_tokenizer, require_tool
 
 
 def tune_command(args: argparse.Namespace) -> int:

@@ -30,10 +30,11 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from ..spec.contract import BLS_MODEL
+from ..spec.contract import BLS_MODEL, ENSEMBLE_MODEL
 from ..spec.environment import API_KEY_ENV
 from ..spec.errors import ERROR_CODES, ErrorKind
-from ..spec.ports import OPENAI_PORT
+from ..spec.ports import GRPC_PORT, LOOPBACK, OPENAI_PORT, port_number
+from ..spec.settings import positive_int, setting
 from .client import (
     AsyncGrpcClient,
     GenerateRequest,
@@ -437,27 +438,44 @@ def _whole(kind: str, ident: str, created: int, model: str, generation: Generati
             "usage": generation.usage()}
 
 
-def run(url: str, *, host: str = "127.0.0.1", port: int = OPENAI_PORT, model: str = DEFAULT_MODEL,
-        served_model_name: str = SERVED_MODEL_NAME, workers: int = 1, api_key: str | None = None,
-        on_ready=lambda line: None) -> None:
+@dataclass(frozen=True, kw_only=True)
+class GatewayOptions:
+    """What `tritonforge openai` takes (its flags are generated from these fields)."""
+
+    url: str = setting(help=f"Triton's gRPC address, e.g. localhost:{GRPC_PORT}")
+    host: str = setting(LOOPBACK, "address to listen on")
+    port: int = setting(OPENAI_PORT, "port to listen on", parse=port_number)
+    model: str = setting(DEFAULT_MODEL, "what it calls", choices=(BLS_MODEL, ENSEMBLE_MODEL))
+    served_model_name: str = setting(SERVED_MODEL_NAME, "the model name /v1/models shows, and the only one "
+                                                        "requests may name")
+    api_key: str | None = setting(None, API_KEY_HELP, parse=str)
+    workers: int = setting(1, "gateway processes sharing the port: one handles a few thousand streamed chunks a "
+                              "second", parse=positive_int)
+
+    def __post_init__(self):
+        if self.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {self.workers}")
+
+
+def run(options: GatewayOptions, *, on_ready=lambda line: None) -> None:
     """Serve the gateway until interrupted. One process handles a few thousand streamed chunks a second;
-    `workers` processes share the port, each connection going to the one with the fewest open connections
-    (`tritonforge.clients.gateway_workers`), and share their metrics; `on_ready(line)` once they all serve."""
+    `options.workers` processes share the port, each connection going to the one with the fewest open
+    connections (`tritonforge.clients.gateway_workers`), and share their metrics; `on_ready(line)` once they
+    all serve. The API key: `options.api_key`, else $TRITONFORGE_API_KEY."""
     import uvicorn
 
-    if workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {workers}")
-    make_app = functools.partial(create_app, url, model=model, served_model_name=served_model_name,
-                                 api_key=api_key)
-    if workers == 1:
-        uvicorn.run(make_app(), host=host, port=port, log_level="warning")
+    make_app = functools.partial(create_app, options.url, model=options.model,
+                                 served_model_name=options.served_model_name,
+                                 api_key=api_key_from_environment(options.api_key))
+    if options.workers == 1:
+        uvicorn.run(make_app(), host=options.host, port=options.port, log_level="warning")
         return
     from .gateway_workers import serve_workers
 
     with tempfile.TemporaryDirectory(prefix="tritonforge-gateway-metrics-") as metrics_dir:
         os.environ[MULTIPROCESS_DIR_ENV] = metrics_dir  # read by the workers' metrics (spawned after this)
-        serve_workers(make_app, host=host, port=port, workers=workers, on_worker_exit=forget_worker,
-                      on_ready=on_ready)
+        serve_workers(make_app, host=options.host, port=options.port, workers=options.workers,
+                      on_worker_exit=forget_worker, on_ready=on_ready)
 
 
 class GatewayThread:

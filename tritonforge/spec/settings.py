@@ -74,3 +74,47 @@ def version(text: str) -> tuple[int, int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a version like 2.51, got {text!r}") from None
     return major, minor
+
+
+# argparse `type`s for the options' `parse`
+
+def _whole_numbers(text: str, minimum: int) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+    if not values or min(values) < minimum:
+        raise argparse.ArgumentTypeError(f"expected numbers >= {minimum}, got {text!r}")
+    return values
+
+
+def positive_ints(text: str) -> list[int]:
+    """An argparse `type` for lists like "1,8,32,128" (concurrencies, instance counts)."""
+    return _whole_numbers(text, 1)
+
+
+def non_negative_ints(text: str) -> list[int]:
+    """An argparse `type` for lists like "0,200" (delays)."""
+    return _whole_numbers(text, 0)
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse `type` for a time limit in seconds: a number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse `type` for a count of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
