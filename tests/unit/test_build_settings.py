@@ -80,3 +80,18 @@ def test_the_cpp_replay_engine_refuses_settings_it_cannot_honour_naming_the_flag
 def test_a_stream_interval_is_refused_for_the_tensorrtllm_backend_which_has_none():
     with pytest.raises(ValueError, match="--stream-interval"):
         BuildOptions(model=Path("m"), engine="tensorrtllm", stream_interval=3)
+
+
+def test_the_library_keeps_tritons_batch_limit_at_least_the_engines_as_the_cli_does():
+    """`build(BuildOptions(...))` without the CLI: Triton's max_batch_size is raised to the engine's batch."""
+    from pathlib import Path
+
+    from tritonforge.build import model_configs as configs
+    from tritonforge.build.builder import BuildOptions
+
+    options = BuildOptions(model=Path("ckpt"), output=Path("out"), max_batch_size=256,
+                           serving=configs.ServingConfig(max_batch_size=64))
+    assert options.serving.max_batch_size == 256
+    kept = BuildOptions(model=Path("ckpt"), output=Path("out"), max_batch_size=8,
+                        serving=configs.ServingConfig(max_batch_size=512))
+    assert kept.serving.max_batch_size == 512

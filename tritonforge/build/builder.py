@@ -105,6 +105,9 @@ class BuildOptions:
             raise ValueError(f"--max-seq-len ({self.max_seq_len}) must exceed --max-input-len ({self.max_input_len})")
         if self.max_batch_size < 1:
             raise ValueError(f"--max-batch-size must be >= 1, got {self.max_batch_size}")
+        if self.serving.max_batch_size < self.max_batch_size:
+            # Triton's batch limit never below the engine's: a batched request of every slot must fit through.
+            object.__setattr__(self, "serving", dataclasses.replace(self.serving, max_batch_size=self.max_batch_size))
         if self.replay_step_ms <= 0:
             raise ValueError(f"--replay-step-ms must be > 0, got {self.replay_step_ms}")
         if self.replay_native and self.engine != "replay":

@@ -4,7 +4,6 @@ fields of BuildOptions and ServingConfig (spec/settings.py), which hold every de
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 from ..build import model_configs as configs
 from ..build.builder import BuildOptions, build
@@ -23,15 +22,9 @@ def _add_build_arguments(parser: argparse.ArgumentParser) -> None:
 def build_options(args: argparse.Namespace):
     """BuildOptions from the flags the user gave; every other value is the dataclasses' default."""
     options, serving = given(args, BuildOptions), given(args, configs.ServingConfig, prefix=SERVING)
-    engine_batch = options.get("max_batch_size", _default(BuildOptions, "max_batch_size"))
-    serving["max_batch_size"] = max(serving.get("max_batch_size", _default(configs.ServingConfig, "max_batch_size")),
-                                    engine_batch)
+    # Instance counts given on the command line are kept; the others come from the TensorRT-LLM plan.
     return BuildOptions(**options, serving=configs.ServingConfig(**serving),
                         planned_instances=not any(name in serving for name in INSTANCE_COUNTS))
-
-
-def _default(cls, name: str):
-    return next(field.default for field in dataclasses.fields(cls) if field.name == name)
 
 
 def build_command(args: argparse.Namespace) -> int:
