@@ -14,6 +14,8 @@ import pytest
 import yaml
 
 from tritonforge.cli import make_parser
+from tritonforge.serve.options import ServeOptions
+from tritonforge.spec.settings import given
 
 from .chart import (
     ADAPTER_VALUES,
@@ -165,12 +167,18 @@ def test_the_serving_command_is_one_tritonforge_serve_accepts(rendered):
     template = pod_templates(manifests)["server"]
     command = container(template)["command"]
     serve = command[command.index("tritonforge"):]
-    args = make_parser().parse_args(serve[1:])
-    assert str(args.repository) == "/models" and args.address == "0.0.0.0"
-    assert args.api_key is None  # the key comes from the environment (a Secret), never the command line
+    args, options = serve_options(serve[1:])
+    assert str(args.repository) == "/models" and options.address == "0.0.0.0"
+    assert options.api_key is None  # the key comes from the environment (a Secret), never the command line
     ports = {p["name"]: p["containerPort"] for p in container(template)["ports"]}
-    assert ports == {"http": args.http_port, "grpc": args.grpc_port, "metrics": args.metrics_port,
-                     "openai": args.openai_port}
+    assert ports == {"http": options.http_port, "grpc": options.grpc_port, "metrics": options.metrics_port,
+                     "openai": options.openai_port}
+
+
+def serve_options(command: list[str]):
+    """The parsed `tritonforge serve` command line and the options it gives (defaults included)."""
+    args = make_parser().parse_args(command)
+    return args, ServeOptions(**given(args, ServeOptions))
 
 
 def test_probes_ask_the_gateway_for_readiness_and_a_generation_for_liveness(rendered):
@@ -182,7 +190,7 @@ def test_probes_ask_the_gateway_for_readiness_and_a_generation_for_liveness(rend
         return  # probes.liveness.enabled false
     probe = serving["livenessProbe"]
     args = make_parser().parse_args(probe["exec"]["command"][1:])
-    serve = make_parser().parse_args(serving["command"][serving["command"].index("tritonforge") + 1:])
+    _, serve = serve_options(serving["command"][serving["command"].index("tritonforge") + 1:])
     assert (args.url, args.model) == (f"127.0.0.1:{serve.grpc_port}", serve.openai_model)
     # The probe waits up to its --timeout-s, then up to 5 s to stop: the kubelet must wait longer.
     assert probe["timeoutSeconds"] > args.timeout_s + 5
