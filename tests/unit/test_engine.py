@@ -260,3 +260,26 @@ def test_a_failed_graph_capture_warns_once_and_decodes_eagerly(tiny_models, capl
         assert sink.result.token_ids == reference(model, tokenizer, prompt, 8)
     warnings = [record for record in caplog.records if "CUDA graphs are off" in record.getMessage()]
     assert len(warnings) == 1 and not engine.cuda_graphs
+
+
+def test_while_sequences_run_admissions_wait_to_be_prefilled_together(tiny_models):
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["bpe"]).eval()
+    engine = InflightBatchingEngine(model, EngineLimits(max_batch_size=16, max_input_len=64, max_seq_len=128),
+                                    admission_wait_steps=3)
+    engine.shutdown()  # its state is driven by hand below
+    engine._waiting = ["a"]
+    assert engine._admitting()  # nothing runs: at once
+    engine._occupied[0] = True
+    engine._free.remove(0)
+    assert not engine._admitting()  # one waits: fewer than 16 / 8
+    engine._decode_steps += 2
+    assert not engine._admitting()
+    engine._decode_steps += 1
+    assert engine._admitting()  # waited 3 steps
+    engine._waiting = ["a", "b"]
+    assert engine._admitting()  # an eighth of the slots: at once
+    engine._waiting = ["a"]
+    engine._free = [1]
+    assert engine._admitting()  # every free slot
+    engine._waiting = []
+    assert not engine._admitting() and engine._deferred_since is None

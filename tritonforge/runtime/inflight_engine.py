@@ -44,6 +44,9 @@ logger = logging.getLogger(__name__)
 CACHE_LENGTH_STEP = 256  # the cache's length grows by doubling from this, up to max_seq_len
 PREFILL_TOKENS = 8192  # the requests prefilled together: at most this many tokens, padding included (or one)
 CUDA_GRAPHS_ENV = "TRITONFORGE_CUDA_GRAPHS"  # "0": decode steps run eagerly on CUDA too
+# With graphed decode steps an eager prefill costs as much as many steps: while sequences run, admissions
+# wait until they fill an eighth of the slots (or the free ones), or for at most this many decode steps.
+ADMISSION_WAIT_STEPS = 8
 
 
 class _SlotLayer(CacheLayerMixin):
@@ -195,10 +198,12 @@ class _Features:
 class InflightBatchingEngine(EngineThread):
     """`cuda_graphs`: replay the decode step as a CUDA graph on a CUDA device (None: unless the environment
     sets TRITONFORGE_CUDA_GRAPHS=0). `prefill_tokens`: the most tokens (padding included) of the requests
-    prefilled together in one forward pass; a longer prompt is prefilled alone."""
+    prefilled together in one forward pass; a longer prompt is prefilled alone. `admission_wait_steps`: how
+    many decode steps waiting requests may wait to be prefilled together while others run (None: 8 when
+    decode steps are graphed, else 0: admitted at once)."""
 
     def __init__(self, model, limits: EngineLimits, *, cuda_graphs: bool | None = None,
-                 prefill_tokens: int = PREFILL_TOKENS):
+                 prefill_tokens: int = PREFILL_TOKENS, admission_wait_steps: int | None = None):
         super().__init__("inflight-engine")
         check_cache_layers(model)
         self.model = model
@@ -229,6 +234,11 @@ class InflightBatchingEngine(EngineThread):
         self._static: StaticInputs | None = None
         if cuda_graphs and self.device.type == "cuda":
             self.use_decode_graphs(capture=True)
+        if admission_wait_steps is None:
+            admission_wait_steps = ADMISSION_WAIT_STEPS if self._graphs is not None else 0
+        self._admission_wait_steps = admission_wait_steps
+        self._decode_steps = 0
+        self._deferred_since: int | None = None  # the decode step since which waiting requests were deferred
         self._thread.start()
 
     def use_decode_graphs(self, *, capture: bool) -> None:
@@ -275,7 +285,8 @@ class InflightBatchingEngine(EngineThread):
     def _iteration(self) -> None:
         self._apply_cancellations(self._take_new())
         prefilled = 0
-        while self._waiting and self._free:
+        admitting = self._admitting()
+        while admitting and self._waiting and self._free:
             group = self._take_group()
             if not group:
                 continue
@@ -289,6 +300,24 @@ class InflightBatchingEngine(EngineThread):
         running = self._running()
         self.stats = EngineStats(waiting=self.pending(), scheduled=len(running), context=prefilled,
                                  kv_tokens=sum(len(sequence.tokens) for sequence in running))
+
+    def _admitting(self) -> bool:
+        """Whether to prefill the waiting requests now: at once when nothing runs or admissions do not wait;
+        else once they fill an eighth of the slots (or every free one), or have waited the steps allowed."""
+        if not (self._waiting and self._free):
+            self._deferred_since = None
+            return False
+        if not self._admission_wait_steps or not self._occupied.any():
+            return True
+        if len(self._waiting) >= min(len(self._free), max(1, len(self._slots) // 8)):
+            self._deferred_since = None
+            return True
+        if self._deferred_since is None:
+            self._deferred_since = self._decode_steps
+        if self._decode_steps - self._deferred_since >= self._admission_wait_steps:
+            self._deferred_since = None
+            return True
+        return False
 
     def _take_group(self) -> list[GenerationRequest]:
         """The waiting requests to prefill together: in arrival order, as many as free slots allow and whose
@@ -377,6 +406,7 @@ class InflightBatchingEngine(EngineThread):
             if chosen is None:
                 chosen = self._eager_step(rows, length, flags, banned)
             self._accept_rows(live, chosen, flags.log_probs, decoded=True)
+            self._decode_steps += 1
         self._retire_finished()
 
     def _eager_step(self, rows: int, length: int, flags: StepFlags, banned) -> torch.Tensor:
