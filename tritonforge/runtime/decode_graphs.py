@@ -47,7 +47,6 @@ class StaticInputs:
     def __init__(self, slots: int, vocab_size: int, device: torch.device):
         self.state = torch.zeros((3, slots), dtype=torch.long, device=device)
         self.ban = torch.zeros((slots, vocab_size), dtype=torch.bool, device=device)
-        self.rows = torch.arange(slots, device=device)
         self._banned = False  # whether `ban` holds any True
 
     @property

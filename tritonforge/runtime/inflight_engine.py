@@ -509,9 +509,8 @@ class InflightBatchingEngine(EngineThread):
         sequence.tokens.append(token)
         sequence.generated.append(token)
         sequence.log_probs.append(log_prob)
-        state = self._state[:, sequence.slot]
-        state[0] = token
-        state[2] += 1
+        self._state[0, sequence.slot] = token
+        self._state[2, sequence.slot] += 1
         if request.stop_sequences and _ends_with_any(sequence.tokens, request.stop_sequences):
             sequence.finish_reason = "stop_words"
         elif len(sequence.generated) >= request.max_new_tokens:
