@@ -4,17 +4,21 @@ random-weight Llama shapes of tritonforge/tools/tiny_model.py (SHAPES: "tiny", "
 Each of N streams sends its next request (a random prompt, exactly --output-tokens new tokens, streamed) as
 soon as its previous one ends, as bench/pipeline.py's clients do; tokens are counted over --duration-s after
 a warm-up. --profile then records the engine at the last concurrency with torch.profiler and prints where the
-time goes (the top ops by host and by device time) and writes a Chrome trace.
+time goes (the top ops by host and by device time) and writes a Chrome trace. On CUDA the engine replays its
+decode steps as CUDA graphs unless --no-cuda-graphs; --compare-cuda-graphs measures both, eager first, in one
+run. The figures go to --results-dir (engine-gpu-<size>.json and .md).
 
 Run:
   .venv/bin/python bench/engine_gpu.py --model-size tiny --concurrency 1,8 --duration-s 2       # CPU, a check
-  python3 bench/engine_gpu.py --model-size 1b --concurrency 1,32,128 --duration-s 6             # the GPU
+  python3 bench/engine_gpu.py --model-size 1b --concurrency 1,32,128 --duration-s 4 --compare-cuda-graphs
   python3 bench/engine_gpu.py --model-size 1b --concurrency 128 --duration-s 3 --profile --trace-dir /tmp
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import platform
 import random
 import statistics
 import sys
@@ -41,8 +45,14 @@ def build_model(size: str, device: str, dtype: torch.dtype):
                          max_position_embeddings=shape.max_position_embeddings,
                          initializer_range=shape.initializer_range, tie_word_embeddings=False)
     torch.manual_seed(shape.seed)
-    with torch.device(device):
-        model = LlamaForCausalLM(config)
+    # Made where it runs, in its dtype: no float32 copy on the host first (seconds for the 1b shape).
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default)
     return model.to(dtype).eval()
 
 
@@ -100,6 +110,8 @@ class Load:
             return self.tokens - start_tokens, list(self.ttft)
 
     def stop(self) -> None:
+        """No new requests; the open ones are cancelled (their sinks say so), so that the next run starts
+        at once instead of after a drain."""
         with self.lock:
             self.running = False
         self.idle.wait(timeout=300)
@@ -126,7 +138,7 @@ class _Sink:
         self.load.ended(error)
 
     def cancelled(self):
-        return False
+        return not self.load.running
 
 
 def measure(engine, streams: int, args, vocab: int) -> dict:
@@ -134,8 +146,8 @@ def measure(engine, streams: int, args, vocab: int) -> dict:
     load.window(args.warmup_s)
     tokens, ttft = load.window(args.duration_s)
     load.stop()
-    return {"streams": streams, "tokens_per_s": tokens / args.duration_s, "errors": load.errors,
-            "ttft_p50_ms": 1000 * statistics.median(ttft) if ttft else float("nan")}
+    return {"streams": streams, "tokens_per_s": round(tokens / args.duration_s, 1), "errors": load.errors,
+            "ttft_p50_ms": round(1000 * statistics.median(ttft), 2) if ttft else None}
 
 
 def profile(engine, streams: int, args, vocab: int) -> None:
@@ -179,6 +191,58 @@ def profile(engine, streams: int, args, vocab: int) -> None:
         print(f"trace: {path}")
 
 
+def run_mode(model, args, concurrency: list[int], cuda_graphs: bool) -> dict:
+    """One engine, every concurrency in turn; the engine's decode mode as it ended (a failed capture falls
+    back to eager steps)."""
+    engine = InflightBatchingEngine(model, EngineLimits(
+        max_batch_size=max(concurrency), max_input_len=args.prompt_tokens,
+        max_seq_len=args.prompt_tokens + args.output_tokens), cuda_graphs=cuda_graphs)
+    label = "CUDA graphs" if engine.cuda_graphs else "eager"
+    rows = []
+    try:
+        print(f"\ndecode steps: {label}\n{'streams':>8}{'tokens/s':>12}{'TTFT p50 ms':>14}{'errors':>8}", flush=True)
+        for streams in concurrency:
+            row = measure(engine, streams, args, model.config.vocab_size)
+            ttft = f"{row['ttft_p50_ms']:.1f}" if row["ttft_p50_ms"] is not None else "-"
+            print(f"{row['streams']:>8}{row['tokens_per_s']:>12.0f}{ttft:>14}{row['errors']:>8}", flush=True)
+            rows.append(row)
+        if args.profile:
+            profile(engine, concurrency[-1], args, model.config.vocab_size)
+        graphs = engine._graphs
+        mode = {"cuda_graphs_asked": cuda_graphs, "cuda_graphs": engine.cuda_graphs,
+                "graphs_captured": graphs.captured if graphs is not None else 0, "rows": rows}
+    finally:
+        engine.shutdown()
+    if cuda_graphs and not mode["cuda_graphs"] and args.device != "cpu":
+        print("note: CUDA graphs were asked for but are off (see the warning above): these are eager figures")
+    return mode
+
+
+def write_results(args, header: dict, modes: dict) -> Path:
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    stem = args.results_dir / f"engine-gpu-{args.model_size}"
+    stem.with_suffix(".json").write_text(json.dumps({**header, "modes": modes}, indent=1) + "\n")
+    streams = [row["streams"] for row in next(iter(modes.values()))["rows"]]
+    lines = [f"# bench/engine_gpu.py: {args.model_size} on {header['device_name']}", "",
+             f"`{header['command']}`", "",
+             f"{header['parameters_b']:.2f}B parameters, {header['dtype']}, {args.output_tokens} tokens a request, "
+             f"prompts of {args.prompt_tokens // 2}-{args.prompt_tokens} tokens, {args.duration_s:g} s a point "
+             f"after {args.warmup_s:g} s of warm-up; torch {header['torch']}, {header['date']}.", "",
+             "| decode steps | " + " | ".join(f"{n} streams: tokens/s (TTFT p50 ms)" for n in streams) + " |",
+             "|---|" + "---|" * len(streams)]
+    for name, mode in modes.items():
+        cells = [f"{row['tokens_per_s']:,.0f} ({row['ttft_p50_ms'] if row['ttft_p50_ms'] is not None else '-'})"
+                 + (f", {row['errors']} errors" if row["errors"] else "") for row in mode["rows"]]
+        lines.append(f"| {name} ({mode['graphs_captured']} graphs) | " + " | ".join(cells) + " |")
+    if len(modes) == 2:
+        eager, graphed = (mode["rows"] for mode in modes.values())
+        lines += ["", "CUDA graphs / eager: " + ", ".join(
+            f"{a['streams']} streams {b['tokens_per_s'] / a['tokens_per_s']:.1f}x" for a, b in zip(eager, graphed)
+            if a["tokens_per_s"])]
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    return stem
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-size", choices=sorted(SHAPES), default="1b")
@@ -190,30 +254,35 @@ def main() -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, help="default: the shape's (bfloat16 for 1b) on CUDA, else float32")
     parser.add_argument("--sampled", action="store_true", help="top-k sampling with a seed instead of greedy")
+    graphs = parser.add_mutually_exclusive_group()
+    graphs.add_argument("--no-cuda-graphs", action="store_true", help="eager decode steps on CUDA too")
+    graphs.add_argument("--compare-cuda-graphs", action="store_true",
+                        help="measure eager decode steps, then CUDA graphs, in one run")
     parser.add_argument("--profile", action="store_true", help="profile the last concurrency after measuring")
     parser.add_argument("--profile-rows", type=int, default=30)
     parser.add_argument("--trace-dir", default=None)
+    parser.add_argument("--results-dir", type=Path, default=Path(__file__).resolve().parent / "results")
     args = parser.parse_args()
     concurrency = [int(value) for value in args.concurrency.split(",")]
     dtype = getattr(torch, args.dtype or (SHAPES[args.model_size].dtype if args.device != "cpu" else "float32"))
+    start = time.perf_counter()
     model = build_model(args.model_size, args.device, dtype)
-    print(f"{args.model_size} Llama ({sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters) on "
-          f"{args.device} in {dtype}, attention {model.config._attn_implementation}; "
+    parameters = sum(p.numel() for p in model.parameters())
+    device_name = torch.cuda.get_device_name(args.device) if args.device != "cpu" else platform.processor() or "CPU"
+    print(f"{args.model_size} Llama ({parameters / 1e9:.2f}B parameters) on {args.device} ({device_name}) in {dtype}, "
+          f"made in {time.perf_counter() - start:.1f} s, attention {model.config._attn_implementation}; "
           f"{args.output_tokens} tokens a request, prompts <= {args.prompt_tokens}", flush=True)
-    engine = InflightBatchingEngine(model, EngineLimits(
-        max_batch_size=max(concurrency), max_input_len=args.prompt_tokens,
-        max_seq_len=args.prompt_tokens + args.output_tokens))
-    try:
-        print(f"{'streams':>8}{'tokens/s':>12}{'TTFT p50 ms':>14}{'errors':>8}")
-        for streams in concurrency:
-            row = measure(engine, streams, args, model.config.vocab_size)
-            print(f"{row['streams']:>8}{row['tokens_per_s']:>12.0f}{row['ttft_p50_ms']:>14.1f}{row['errors']:>8}",
-                  flush=True)
-        if args.profile:
-            profile(engine, concurrency[-1], args, model.config.vocab_size)
-    finally:
-        engine.shutdown()
-    return 0
+    if args.compare_cuda_graphs:
+        plan = {"eager": False, "CUDA graphs": True}
+    else:
+        plan = {"eager" if args.no_cuda_graphs or args.device == "cpu" else "CUDA graphs": not args.no_cuda_graphs}
+    modes = {name: run_mode(model, args, concurrency, cuda_graphs) for name, cuda_graphs in plan.items()}
+    header = {"command": "python3 bench/engine_gpu.py " + " ".join(sys.argv[1:]), "device_name": device_name,
+              "dtype": str(dtype).removeprefix("torch."), "parameters_b": parameters / 1e9, "torch": torch.__version__,
+              "date": time.strftime("%Y-%m-%d"), "seconds": round(time.perf_counter() - start, 1)}
+    stem = write_results(args, header, modes)
+    print(f"\nresults: {stem}.json, {stem}.md ({header['seconds']:.0f} s in all)")
+    return 1 if any(row["errors"] for mode in modes.values() for row in mode["rows"]) else 0
 
 
 if __name__ == "__main__":

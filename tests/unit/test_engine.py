@@ -1,5 +1,6 @@
 """The in-flight batching engine against transformers' own generate, without a server."""
 
+import contextlib
 import threading
 import time
 
@@ -42,11 +43,15 @@ class Sink:
         return self.cancel_after is not None and len(self.streamed) >= self.cancel_after
 
 
-@pytest.fixture(scope="module")
-def setup(tiny_models):
+@pytest.fixture(scope="module", params=["eager", "static"])
+def setup(tiny_models, request):
+    """Each test runs on the eager decode step and on the step a CUDA graph captures (every slot, a bucketed
+    length, static inputs), here run without a graph: the same logic, checkable on a CPU."""
     tokenizer = load_tokenizer(tiny_models["bpe"])
     model = AutoModelForCausalLM.from_pretrained(tiny_models["bpe"]).eval()
     engine = InflightBatchingEngine(model, EngineLimits(max_batch_size=4, max_input_len=64, max_seq_len=128))
+    if request.param == "static":
+        engine.use_decode_graphs(capture=False)
     yield tokenizer, model, engine
     engine.shutdown()
 
@@ -196,3 +201,85 @@ def test_seeded_sampling_is_the_same_alone_and_in_a_busy_batch(setup):
     busy = submit(engine, tokenizer, "The engine", Sink(), sampling=params, request_id="busy")
     assert busy.done.wait(WAIT_S) and all(other.done.wait(WAIT_S) for other in others)
     assert busy.result.token_ids == alone.result.token_ids
+
+
+@contextlib.contextmanager
+def held(engine):
+    """Hold the engine's next iteration until the block ends, so that what is submitted meanwhile is
+    admitted in one iteration; yields the sizes of the groups it prefills, recorded until the block's requests
+    are done (`done`)."""
+    gate, sizes = threading.Event(), []
+    iteration, prefill = engine._iteration, engine._prefill
+    engine._iteration = lambda: (gate.wait(WAIT_S), iteration())
+    engine._prefill = lambda group: (sizes.append(len(group)), prefill(group))
+    try:
+        yield sizes
+    finally:
+        gate.set()
+
+
+def unhold(engine):
+    del engine._iteration, engine._prefill
+
+
+def test_requests_admitted_together_are_prefilled_in_one_pass_as_each_alone(setup):
+    """Prompts of different lengths, right-padded into one forward pass: each one's greedy tokens are
+    generate's, and a sampled, penalised request among them draws what it draws alone."""
+    tokenizer, model, engine = setup
+    params = SamplingParams(top_k=20, temperature=1.2, seed=5, repetition_penalty=1.3, frequency_penalty=3.0)
+    alone = submit(engine, tokenizer, "Hello world", Sink(), sampling=params, request_id="alone", end_id=None)
+    assert alone.done.wait(WAIT_S)
+    prompts = ["The engine", "Hello world, the server reads a request", "A"]
+    assert len({len(tokenizer(prompt).input_ids) for prompt in prompts}) == len(prompts)
+    with held(engine) as sizes:
+        sinks = [submit(engine, tokenizer, prompt, Sink(), request_id=f"joined-{i}")
+                 for i, prompt in enumerate(prompts)]
+        sampled = submit(engine, tokenizer, "Hello world", Sink(), sampling=params, request_id="sampled",
+                         end_id=None)
+    assert sampled.done.wait(WAIT_S) and all(sink.done.wait(WAIT_S) for sink in sinks)
+    unhold(engine)
+    assert sizes[0] == engine.limits.max_batch_size == len(prompts) + 1
+    for prompt, sink in zip(prompts, sinks):
+        assert sink.result.token_ids == reference(model, tokenizer, prompt, 24)
+    assert sampled.result.token_ids == alone.result.token_ids
+
+
+def test_a_failed_graph_capture_warns_once_and_decodes_eagerly(tiny_models, caplog):
+    """No CUDA here: every capture fails, as one would on a GPU for any reason; requests do not notice."""
+    tokenizer = load_tokenizer(tiny_models["bpe"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["bpe"]).eval()
+    engine = InflightBatchingEngine(model, EngineLimits(max_batch_size=2, max_input_len=64, max_seq_len=128))
+    engine.use_decode_graphs(capture=True)
+    try:
+        with caplog.at_level("WARNING"):
+            sinks = [submit(engine, tokenizer, prompt, Sink(), max_new_tokens=8) for prompt in PROMPTS[:3]]
+            assert all(sink.done.wait(WAIT_S) and sink.error is None for sink in sinks)
+    finally:
+        engine.shutdown()
+    for prompt, sink in zip(PROMPTS, sinks):
+        assert sink.result.token_ids == reference(model, tokenizer, prompt, 8)
+    warnings = [record for record in caplog.records if "CUDA graphs are off" in record.getMessage()]
+    assert len(warnings) == 1 and not engine.cuda_graphs
+
+
+def test_while_sequences_run_admissions_wait_to_be_prefilled_together(tiny_models):
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["bpe"]).eval()
+    engine = InflightBatchingEngine(model, EngineLimits(max_batch_size=16, max_input_len=64, max_seq_len=128),
+                                    admission_wait_steps=3)
+    engine.shutdown()  # its state is driven by hand below
+    engine._waiting = ["a"]
+    assert engine._admitting()  # nothing runs: at once
+    engine._occupied[0] = True
+    engine._free.remove(0)
+    assert not engine._admitting()  # one waits: fewer than 16 / 8
+    engine._decode_steps += 2
+    assert not engine._admitting()
+    engine._decode_steps += 1
+    assert engine._admitting()  # waited 3 steps
+    engine._waiting = ["a", "b"]
+    assert engine._admitting()  # an eighth of the slots: at once
+    engine._waiting = ["a"]
+    engine._free = [1]
+    assert engine._admitting()  # every free slot
+    engine._waiting = []
+    assert not engine._admitting() and engine._deferred_since is None

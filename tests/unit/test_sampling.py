@@ -125,3 +125,44 @@ def test_noise_depends_on_seed_step_and_token_only():
     assert not torch.equal(a[0], a[1]) and not torch.equal(a[0], a[2])  # another step, another seed
     high = gumbel_noise(torch.tensor([1]), torch.tensor([1]), torch.tensor([5]), vocab)
     assert not torch.equal(a[0], high[0])  # the seed's upper 32 bits count
+
+
+def test_slots_given_as_a_tensor_sample_and_record_as_a_slice_does(filled):
+    """Requests prefilled together sit in slots that need not be contiguous: their rows come as a tensor."""
+    sampler, logits = filled
+    tokens = torch.tensor([5, 9, 5, 1])
+    steps = torch.arange(len(ROWS))
+    as_slice = sampler.choose(logits, slice(0, len(ROWS)), steps, sampling=True, top_k=True, top_p=True)
+    as_tensor = sampler.choose(logits, torch.arange(len(ROWS)), steps, sampling=True, top_k=True, top_p=True)
+    assert torch.equal(as_slice, as_tensor)
+    seen, counts = sampler.seen.clone(), sampler.counts.clone()
+    sampler.record(slice(0, len(ROWS)), tokens)
+    by_slice = sampler.seen.clone(), sampler.counts.clone()
+    sampler.seen.copy_(seen), sampler.counts.copy_(counts)
+    sampler.record(torch.tensor([2, 0, 3, 1]), tokens[[2, 0, 3, 1]])
+    assert torch.equal(sampler.seen, by_slice[0]) and torch.equal(sampler.counts, by_slice[1])
+    assert not torch.equal(counts, by_slice[1])
+
+
+def test_a_ban_mask_bans_what_the_banned_pairs_do(filled):
+    """The captured step's fixed-shape form of the banned (row, token) pairs."""
+    sampler, logits = filled
+    banned = [(1, 3), (2, 5), (2, 6)]
+    ban = torch.zeros_like(logits, dtype=torch.bool)
+    ban[[1, 2, 2], [3, 5, 6]] = True
+    rows = slice(0, len(ROWS))
+    by_pairs = sampler.process(logits, rows, biased=True, penalised=True, banned=banned)
+    by_mask = sampler.process(logits, rows, biased=True, penalised=True, banned=[], ban=ban)
+    assert torch.equal(by_pairs, by_mask)
+
+
+def test_slots_never_admitted_sample_finite_greedy_tokens():
+    """A captured step decodes every slot; the free ones must not turn its math into NaN."""
+    sampler = SlotSampler(2, VOCAB, torch.device("cpu"))
+    sampler.admit(0, SamplingParams(top_k=5, seed=1), [1], None)
+    logits = torch.randn(2, VOCAB)
+    scores = sampler.scores(logits, slice(0, 2), top_k=True, top_p=True)
+    assert torch.isfinite(scores[1]).all()
+    tokens = sampler.choose(logits, slice(0, 2), torch.zeros(2, dtype=torch.long), sampling=True, top_k=True,
+                            top_p=True)
+    assert tokens[1] == torch.argmax(logits[1])

@@ -2,10 +2,12 @@
 
 One background thread owns the model. Each iteration it
 1. takes new requests and cancellations from thread-safe queues,
-2. prefills each admitted request on its own (batch of one, so its first token is exactly `generate`'s) and
-   copies its KV cache into a free slot of a preallocated cache (`SlotCache`),
+2. prefills the admitted requests together (one forward pass over their prompts, right-padded to the longest;
+   a request admitted alone runs as a batch of one, exactly as `generate`) and copies each one's KV cache
+   into a free slot of a preallocated cache (`SlotCache`),
 3. runs ONE batched forward pass that decodes the next token of every slot, each row at its own position
-   (per-row position ids, a 4-D attention mask over the columns each row has written),
+   (per-row position ids, a 4-D attention mask over the columns each row has written); on CUDA that step
+   is replayed as a CUDA graph (decode_graphs.py),
 4. processes and samples every row's logits at once with its own parameters (`SlotSampler`), copies the
    chosen tokens to the host (the step's one sync), reports them, and frees the slots of finished requests.
 
@@ -24,19 +26,28 @@ import contextlib
 import heapq
 import inspect
 import logging
+import os
+from typing import NamedTuple
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
 from ..spec.errors import EngineShuttingDown
 from ..spec.limits import EngineLimits
+from .decode_graphs import DecodeGraphs, StaticInputs, graph_bucket
 from .generation import EngineStats, EngineThread, GenerationRequest, GenerationResult, check_limits
 from .sampling import SlotSampler
 
 logger = logging.getLogger(__name__)
 
 CACHE_LENGTH_STEP = 256  # the cache's length grows by doubling from this, up to max_seq_len
+PREFILL_TOKENS = 8192  # the requests prefilled together: at most this many tokens, padding included (or one)
+CUDA_GRAPHS_ENV = "TRITONFORGE_CUDA_GRAPHS"  # "0": decode steps run eagerly on CUDA too
+# With graphed decode steps an eager prefill costs as much as many steps: while sequences run, admissions
+# wait until they fill an eighth of the slots (or the free ones), or for at most this many decode steps.
+ADMISSION_WAIT_STEPS = 8
 
 
 class _SlotLayer(CacheLayerMixin):
@@ -94,16 +105,19 @@ class SlotCache(Cache):
         self.slots, self.max_len = slots, max_len
         self.rows, self.length = 0, 0
         self.positions = self.row_index = None
+        self.generation = 0  # counts the reallocations of the buffers (a captured step reads their addresses)
+        self._all_rows: torch.Tensor | None = None
 
-    def store(self, slot: int, cache: DynamicCache) -> None:
-        """Copy a prefilled batch-of-one DynamicCache into `slot`."""
-        length = cache.layers[0].keys.shape[2]
+    def store(self, slot: int, cache: DynamicCache, row: int = 0, length: int | None = None) -> None:
+        """Copy the first `length` columns (all by default) of row `row` of a prefilled DynamicCache into
+        `slot`."""
+        length = cache.layers[0].keys.shape[2] if length is None else length
         for layer, source in zip(self.layers, cache.layers, strict=True):
             if not layer.is_initialized:
                 layer.allocate(source.keys, source.values, self.slots, min(self.max_len, CACHE_LENGTH_STEP))
             self.reserve(length)
-            layer.keys[slot, :, :length] = source.keys[0]
-            layer.values[slot, :, :length] = source.values[0]
+            layer.keys[slot, :, :length] = source.keys[row, :, :length]
+            layer.values[slot, :, :length] = source.values[row, :, :length]
 
     def reserve(self, length: int) -> None:
         """Room for `length` columns: grow by doubling (rarely; each growth copies the cache once)."""
@@ -114,13 +128,16 @@ class SlotCache(Cache):
             capacity *= 2
         for layer in self.layers:
             layer.grow(min(capacity, self.max_len))
+        self.generation += 1
 
     def prepare(self, rows: int, positions: torch.Tensor, length: int) -> None:
         """The next decode step covers slots [0, rows), row r writing at positions[r], reading `length`
         columns."""
         self.reserve(length)
+        if self._all_rows is None or self._all_rows.device != positions.device:
+            self._all_rows = torch.arange(self.slots, device=positions.device)
         self.rows, self.positions, self.length = rows, positions, length
-        self.row_index = torch.arange(rows, device=positions.device)
+        self.row_index = self._all_rows[:rows]
 
 
 def check_cache_layers(model) -> None:
@@ -147,6 +164,17 @@ class _Sequence:
         self.finish_reason: str | None = None
 
 
+class StepFlags(NamedTuple):
+    """The optional ops a step runs (those some row of it needs); a captured step is keyed by them."""
+
+    sampling: bool
+    top_k: bool
+    top_p: bool
+    penalised: bool
+    biased: bool
+    log_probs: bool
+
+
 class _Features:
     """How many running sequences use each optional sampling step: a step skips the ops nobody uses."""
 
@@ -163,26 +191,67 @@ class _Features:
         self.biased += sign * (request.embedding_bias is not None)
         self.log_probs += sign * request.return_log_probs
 
+    def flags(self) -> StepFlags:
+        return StepFlags(self.sampling > 0, self.top_k > 0, self.top_p > 0, self.penalised > 0, self.biased > 0,
+                         self.log_probs > 0)
+
 
 class InflightBatchingEngine(EngineThread):
-    def __init__(self, model, limits: EngineLimits):
+    """`cuda_graphs`: replay the decode step as a CUDA graph on a CUDA device (None: unless the environment
+    sets TRITONFORGE_CUDA_GRAPHS=0). `prefill_tokens`: the most tokens (padding included) of the requests
+    prefilled together in one forward pass; a longer prompt is prefilled alone. `admission_wait_steps`: how
+    many decode steps waiting requests may wait to be prefilled together while others run (None: 8 when
+    decode steps are graphed, else 0: admitted at once)."""
+
+    def __init__(self, model, limits: EngineLimits, *, cuda_graphs: bool | None = None,
+                 prefill_tokens: int = PREFILL_TOKENS, admission_wait_steps: int | None = None):
         super().__init__("inflight-engine")
         check_cache_layers(model)
         self.model = model
         self.limits = limits
         self.device = next(model.parameters()).device
+        self._prefill_tokens = prefill_tokens
+        self._vocab_size = model.config.vocab_size
         slots = limits.max_batch_size or 1
         self._slots: list[_Sequence | None] = [None] * slots
         self._free = list(range(slots))  # a heap: the lowest free slot first keeps the decoded rows few
-        self._lengths = [0] * slots  # tokens in each slot's cache
+        # Each slot's last token, cache length (= the position it writes next) and step (tokens generated), on
+        # the host (pinned on CUDA: one copy moves them to the device each step) and as a numpy view that
+        # the engine updates in place: no tensor is built from Python lists on the decode path.
+        self._host = torch.zeros((3, slots), dtype=torch.long, pin_memory=self.device.type == "cuda")
+        self._state = self._host.numpy()
+        self._occupied = np.zeros(slots, dtype=bool)
         self._features = _Features()
         self._cache = SlotCache(model.config.num_hidden_layers, slots, limits.max_seq_len)
-        self._sampler = SlotSampler(slots, model.config.vocab_size, self.device)
+        self._sampler = SlotSampler(slots, self._vocab_size, self.device)
         forward = inspect.signature(model.forward).parameters
         # transformers 5.x renames `past_key_values` to `cache` (the old name warns on every call)
         self._cache_argument = "cache" if "cache" in forward else "past_key_values"
         self._keep_last_logits = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
+        self._keep_row_positions = bool(self._keep_last_logits) and _keeps_row_positions()
+        if cuda_graphs is None:
+            cuda_graphs = os.environ.get(CUDA_GRAPHS_ENV, "1") != "0"
+        self._graphs: DecodeGraphs | None = None
+        self._static: StaticInputs | None = None
+        if cuda_graphs and self.device.type == "cuda":
+            self.use_decode_graphs(capture=True)
+        if admission_wait_steps is None:
+            admission_wait_steps = ADMISSION_WAIT_STEPS if self._graphs is not None else 0
+        self._admission_wait_steps = admission_wait_steps
+        self._decode_steps = 0
+        self._deferred_since: int | None = None  # the decode step since which waiting requests were deferred
         self._thread.start()
+
+    def use_decode_graphs(self, *, capture: bool) -> None:
+        """Decode every slot at a bucketed length from static inputs, captured as CUDA graphs (`capture`), or
+        the same step run eagerly (how the tests check that path on a CPU). Call before any request."""
+        self._static = StaticInputs(len(self._slots), self._vocab_size, self.device)
+        self._graphs = DecodeGraphs(self.device, capture=capture)
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether decode steps are being replayed as CUDA graphs (False once a capture failed)."""
+        return self._graphs is not None and self._graphs.capture and not self._graphs.failed
 
     # ---- client side (any thread) -------------------------------------------------------------------------
 
@@ -217,14 +286,14 @@ class InflightBatchingEngine(EngineThread):
     def _iteration(self) -> None:
         self._apply_cancellations(self._take_new())
         prefilled = 0
-        while self._waiting and self._free:
-            request = self._waiting.pop(0)
-            if request.sink.cancelled():
-                request.sink.finish(GenerationResult([], [], "cancelled"), None)
+        admitting = self._admitting()
+        while admitting and self._waiting and self._free:
+            group = self._take_group()
+            if not group:
                 continue
-            self._prefill(request)
-            prefilled += 1
-            # A prefill is a forward pass over a whole prompt: stops (the liveness probe's too) and cancels wait
+            self._prefill(group)
+            prefilled += len(group)
+            # A prefill is a forward pass over whole prompts: stops (the liveness probe's too) and cancels wait
             # for one of them, not for every prefill of the iteration.
             self._apply_cancellations(self._take_new())
         if self._running():
@@ -232,6 +301,42 @@ class InflightBatchingEngine(EngineThread):
         running = self._running()
         self.stats = EngineStats(waiting=self.pending(), scheduled=len(running), context=prefilled,
                                  kv_tokens=sum(len(sequence.tokens) for sequence in running))
+
+    def _admitting(self) -> bool:
+        """Whether to prefill the waiting requests now: at once when nothing runs or admissions do not wait;
+        else once they fill an eighth of the slots (or every free one), or have waited the steps allowed."""
+        if not (self._waiting and self._free):
+            self._deferred_since = None
+            return False
+        if not self._admission_wait_steps or not self._occupied.any():
+            return True
+        if len(self._waiting) >= min(len(self._free), max(1, len(self._slots) // 8)):
+            self._deferred_since = None
+            return True
+        if self._deferred_since is None:
+            self._deferred_since = self._decode_steps
+        if self._decode_steps - self._deferred_since >= self._admission_wait_steps:
+            self._deferred_since = None
+            return True
+        return False
+
+    def _take_group(self) -> list[GenerationRequest]:
+        """The waiting requests to prefill together: in arrival order, as many as free slots allow and whose
+        prompts, padded to the longest, fit `prefill_tokens` (the first one always). Ends the cancelled."""
+        group: list[GenerationRequest] = []
+        longest = 0
+        while self._waiting and len(group) < len(self._free):
+            request = self._waiting[0]
+            if request.sink.cancelled():
+                self._waiting.pop(0)
+                request.sink.finish(GenerationResult([], [], "cancelled"), None)
+                continue
+            length = max(longest, len(request.prompt_ids))
+            if group and (len(group) + 1) * length > self._prefill_tokens:
+                break
+            group.append(self._waiting.pop(0))
+            longest = length
+        return group
 
     def _apply_cancellations(self, ids: set[str]) -> None:
         if ids:
@@ -243,34 +348,99 @@ class InflightBatchingEngine(EngineThread):
                 request.sink.finish(GenerationResult([], [], "cancelled"), None)
         self._retire_finished()
 
-    def _prefill(self, request: GenerationRequest) -> None:
-        request.sink.scheduled()
-        slot = heapq.heappop(self._free)
-        sequence = _Sequence(request, slot)
-        self._slots[slot] = sequence
-        self._features.add(request, +1)
-        self._sampler.admit(slot, request.sampling, request.prompt_ids, request.embedding_bias)
-        input_ids = torch.tensor([request.prompt_ids], device=self.device)
+    def _prefill(self, group: list[GenerationRequest]) -> None:
+        """One forward pass over the group's prompts, right-padded to the longest: attention is causal, so a
+        prompt's padding (after it) changes none of its logits, which are read at its last real position.
+        A request alone runs unpadded, as `generate` does."""
+        sequences = []
+        features = _Features()
+        for request in group:
+            request.sink.scheduled()
+            slot = heapq.heappop(self._free)
+            sequence = _Sequence(request, slot)
+            self._slots[slot] = sequence
+            self._occupied[slot] = True
+            self._features.add(request, +1)
+            features.add(request, +1)
+            self._sampler.admit(slot, request.sampling, request.prompt_ids, request.embedding_bias)
+            sequences.append(sequence)
+        lengths = [len(request.prompt_ids) for request in group]
         cache = DynamicCache(config=self.model.config)
-        output = self.model(input_ids=input_ids, use_cache=True, **{self._cache_argument: cache},
-                            **self._keep_last_logits)
-        self._cache.store(slot, cache)
-        self._lengths[slot] = len(request.prompt_ids)
-        steps = torch.zeros(1, dtype=torch.long, device=self.device)
-        self._sample([sequence], output.logits[:, -1], slice(slot, slot + 1), steps, request_features(request))
+        if len(group) == 1:
+            input_ids = torch.tensor([group[0].prompt_ids], device=self.device)
+            keep = self._keep_last_logits
+        else:
+            longest = max(lengths)
+            input_ids = torch.tensor([request.prompt_ids + [0] * (longest - length)
+                                      for request, length in zip(group, lengths)], device=self.device)
+            keep = {}
+            if self._keep_row_positions:  # [rows, 1]: each row's last real position
+                keep = {"logits_to_keep": torch.tensor([[length - 1] for length in lengths], device=self.device)}
+        output = self.model(input_ids=input_ids, use_cache=True, **{self._cache_argument: cache}, **keep)
+        if len(group) == 1 or keep:
+            logits = output.logits[:, -1]
+        else:
+            logits = output.logits[torch.arange(len(group)), torch.tensor(lengths) - 1]
+        for row, (sequence, length) in enumerate(zip(sequences, lengths)):
+            self._cache.store(sequence.slot, cache, row, length)
+            self._state[:, sequence.slot] = (sequence.tokens[-1], length, 0)
+        del cache, output
+        if len(group) == 1:
+            rows = slice(sequences[0].slot, sequences[0].slot + 1)
+        else:
+            rows = torch.tensor([sequence.slot for sequence in sequences], device=self.device)
+        live, banned = self._live_rows(sequences)
+        if live:
+            steps = torch.zeros(len(group), dtype=torch.long, device=self.device)
+            chosen = self._choose(logits, rows, steps, features.flags(), banned=banned)
+            self._accept_rows(live, chosen, features.log_probs > 0)
         self._retire_finished()
 
     def _decode_step(self) -> None:
-        rows = max(sequence.slot for sequence in self._running()) + 1
+        rows = int(np.flatnonzero(self._occupied)[-1]) + 1
         sequences = self._slots[:rows]
-        lengths = self._lengths[:rows]
-        # One copy to the device: each row's last token, its position (= its cache length) and its step.
-        # A free slot inside [0, rows) decodes a dummy token at position 0 of its own (unused) cache.
-        host = torch.tensor([[s.tokens[-1] if s else 0 for s in sequences], lengths,
-                             [len(s.generated) if s else 0 for s in sequences]], dtype=torch.long)
-        host = host.to(self.device, non_blocking=True)
-        input_ids, positions, steps = host[0, :, None], host[1], host[2]  # [rows, 1], [rows], [rows]
-        length = max(lengths) + 1
+        live, banned = self._live_rows(sequences)
+        if live:
+            length = int(self._state[1, :rows].max()) + 1  # the longest cache, and its new column
+            flags = self._features.flags()
+            chosen = self._graph_step(length, flags, banned) if self._graphs is not None else None
+            if chosen is None:
+                chosen = self._eager_step(rows, length, flags, banned)
+            self._accept_rows(live, chosen, flags.log_probs, decoded=True)
+            self._decode_steps += 1
+        self._retire_finished()
+
+    def _eager_step(self, rows: int, length: int, flags: StepFlags, banned) -> torch.Tensor:
+        """Slots [0, rows) at `length` columns. A free slot inside decodes a dummy token at position 0 of its own
+        (unused) cache."""
+        if self.device.type == "cuda":
+            state = self._host.to(self.device, non_blocking=True)[:, :rows]  # one copy; the host is pinned
+        else:
+            state = self._host[:, :rows].clone()
+        input_ids, positions, steps = state[0, :, None], state[1], state[2]  # [rows, 1], [rows], [rows]
+        logits = self._decode_forward(input_ids, positions, rows, length)
+        return self._choose(logits, slice(0, rows), steps, flags, banned=banned)
+
+    def _graph_step(self, length: int, flags: StepFlags, banned) -> torch.Tensor | None:
+        """Every slot at the bucket's length, from the static inputs, replayed as a captured graph. None if
+        graphs have failed: the caller runs the step eagerly."""
+        bucket = graph_bucket(length, self._cache.max_len)
+        self._cache.reserve(bucket)
+        self._static.fill(self._host, banned)
+        return self._graphs.run((bucket, flags), self._cache.generation,
+                                lambda record: self._static_step(bucket, flags, record))
+
+    def _static_step(self, bucket: int, flags: StepFlags, record: bool) -> torch.Tensor:
+        """The captured step: reads only the static inputs and fixed buffers; no host sync, no shape that
+        depends on data. `record` False (the warm-up) leaves the penalty counts as they were."""
+        static = self._static
+        logits = self._decode_forward(static.input_ids, static.positions, len(self._slots), bucket)
+        return self._choose(logits, slice(0, len(self._slots)), static.steps, flags, banned=[], ban=static.ban,
+                            record=record)
+
+    def _decode_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, rows: int, length: int):
+        """One decode forward pass of slots [0, rows), each row writing its token at its position; returns
+        the logits [rows, vocab]."""
         columns = torch.arange(length, device=self.device)
         visible = columns[None, :] <= positions[:, None]  # [rows, length]: the row's cache and its new token
         dtype = self.model.dtype
@@ -279,17 +449,14 @@ class InflightBatchingEngine(EngineThread):
         self._cache.prepare(rows, positions, length)
         output = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions[:, None],
                             use_cache=True, **{self._cache_argument: self._cache})
-        for sequence in sequences:
-            if sequence is not None:
-                self._lengths[sequence.slot] += 1
-        self._sample(sequences, output.logits[:, -1], slice(0, rows), steps, self._features)
-        self._retire_finished()
+        return output.logits[:, -1]
 
-    def _sample(self, sequences: list[_Sequence | None], logits: torch.Tensor, rows: slice, steps: torch.Tensor,
-                features: _Features) -> None:
-        """Choose, record and report the next token of every sequence from its row of logits [rows, vocab]."""
+    def _live_rows(self, sequences: list[_Sequence | None]):
+        """The rows whose sequence still runs (a cancelled one is marked finished), and the (row, token) pairs
+        none of them may choose: min_tokens' end id, the last token of a bad word whose start is there."""
         banned: list[tuple[int, int]] = []
         live = []
+        vocab = self._vocab_size
         for row, sequence in enumerate(sequences):
             if sequence is None or sequence.finish_reason is not None:
                 continue
@@ -299,28 +466,41 @@ class InflightBatchingEngine(EngineThread):
                 continue
             live.append((row, sequence))
             if request.end_id is not None and len(sequence.generated) < request.sampling.min_tokens:
-                banned.append((row, request.end_id))
+                if 0 <= request.end_id < vocab:
+                    banned.append((row, request.end_id))
             if request.bad_sequences:
-                banned.extend((row, token) for token in _banned_tokens(sequence.tokens, request.bad_sequences))
-        if not live:
-            return
-        vocab = logits.shape[-1]
-        banned = [(row, token) for row, token in banned if 0 <= token < vocab]
-        logits = self._sampler.process(logits.float(), rows, biased=bool(features.biased),
-                                       penalised=bool(features.penalised), banned=banned)
-        tokens = self._sampler.choose(logits, rows, steps, sampling=bool(features.sampling),
-                                      top_k=bool(features.top_k), top_p=bool(features.top_p))
-        if features.penalised:
+                banned.extend((row, token) for token in _banned_tokens(sequence.tokens, request.bad_sequences)
+                              if 0 <= token < vocab)
+        return live, banned
+
+    def _choose(self, logits: torch.Tensor, rows, steps: torch.Tensor, flags: StepFlags, *, banned,
+                ban: torch.Tensor | None = None, record: bool = True) -> torch.Tensor:
+        """Process and sample logits [n, vocab] of slots `rows`: the tokens [n], or with log probs [2, n]
+        (float64: token ids are exact)."""
+        logits = self._sampler.process(logits.float(), rows, biased=flags.biased, penalised=flags.penalised,
+                                       banned=banned, ban=ban)
+        tokens = self._sampler.choose(logits, rows, steps, sampling=flags.sampling, top_k=flags.top_k,
+                                      top_p=flags.top_p)
+        if flags.penalised and record:
             self._sampler.record(rows, tokens)
-        if features.log_probs:
+        if flags.log_probs:
             log_probs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
-            chosen, chosen_log_probs = torch.stack((tokens.double(), log_probs.double())).tolist()  # the sync
-            chosen = [int(token) for token in chosen]
+            return torch.stack((tokens.double(), log_probs.double()))
+        return tokens
+
+    def _accept_rows(self, live: list[tuple[int, _Sequence]], chosen: torch.Tensor, log_probs: bool, *,
+                     decoded: bool = False) -> None:
+        """Bring the step's tokens to the host (its one sync) and give each live row its token. `decoded`: a
+        decode step, which wrote a column into every occupied slot's cache."""
+        if log_probs:
+            tokens, chosen_log_probs = chosen.tolist()
         else:
-            chosen, chosen_log_probs = tokens.tolist(), None  # the sync
+            tokens, chosen_log_probs = chosen.tolist(), None
+        if decoded:
+            self._state[1] += self._occupied
         for row, sequence in live:
             log_prob = chosen_log_probs[row] if sequence.request.return_log_probs else 0.0
-            self._accept(sequence, chosen[row], log_prob)
+            self._accept(sequence, int(tokens[row]), log_prob)
 
     def _accept(self, sequence: _Sequence, token: int, log_prob: float) -> None:
         request = sequence.request
@@ -330,6 +510,8 @@ class InflightBatchingEngine(EngineThread):
         sequence.tokens.append(token)
         sequence.generated.append(token)
         sequence.log_probs.append(log_prob)
+        self._state[0, sequence.slot] = token
+        self._state[2, sequence.slot] += 1
         if request.stop_sequences and _ends_with_any(sequence.tokens, request.stop_sequences):
             sequence.finish_reason = "stop_words"
         elif len(sequence.generated) >= request.max_new_tokens:
@@ -347,9 +529,19 @@ class InflightBatchingEngine(EngineThread):
     def _release(self, sequence: _Sequence) -> None:
         """Free the sequence's slot: nothing moves on the device."""
         self._slots[sequence.slot] = None
-        self._lengths[sequence.slot] = 0
+        self._state[:, sequence.slot] = 0
+        self._occupied[sequence.slot] = False
         self._features.add(sequence.request, -1)
         heapq.heappush(self._free, sequence.slot)
+
+
+def _keeps_row_positions() -> bool:
+    """Whether this transformers takes `logits_to_keep` as [batch, positions] (each row its own positions)."""
+    try:
+        from transformers.modeling_utils import slice_logits_to_keep
+    except ImportError:
+        return False
+    return "2D" in (slice_logits_to_keep.__doc__ or "")
 
 
 def _attention_backends(device: torch.device):
@@ -361,12 +553,6 @@ def _attention_backends(device: torch.device):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
-
-
-def request_features(request: GenerationRequest) -> _Features:
-    features = _Features()
-    features.add(request, +1)
-    return features
 
 
 def _ends_with_any(tokens: list[int], sequences: list[list[int]]) -> bool:

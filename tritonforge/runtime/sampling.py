@@ -105,9 +105,11 @@ class SlotSampler:
     so that one step processes and samples all rows with a handful of batched ops and no host sync.
 
     `rows` below selects the slots of the logits' rows: a slice for the contiguous slots of a decode step,
-    one slot's slice for a prefill. Per slot: its parameters (`table`); the tokens it has seen, prompt
-    included (`seen`, for repetition_penalty); the counts of tokens it generated (`counts`, for presence
-    and frequency penalties); its embedding bias (`bias`). The last three exist once a request needs them;
+    a tensor of slot indices for the requests prefilled together. Every op has a shape fixed by the rows and
+    the vocabulary and none syncs with the host, so that a decode step can be captured as a CUDA graph.
+    Per slot: its parameters (`table`); the tokens it has seen, prompt included (`seen`, for
+    repetition_penalty); the counts of tokens it generated (`counts`, for presence and frequency
+    penalties); its embedding bias (`bias`). The last three exist once a request needs them;
     rows that do not use them hold neutral values (penalty 1 or 0, bias 0), which change no logit.
     """
 
@@ -117,6 +119,9 @@ class SlotSampler:
         self.vocab_size = vocab_size
         self.device = device
         self.table = torch.zeros((slots, 9), dtype=torch.float64, device=device)
+        # Slots never admitted hold greedy, neutral values: a step that decodes them (a dummy row of a
+        # captured step) stays finite.
+        self.table[:, [_GREEDY, _TEMPERATURE, _TOP_P, _REPETITION]] = 1.0
         self.seen: torch.Tensor | None = None  # [slots, vocab] bool
         self.counts: torch.Tensor | None = None  # [slots, vocab] float32
         self.bias: torch.Tensor | None = None  # [slots, vocab] float32
@@ -148,9 +153,10 @@ class SlotSampler:
                 self.bias[slot, : row.shape[0]] = row.to(self.device)
 
     def process(self, logits: torch.Tensor, rows, *, biased: bool, penalised: bool,
-                banned: list[tuple[int, int]]) -> torch.Tensor:
+                banned: list[tuple[int, int]], ban: torch.Tensor | None = None) -> torch.Tensor:
         """Embedding bias, penalties, then -inf for the banned (row, token) pairs (min_tokens' end id, bad
-        words), on logits [rows, vocab] float32. Returns the processed logits."""
+        words), on logits [rows, vocab] float32. Returns the processed logits. `ban`, a [rows, vocab] bool
+        mask, is the fixed-shape form of `banned` that a captured step reads."""
         import torch
 
         if biased and self.bias is not None:
@@ -166,6 +172,8 @@ class SlotSampler:
         if banned:
             index = torch.tensor(banned, device=logits.device)  # [n, 2]: row, token
             logits = logits.index_put((index[:, 0], index[:, 1]), torch.tensor(-math.inf, device=logits.device))
+        if ban is not None:
+            logits = logits.masked_fill(ban, -math.inf)
         return logits
 
     def choose(self, logits: torch.Tensor, rows, steps: torch.Tensor, *, sampling: bool, top_k: bool,
@@ -208,12 +216,16 @@ class SlotSampler:
             scores = scores.scatter(1, order, ordered.masked_fill(drop, -math.inf))
         return scores
 
-    def record(self, rows: slice, tokens: torch.Tensor) -> None:
-        """Count the chosen tokens [rows] into the penalty state, in place (on the device: no sync). `rows` is
-        a slice: slicing gives views, which the scatters write through."""
+    def record(self, rows, tokens: torch.Tensor) -> None:
+        """Count the chosen tokens [rows] into the penalty state, in place (on the device: no sync). `rows`,
+        a slice, gives views, which the scatters write through; a tensor of slots, an indexed write."""
         import torch
 
         if self.seen is None:
+            return
+        if not isinstance(rows, slice):
+            self.seen.index_put_((rows, tokens), torch.ones_like(tokens, dtype=torch.bool))
+            self.counts.index_put_((rows, tokens), torch.ones_like(tokens, dtype=self.counts.dtype), accumulate=True)
             return
         index = tokens[:, None]
         seen, counts = self.seen[rows], self.counts[rows]
