@@ -30,7 +30,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from tritonforge.runtime.generation import GenerationRequest
-from tritonforge.runtime.inflight_engine import InflightBatchingEngine
+from tritonforge.runtime.inflight_engine import GATHERED_ADMISSION_STEPS, InflightBatchingEngine
 from tritonforge.runtime.sampling import SamplingParams
 from tritonforge.spec.limits import EngineLimits
 from tritonforge.tools.tiny_model import SHAPES
@@ -191,13 +191,15 @@ def profile(engine, streams: int, args, vocab: int) -> None:
         print(f"trace: {path}")
 
 
-def run_mode(model, args, concurrency: list[int], cuda_graphs: bool) -> dict:
+def run_mode(model, args, concurrency: list[int], cuda_graphs: bool, admission_wait_steps: int = 0) -> dict:
     """One engine, every concurrency in turn; the engine's decode mode as it ended (a failed capture falls
     back to eager steps)."""
     engine = InflightBatchingEngine(model, EngineLimits(
         max_batch_size=max(concurrency), max_input_len=args.prompt_tokens,
-        max_seq_len=args.prompt_tokens + args.output_tokens), cuda_graphs=cuda_graphs)
-    label = "CUDA graphs" if engine.cuda_graphs else "eager"
+        max_seq_len=args.prompt_tokens + args.output_tokens), cuda_graphs=cuda_graphs,
+        admission_wait_steps=admission_wait_steps)
+    label = ("CUDA graphs" if engine.cuda_graphs else "eager") + (
+        f", admissions gathered up to {admission_wait_steps} steps" if admission_wait_steps else "")
     rows = []
     try:
         print(f"\ndecode steps: {label}\n{'streams':>8}{'tokens/s':>12}{'TTFT p50 ms':>14}{'errors':>8}", flush=True)
@@ -234,8 +236,8 @@ def write_results(args, header: dict, modes: dict) -> Path:
         cells = [f"{row['tokens_per_s']:,.0f} ({row['ttft_p50_ms'] if row['ttft_p50_ms'] is not None else '-'})"
                  + (f", {row['errors']} errors" if row["errors"] else "") for row in mode["rows"]]
         lines.append(f"| {name} ({mode['graphs_captured']} graphs) | " + " | ".join(cells) + " |")
-    if len(modes) == 2:
-        eager, graphed = (mode["rows"] for mode in modes.values())
+    if len(modes) >= 2:
+        eager, graphed = (mode["rows"] for mode in list(modes.values())[:2])
         lines += ["", "CUDA graphs / eager: " + ", ".join(
             f"{a['streams']} streams {b['tokens_per_s'] / a['tokens_per_s']:.1f}x" for a, b in zip(eager, graphed)
             if a["tokens_per_s"])]
@@ -257,7 +259,8 @@ def main() -> int:
     graphs = parser.add_mutually_exclusive_group()
     graphs.add_argument("--no-cuda-graphs", action="store_true", help="eager decode steps on CUDA too")
     graphs.add_argument("--compare-cuda-graphs", action="store_true",
-                        help="measure eager decode steps, then CUDA graphs, in one run")
+                        help="measure eager decode steps, then CUDA graphs, then CUDA graphs with admissions "
+                             "gathered, in one run")
     parser.add_argument("--profile", action="store_true", help="profile the last concurrency after measuring")
     parser.add_argument("--profile-rows", type=int, default=30)
     parser.add_argument("--trace-dir", default=None)
@@ -272,11 +275,13 @@ def main() -> int:
     print(f"{args.model_size} Llama ({parameters / 1e9:.2f}B parameters) on {args.device} ({device_name}) in {dtype}, "
           f"made in {time.perf_counter() - start:.1f} s, attention {model.config._attn_implementation}; "
           f"{args.output_tokens} tokens a request, prompts <= {args.prompt_tokens}", flush=True)
+    gathered = f"CUDA graphs, admissions gathered (up to {GATHERED_ADMISSION_STEPS} steps)"
     if args.compare_cuda_graphs:
-        plan = {"eager": False, "CUDA graphs": True}
+        plan = {"eager": (False, 0), "CUDA graphs": (True, 0), gathered: (True, GATHERED_ADMISSION_STEPS)}
     else:
-        plan = {"eager" if args.no_cuda_graphs or args.device == "cpu" else "CUDA graphs": not args.no_cuda_graphs}
-    modes = {name: run_mode(model, args, concurrency, cuda_graphs) for name, cuda_graphs in plan.items()}
+        plan = {"eager" if args.no_cuda_graphs or args.device == "cpu" else "CUDA graphs": (not args.no_cuda_graphs, 0)}
+    modes = {name: run_mode(model, args, concurrency, cuda_graphs, wait)
+             for name, (cuda_graphs, wait) in plan.items()}
     header = {"command": "python3 bench/engine_gpu.py " + " ".join(sys.argv[1:]), "device_name": device_name,
               "dtype": str(dtype).removeprefix("torch."), "parameters_b": parameters / 1e9, "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "seconds": round(time.perf_counter() - start, 1)}

@@ -45,9 +45,11 @@ logger = logging.getLogger(__name__)
 CACHE_LENGTH_STEP = 256  # the cache's length grows by doubling from this, up to max_seq_len
 PREFILL_TOKENS = 8192  # the requests prefilled together: at most this many tokens, padding included (or one)
 CUDA_GRAPHS_ENV = "TRITONFORGE_CUDA_GRAPHS"  # "0": decode steps run eagerly on CUDA too
-# With graphed decode steps an eager prefill costs as much as many steps: while sequences run, admissions
-# wait until they fill an eighth of the slots (or the free ones), or for at most this many decode steps.
-ADMISSION_WAIT_STEPS = 8
+# With graphed decode steps an eager prefill costs as much as many steps. Asked for (`admission_wait_steps`),
+# admissions wait while sequences run until they fill an eighth of the slots (or the free ones), or for at
+# most that many decode steps: fewer prefills, at the price of a later first token. Off by default: a request
+# joins at the next step, as in TensorRT-LLM.
+GATHERED_ADMISSION_STEPS = 8  # what bench/engine_gpu.py measures beside the default
 
 
 class _SlotLayer(CacheLayerMixin):
@@ -200,11 +202,11 @@ class InflightBatchingEngine(EngineThread):
     """`cuda_graphs`: replay the decode step as a CUDA graph on a CUDA device (None: unless the environment
     sets TRITONFORGE_CUDA_GRAPHS=0). `prefill_tokens`: the most tokens (padding included) of the requests
     prefilled together in one forward pass; a longer prompt is prefilled alone. `admission_wait_steps`: how
-    many decode steps waiting requests may wait to be prefilled together while others run (None: 8 when
-    decode steps are graphed, else 0: admitted at once)."""
+    many decode steps waiting requests may wait to be prefilled together while others run (0: admitted at the
+    next step)."""
 
     def __init__(self, model, limits: EngineLimits, *, cuda_graphs: bool | None = None,
-                 prefill_tokens: int = PREFILL_TOKENS, admission_wait_steps: int | None = None):
+                 prefill_tokens: int = PREFILL_TOKENS, admission_wait_steps: int = 0):
         super().__init__("inflight-engine")
         check_cache_layers(model)
         self.model = model
@@ -235,8 +237,6 @@ class InflightBatchingEngine(EngineThread):
         self._static: StaticInputs | None = None
         if cuda_graphs and self.device.type == "cuda":
             self.use_decode_graphs(capture=True)
-        if admission_wait_steps is None:
-            admission_wait_steps = ADMISSION_WAIT_STEPS if self._graphs is not None else 0
         self._admission_wait_steps = admission_wait_steps
         self._decode_steps = 0
         self._deferred_since: int | None = None  # the decode step since which waiting requests were deferred
