@@ -283,3 +283,24 @@ def test_while_sequences_run_admissions_wait_to_be_prefilled_together(tiny_model
     assert engine._admitting()  # every free slot
     engine._waiting = []
     assert not engine._admitting() and engine._deferred_since is None
+
+
+@pytest.mark.parametrize("graph_logic", [False, True])
+def test_a_long_first_prompt_grows_every_layer_of_the_cache_and_later_requests_still_equal_generate(
+        tiny_models, graph_logic):
+    """The slot cache starts at 256 columns and doubles: a first prompt longer than that must grow every
+    layer (not only the first), and a short request after it must run past 256 columns too."""
+    tokenizer = load_tokenizer(tiny_models["bpe"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["bpe"]).eval()
+    engine = InflightBatchingEngine(model, EngineLimits(max_batch_size=2, max_input_len=400, max_seq_len=1024))
+    if graph_logic:
+        engine.use_decode_graphs(capture=False)
+    try:
+        long_prompt = " ".join(["the server reads a request"] * 60)
+        assert len(tokenizer(long_prompt).input_ids) > 256
+        for prompt, new_tokens in ((long_prompt, 8), ("A", 300)):
+            sink = submit(engine, tokenizer, prompt, Sink(), max_new_tokens=new_tokens)
+            assert sink.done.wait(WAIT_S) and sink.error is None, sink.error
+            assert sink.result.token_ids == reference(model, tokenizer, prompt, new_tokens)
+    finally:
+        engine.shutdown()

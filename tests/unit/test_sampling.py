@@ -166,3 +166,16 @@ def test_slots_never_admitted_sample_finite_greedy_tokens():
     tokens = sampler.choose(logits, slice(0, 2), torch.zeros(2, dtype=torch.long), sampling=True, top_k=True,
                             top_p=True)
     assert tokens[1] == torch.argmax(logits[1])
+
+
+def test_the_noise_is_finite_for_every_token_so_a_masked_token_is_never_drawn():
+    """The largest 32-bit draw must not round to a uniform of 1.0 (noise +inf): checked on the extremes of the
+    bit pattern and over many draws of a large vocabulary."""
+    import torch
+
+    from tritonforge.runtime.sampling import gumbel_noise, uniform_from_bits
+
+    extremes = uniform_from_bits(torch.tensor([0, 2**32 - 1], dtype=torch.int64))
+    assert 0.0 < extremes[0].item() and extremes[1].item() < 1.0
+    seeds = torch.arange(64)
+    assert torch.isfinite(gumbel_noise(seeds, seeds * 7 + 1, torch.arange(64), 50_000)).all()

@@ -69,12 +69,15 @@ class _SlotLayer(CacheLayerMixin):
         self.values = values.new_zeros((slots, values.shape[1], capacity, values.shape[3]))
         self.device, self.is_initialized = keys.device, True
 
-    def grow(self, capacity: int) -> None:
-        for name in ("keys", "values"):
-            old = getattr(self, name)
-            new = old.new_zeros((old.shape[0], old.shape[1], capacity, old.shape[3]))
-            new[:, :, : old.shape[2]] = old
-            setattr(self, name, new)
+    def grown(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """New keys and values of `capacity` columns holding the current ones (the layer keeps its own until
+        `SlotCache.reserve` swaps every layer's at once)."""
+        new = []
+        for old in (self.keys, self.values):
+            buffer = old.new_zeros((old.shape[0], old.shape[1], capacity, old.shape[3]))
+            buffer[:, :, : old.shape[2]] = old
+            new.append(buffer)
+        return new[0], new[1]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Decode: write each row's new key and value [rows, heads, 1, dim] at that row's own position; return
@@ -114,22 +117,26 @@ class SlotCache(Cache):
         """Copy the first `length` columns (all by default) of row `row` of a prefilled DynamicCache into
         `slot`."""
         length = cache.layers[0].keys.shape[2] if length is None else length
-        for layer, source in zip(self.layers, cache.layers, strict=True):
+        for layer, source in zip(self.layers, cache.layers, strict=True):  # every layer first, then the room
             if not layer.is_initialized:
                 layer.allocate(source.keys, source.values, self.slots, min(self.max_len, CACHE_LENGTH_STEP))
-            self.reserve(length)
+        self.reserve(length)
+        for layer, source in zip(self.layers, cache.layers, strict=True):
             layer.keys[slot, :, :length] = source.keys[row, :, :length]
             layer.values[slot, :, :length] = source.values[row, :, :length]
 
     def reserve(self, length: int) -> None:
-        """Room for `length` columns: grow by doubling (rarely; each growth copies the cache once)."""
-        capacity = self.layers[0].keys.shape[2]
+        """Room for `length` columns in every layer: grow by doubling (rarely; each growth copies the cache
+        once). Every layer's new buffers are made before any is swapped in, so a growth that runs out of memory
+        leaves the cache (and the captured steps reading its addresses) as it was."""
+        capacity = min(layer.keys.shape[2] for layer in self.layers)
         if length <= capacity:
             return
         while capacity < length:
             capacity *= 2
-        for layer in self.layers:
-            layer.grow(min(capacity, self.max_len))
+        grown = [layer.grown(min(capacity, self.max_len)) for layer in self.layers]
+        for layer, (keys, values) in zip(self.layers, grown, strict=True):
+            layer.keys, layer.values = keys, values
         self.generation += 1
 
     def prepare(self, rows: int, positions: torch.Tensor, length: int) -> None:

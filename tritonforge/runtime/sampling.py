@@ -96,8 +96,16 @@ def gumbel_noise(seed_lo: torch.Tensor, seed_hi: torch.Tensor, step: torch.Tenso
     key = _mix32(seed_lo ^ _mix32(seed_hi ^ _mix32(step & _MASK32)))  # [rows]
     token = _mix32(torch.arange(vocab, device=step.device) + 0x9E3779B9)  # [vocab]
     bits = _mix32(_mix32(key[:, None] ^ token[None, :]) ^ _mix32(key ^ 0x5BD1E995)[:, None])  # [rows, vocab]
-    uniform = ((bits >> 8).to(torch.float32) + 0.5) * 2.0**-24  # in (0, 1)
-    return -torch.log(-torch.log(uniform))
+    return -torch.log(-torch.log(uniform_from_bits(bits)))
+
+
+def uniform_from_bits(bits: torch.Tensor) -> torch.Tensor:
+    """32 random bits → a float32 uniform strictly inside (0, 1). 23 bits: (n + 0.5) / 2^23 is exact in float32.
+    With 24 the largest rounded to 1.0, whose Gumbel noise is +inf: that token won whatever its score, even a
+    masked one's (NaN)."""
+    import torch
+
+    return ((bits >> 9).to(torch.float32) + 0.5) * 2.0**-23
 
 
 class SlotSampler:
@@ -189,7 +197,8 @@ class SlotSampler:
         table = self.table[rows]
         scores = self.scores(logits, rows, top_k=top_k, top_p=top_p)
         noise = gumbel_noise(table[:, _SEED_LO].long(), table[:, _SEED_HI].long(), steps, scores.shape[-1])
-        sampled = torch.argmax(scores + noise, dim=-1)
+        # A token masked out (-inf) stays out whatever its noise.
+        sampled = torch.argmax(torch.where(torch.isneginf(scores), scores, scores + noise), dim=-1)
         return torch.where(table[:, _GREEDY] > 0, greedy, sampled)
 
     def scores(self, logits: torch.Tensor, rows, *, top_k: bool, top_p: bool) -> torch.Tensor:
