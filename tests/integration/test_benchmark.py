@@ -27,6 +27,7 @@ def test_every_path_completes_fixed_length_streams(served, tmp_path):
     for row in rows:
         assert row["errors"] == 0 and row["requests"] >= row["concurrency"], row
         assert row["streams_checked"] == row["requests"]  # each stream's content against its answer
+        assert row["streams_differing"] == 0, row["first_difference"]
         assert row["output_tokens_per_s"] > 0 and row["ttft_ms_p50"] is not None and row["itl_ms_p50"] is not None
         assert row["efficiency"] is not None and row["efficiency"] > 0
     table = markdown({"meta": {"machine": "m", "date": "d", "tool": "asyncio", "output_tokens": OUTPUT_TOKENS,

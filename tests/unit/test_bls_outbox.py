@@ -9,7 +9,8 @@ WAIT_S = 5
 
 
 class SlowCompletion:
-    """A response sender whose first send blocks until released, like a send that waits on the server."""
+    """The request's rows (RequestRows' stand-in): a send blocks until released, like a send that waits on the
+    server, and says it was sent."""
 
     def __init__(self):
         self.sent: list = []
@@ -20,6 +21,7 @@ class SlowCompletion:
         self.sending.set()
         assert self.release.wait(WAIT_S)
         self.sent.append(response)
+        return True
 
 
 def test_text_arriving_during_a_send_goes_out_next_as_one_chunk_in_order():
@@ -51,17 +53,26 @@ def test_drain_hands_back_what_no_sender_took():
 
 
 class FailingCompletion:
+    """Rows whose sends fail (the stub out of shared memory): RequestRows logs and answers False."""
+
+    def __init__(self):
+        self.tried: list = []
+
     def send(self, response):
-        raise RuntimeError("Failed to increase the shared memory pool size")
+        self.tried.append(response)
+        return False
 
 
 def test_a_chunk_that_cannot_be_sent_marks_the_stream_failed():
     """The stream's reader then ends it with an error; a client must never get text with a silent gap."""
     senders = _Senders(1)
-    outbox = _StreamOutbox(senders, FailingCompletion(), lambda text, tokens: (text, tokens))
+    completion = FailingCompletion()
+    outbox = _StreamOutbox(senders, completion, lambda text, tokens: (text, tokens))
     try:
         outbox.add("lost", 1)
         outbox.drain()
         assert outbox.send_failed
+        outbox.add("after", 1)  # no chunk follows a lost one: nothing more is tried, nothing left for the end
+        assert outbox.drain() == ("", 0) and completion.tried == [("lost", 1)]
     finally:
         senders.shutdown()

@@ -80,6 +80,7 @@ def test_a_bad_request_reads_as_the_clients(message):
 
 @pytest.mark.parametrize("message", [
     "unavailable: the engine queue is full (8 waiting)",
+    "in ensemble 'ensemble', Exceeds maximum queue size",  # Triton's scheduler at the engine's max_queue_size
     "request: the engine queue is full (8 waiting)",  # the engine's answer before it said "unavailable: "
     "unavailable: the engine is shutting down",  # the C++ replay engine's
     "in ensemble 'ensemble', unavailable: the server is shutting down; the generation was stopped",

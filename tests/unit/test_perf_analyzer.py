@@ -147,12 +147,14 @@ def test_streams_read_from_a_perf_analyzer_export_are_checked_against_their_answ
     assert timings[4].received_tokens == 3
     checked = benchmark.check_streams(timings, {"Hi": b" a" + euro + b"\x00b"}, output_tokens=2)
     assert checked == 5
-    assert timings[0].error is None and timings[2].error is None and timings[3].error is None
-    assert timings[4].error == "the stream carried 3 tokens, not 2"
-    assert timings[1].error.startswith("streamed text differs from its non-streamed answer")
+    assert [t.difference is None for t in timings] == [True, False, True, True, False]
+    assert timings[4].difference == "the stream carried 3 tokens, not 2"
+    assert timings[1].difference.startswith("streamed text differs from its non-streamed answer")
+    summary = benchmark.summarize(timings, 1.0)
+    assert (summary["streams_checked"], summary["streams_differing"], summary["errors"]) == (5, 2, 0)
     short = benchmark.Timing(sent=0, arrivals=[1], tokens=2, received_tokens=1)
     benchmark.check_streams([short], {}, output_tokens=2)
-    assert short.error == "the stream carried 1 tokens, not 2"
+    assert short.difference == "the stream carried 1 tokens, not 2"
 
 
 def _raw_json(value) -> bytes:
@@ -180,5 +182,5 @@ def test_the_ensembles_streams_may_show_a_character_cut_between_chunks_as_replac
     check_streams(timings[:1], {"p": answer}, 1, split_characters_replaced=True)
     check_streams(timings[1:2], {"p": answer}, 1)  # the BLS keeps characters whole: no allowance
     check_streams(timings[2:], {"p": answer}, 1, split_characters_replaced=True)
-    assert timings[0].error is None
-    assert [t.error is not None for t in timings[1:]] == [True, True, True]
+    assert timings[0].difference is None
+    assert [t.difference is not None for t in timings[1:]] == [True, True, True]

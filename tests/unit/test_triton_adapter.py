@@ -135,3 +135,42 @@ def test_a_stub_whose_server_and_folder_are_gone_exits(tmp_path):
     finally:
         if os.path.exists(f"/proc/{stub_pid}"):
             os.kill(stub_pid, 9)
+
+
+class _FailingSender:
+    """A response sender whose first `fail` sends raise (the stub out of shared memory), as a stand-in."""
+
+    def __init__(self, fail: int):
+        self.fail, self.sent = fail, []
+
+    def send(self, response=None, flags=0):
+        if self.fail:
+            self.fail -= 1
+            raise RuntimeError("no shared memory")
+        self.sent.append((response, flags))
+
+    def is_cancelled(self):
+        return False
+
+
+FINAL = 1
+ROWS_PB_UTILS = SimpleNamespace(TRITONSERVER_RESPONSE_COMPLETE_FINAL=FINAL, TritonError=_TritonError,
+                                InferenceResponse=lambda tensors=None, error=None: SimpleNamespace(error=error))
+
+
+@pytest.mark.parametrize("failures, ends_with", [(1, "the error"), (2, "the flag alone")])
+def test_a_last_response_that_cannot_be_sent_still_ends_the_request(failures, ends_with):
+    """A final flag never sent would hold the client's stream open: the failed response is replaced by an
+    error, and when even that fails, by the final flag alone."""
+    from tritonforge.runtime.triton_adapter import RequestRows
+
+    done = []
+    sender = _FailingSender(failures)
+    rows = RequestRows(ROWS_PB_UTILS, sender, 1, None, 1.0, on_done=lambda: done.append(True))
+    assert rows.send(SimpleNamespace(error=None), row_done=True) is False
+    (response, flags), = sender.sent
+    assert flags == FINAL and done == [True]
+    if ends_with == "the error":
+        assert "could not be sent" in response.error.message
+    else:
+        assert response is None

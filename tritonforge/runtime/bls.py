@@ -113,6 +113,8 @@ class _StreamOutbox:
     def send_pending(self) -> None:
         while True:
             with self.condition:
+                if self.send_failed:  # no chunk after a lost one: the stream's reader ends it with an error
+                    self.text, self.tokens = [], 0
                 if not self.text:
                     self.busy = False
                     self.condition.notify_all()

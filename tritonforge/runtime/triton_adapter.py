@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..spec.environment import DRAINED_SUFFIX, DRAINS_SUFFIX, HEARTBEAT_DIR_ENV, HEARTBEAT_PERIOD_S, STOPPING_FILE
-from ..spec.errors import ERROR_CODES, INTERNAL_PREFIX, ErrorKind, TritonforgeError
+from ..spec.errors import ERROR_CODES, INTERNAL_PREFIX, ErrorKind, ResponseSendError, TritonforgeError
 
 logger = logging.getLogger(__name__)
 
@@ -110,15 +110,16 @@ class RequestRows:
 
     def send(self, response=None, *, row_done: bool = False) -> bool:
         """Send a row's response (None: nothing, unless it is the request's final flag); `row_done`: the row's
-        last. True when sent."""
+        last. True when sent. A row's last response that cannot be sent is replaced by an error response, so
+        that the request still ends (a final flag never sent would hold the client's stream open)."""
         with self._lock:
             if row_done:
                 self.open_rows -= 1
             final = row_done and self.open_rows == 0
             if response is None and not final:
                 return True
+            flags = self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
             try:
-                flags = self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
                 if response is None:
                     self.sender.send(flags=flags)
                 else:
@@ -126,10 +127,28 @@ class RequestRows:
                 return True
             except Exception:  # noqa: BLE001
                 logger.exception("could not send a response (final: %s)", final)
+                if row_done:
+                    _send_or_log(self.sender, self.error_response(ResponseSendError()), flags, final=final,
+                                 pb_utils=self.pb_utils)
                 return False
             finally:
                 if final:
                     self.on_done()
+
+
+def _send_or_log(sender, response, flags: int, *, final: bool, pb_utils) -> None:
+    """A last try at ending a row whose response failed: its error, else (for the request's final) the flag
+    alone, which carries no data and so needs no room to send."""
+    try:
+        sender.send(response, flags=flags)
+        return
+    except Exception:  # noqa: BLE001
+        logger.exception("could not send the error that replaces a failed response")
+    if final:
+        try:
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception:  # noqa: BLE001
+            logger.exception("could not end the request")
 
 
 def answer_error(pb_utils, sender, error: Exception) -> None:
@@ -138,14 +157,19 @@ def answer_error(pb_utils, sender, error: Exception) -> None:
 
 
 def send_final(pb_utils, sender, response=None) -> None:
-    """A request's one and final response (or the final flag alone); never raises, as `RequestRows.send`."""
+    """A request's one and final response (or the final flag alone); never raises, as `RequestRows.send`, and
+    when the response cannot be sent the flag alone still ends the request."""
+    final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    if response is not None:
+        try:
+            sender.send(response, flags=final)
+            return
+        except Exception:  # noqa: BLE001
+            logger.exception("could not send a final response")
     try:
-        if response is None:
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        else:
-            sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        sender.send(flags=final)
     except Exception:  # noqa: BLE001
-        logger.exception("could not send a final response")
+        logger.exception("could not end the request")
 
 
 def resolve_path(args: dict, value: str) -> str:

@@ -166,7 +166,9 @@ _TRITON_REQUEST_CHECKS = re.compile(
 _FIELD = re.compile(r"(?P<field>[A-Za-z_][A-Za-z0-9_]*)(?:\[\d+\])*: ")
 # Our own unavailable answers ("unavailable: <reason>", `UnavailableError`), and what Triton and gRPC say of a
 # server that cannot serve now (a model not ready, a connection lost).
-_UNAVAILABLE_SIGNS = ("unavailable", "is full", "not ready", "failed to connect", "socket closed")
+# "exceeds maximum queue size": Triton's own scheduler refusing a request beyond a model's max_queue_size.
+_UNAVAILABLE_SIGNS = ("unavailable", "is full", "exceeds maximum queue size", "not ready", "failed to connect",
+                      "socket closed")
 
 
 @functools.cache

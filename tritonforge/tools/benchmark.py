@@ -49,10 +49,11 @@ DEFINITIONS = [
     "steady tokens/s (efficiency): tokens of the requests completed after as many requests as streams had "
     "completed (the ramp is over) and by the last send (after it the run only drains) / that window; "
     "'-' when the run is too short to hold one more round of completions in it",
-    "streams checked / errors: completed streams whose content was checked; requests that failed, and streams "
-    "that did not carry what they should: through the ensemble or the BLS, the streamed chunks joined must equal "
-    "the non-streamed answer to the same prompt (the ensemble: but for the characters cut between two chunks, "
-    "which its postprocessing shows as U+FFFD); from the engine directly, exactly the requested tokens",
+    "streams checked / differing: completed streams whose content was checked, and those that did not carry "
+    "what they should (errors: requests that failed): through the ensemble or the BLS, the streamed chunks "
+    "joined must equal the non-streamed answer to the same prompt (the ensemble: but for the characters cut "
+    "between two chunks, which its postprocessing shows as U+FFFD); from the engine directly, exactly the "
+    "requested tokens",
 ]
 REQUEST_TIMEOUT_S = 120
 TEXT_OUTPUT = "text_output"  # what the ensemble and the BLS stream
@@ -75,6 +76,7 @@ class Timing:
     prompt: str | None = None  # its text_input (ensemble, BLS)
     text: bytes | None = None  # its text_output chunks joined (ensemble, BLS)
     received_tokens: int | None = None  # tokens in its output_ids (the engine called directly)
+    difference: str | None = None  # how what it carried differs from what it should have (check_streams)
 
 
 # ---- workload -----------------------------------------------------------------------------------------------
@@ -364,7 +366,9 @@ def expected_answers(url: str, path: str, prompts, output_tokens: int) -> dict[s
     def answer(text: str) -> bytes:
         client = GrpcClient(url, PATH_MODELS[path])  # one stream each: a client's stream serves one request
         try:
-            request = GenerateRequest(text, output_tokens, parameters={"min_tokens": output_tokens})
+            # The streams' own settings: the prompt left out whatever the repository's default.
+            request = GenerateRequest(text, output_tokens, parameters={"min_tokens": output_tokens,
+                                                                       "exclude_input_in_output": True})
             return b"".join(client.stream_bytes(request, stream=False))
         finally:
             client.close()
@@ -389,14 +393,14 @@ def check_streams(timings: list[Timing], expected: dict[str, bytes], output_toke
             checked += 1
             answer = expected.get(timing.prompt)
             if answer is None:
-                timing.error = f"a stream for a prompt that was not sent: {timing.prompt!r}"[:300]
+                timing.difference = f"a stream for a prompt that was not sent: {timing.prompt!r}"[:300]
             elif not _same_text(timing.text, answer, split_characters_replaced):
-                timing.error = (f"streamed text differs from its non-streamed answer: {timing.text[:80]!r}... "
+                timing.difference = (f"streamed text differs from its non-streamed answer: {timing.text[:80]!r}... "
                                 f"against {answer[:80]!r}...")
         elif timing.received_tokens is not None:
             checked += 1
             if timing.received_tokens != output_tokens:
-                timing.error = f"the stream carried {timing.received_tokens} tokens, not {output_tokens}"
+                timing.difference = f"the stream carried {timing.received_tokens} tokens, not {output_tokens}"
     return checked
 
 
@@ -438,7 +442,9 @@ def summarize(timings: list[Timing], wall_s: float, concurrency: int | None = No
             "ttft_ms_p50": percentile(ttft, 50), "ttft_ms_p99": percentile(ttft, 99),
             "itl_ms_p50": percentile(itl, 50), "itl_ms_p99": percentile(itl, 99),
             "first_error": next((t.error for t in timings if t.error), None),
-            "streams_checked": sum(1 for t in done if t.text is not None or t.received_tokens is not None)}
+            "streams_checked": sum(1 for t in done if t.text is not None or t.received_tokens is not None),
+            "streams_differing": sum(1 for t in done if t.difference is not None),
+            "first_difference": next((t.difference for t in done if t.difference), None)}
 
 
 def add_efficiency(rows: list[dict]) -> None:
@@ -454,14 +460,14 @@ def markdown(result: dict) -> str:
     lines = [f"Pipeline efficiency — {meta['machine']}, {meta['date']}, load: {meta['tool']}, "
              f"{meta['output_tokens']} output tokens per request, {meta['duration_s']} s per point",
              "", "| engine | streams | path | output tokens/s | efficiency | steady tokens/s (efficiency) | "
-                 "TTFT p50 / p99 ms | ITL p50 / p99 ms | requests | streams checked | errors |",
+                 "TTFT p50 / p99 ms | ITL p50 / p99 ms | requests | streams checked / differing | errors |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in result["rows"]:
         efficiency = "" if row["path"] == "direct" else f"{row['efficiency']:.2f}" if row["efficiency"] else "-"
         lines.append(f"| {row['engine']} | {row['concurrency']} | {row['path']} | {row['output_tokens_per_s']:,.0f} | "
                      f"{efficiency} | {_steady(row)} | {row['ttft_ms_p50']} / {row['ttft_ms_p99']} | "
                      f"{row['itl_ms_p50']} / {row['itl_ms_p99']} | {row['requests']} | "
-                     f"{row.get('streams_checked', '-')} | {row['errors']} |")
+                     f"{row.get('streams_checked', '-')} / {row.get('streams_differing', '-')} | {row['errors']} |")
     lines += ["", *(f"- {definition}" for definition in DEFINITIONS)]
     lines += profile_table(result["rows"])
     if meta.get("notes"):
@@ -616,4 +622,5 @@ def point_line(row: dict) -> str:
     """One measured point in a line, for a run's progress."""
     return (f"{row['engine']:12} {row['concurrency']:4} {row['path']:9} {row['output_tokens_per_s']:10,.0f} tok/s  "
             f"TTFT p50 {row['ttft_ms_p50']} ms  ITL p50 {row['itl_ms_p50']} ms  "
-            f"checked {row['streams_checked']}  errors {row['errors']} {row['first_error'] or ''}")[:600]
+            f"checked {row['streams_checked']}  differing {row['streams_differing']}  errors {row['errors']} "
+            f"{row['first_error'] or row['first_difference'] or ''}")[:600]
