@@ -1,10 +1,11 @@
 """An engine behind the `tensorrt_llm` I/O contract: requests in, responses out.
 
-Called by `tensorrt_llm_transformers/1/model.py` (and the benchmarking replay engine's model) with the
-`pb_utils` module and an engine (`InflightBatchingEngine` or `ReplayEngine`); answers like the `tensorrtllm`
-backend: non-streaming responses carry the prompt unless `exclude_input_in_output`, streaming responses
-carry only new tokens, a batched request answers one response per row tagged with `batch_index`, and a
-request with `stop=true` cancels the running request that has the same request id.
+Run by the engine models' `1/model.py` (`EngineModel`: transformers, PyTorch and the benchmarking replay
+engine) with the `pb_utils` module and an engine (`InflightBatchingEngine`, `LlmApiEngine` or `ReplayEngine`);
+answers like the `tensorrtllm` backend: non-streaming responses carry the prompt unless
+`exclude_input_in_output`, streaming responses carry only new tokens, a batched request answers one response
+per row tagged with `batch_index`, and a request with `stop=true` cancels the running request that has the
+same request id.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from .triton_adapter import (
     requested_outputs,
     resolve_path,
     send_final,
+    start_heartbeat,
 )
 
 logger = logging.getLogger(__name__)
@@ -305,3 +307,33 @@ class EngineService:
         if self.metrics is not None:
             self.metrics.stop()
         self.engine.shutdown()
+
+
+class EngineModel:
+    """The `tensorrt_llm` model's `TritonPythonModel`: its parameters read once, an `EngineService` around the
+    engine, a heartbeat; each request handled by the service; the engine shut down with the model. A model.py
+    subclasses it with Triton's `pb_utils` and its parameters' type, and says how its engine is made."""
+
+    PB_UTILS = None  # Triton's triton_python_backend_utils module
+    PARAMETERS: type[EngineParameters]  # the model's parameters in config.pbtxt
+    METRICS = True  # publish the backend's nv_trt_llm_* families on Triton's /metrics
+
+    def make_engine(self, args: dict, parameters: EngineParameters, settings: EngineSettings):
+        """The engine the service runs; None: the transformers engine (`InflightBatchingEngine`)."""
+        return None
+
+    def initialize(self, args):
+        parameters = self.PARAMETERS.from_model_args(args)
+        settings = EngineSettings.from_model_args(args, parameters)
+        self.service = EngineService(self.PB_UTILS, settings, self.make_engine(args, parameters, settings))
+        start_heartbeat(drain=self.service.drain)
+        if self.METRICS:
+            self.service.publish_metrics(args["model_name"], args["model_version"])
+
+    def execute(self, requests):
+        for request in requests:
+            self.service.handle(request)
+        return None
+
+    def finalize(self):
+        self.service.shutdown()
