@@ -225,11 +225,9 @@ def _texts(chunks: Iterator[bytes]) -> Iterator[str]:
     """Byte chunks as non-empty pieces of complete characters."""
     assembler = TextAssembler()
     for chunk in chunks:
-        text = assembler.push(chunk)
-        if text:
+        if text := assembler.push(chunk):
             yield text
-    tail = assembler.finish()
-    if tail:
+    if tail := assembler.finish():
         yield tail
 
 
@@ -453,12 +451,10 @@ class AsyncGrpcClient:
     async def stream(self, prompt: str | GenerateRequest, **parameters) -> AsyncIterator[str]:
         request = prompt if isinstance(prompt, GenerateRequest) else _request(prompt, parameters)
         assembler = TextAssembler()
-        async for chunk in self.stream_bytes(request):
-            text = assembler.push(chunk)
-            if text:
+        async for chunk in self.stream_bytes(request):  # as _texts, which an async stream cannot reuse
+            if text := assembler.push(chunk):
                 yield text
-        tail = assembler.finish()
-        if tail:
+        if tail := assembler.finish():
             yield tail
 
     async def generate(self, prompt: str | GenerateRequest, **parameters) -> str:
