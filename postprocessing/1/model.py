@@ -16,6 +16,7 @@ import triton_python_backend_utils as pb_utils
 
 from tritonforge.runtime.postprocess import Postprocessor
 from tritonforge.runtime.triton_adapter import answer_each, resolve_path, start_heartbeat
+from tritonforge.spec.contract import POST_OUTPUT, POST_SEQUENCE_LENGTH, POST_TOKENS_BATCH
 from tritonforge.spec.model_parameters import PostprocessingParameters
 
 
@@ -27,4 +28,4 @@ class TritonPythonModel:
 
     def execute(self, requests):
         return answer_each(pb_utils, requests, lambda inputs: {
-            "OUTPUT": self.postprocessor(inputs["TOKENS_BATCH"], inputs["SEQUENCE_LENGTH"])})
+            POST_OUTPUT: self.postprocessor(inputs[POST_TOKENS_BATCH], inputs[POST_SEQUENCE_LENGTH])})

@@ -24,24 +24,14 @@ one response per streamed output when `streaming` (`stream_interval` tokens each
 
 import triton_python_backend_utils as pb_utils
 
-from tritonforge.runtime.engine_service import EngineService, EngineSettings
+from tritonforge.runtime.engine_service import EngineModel
 from tritonforge.runtime.llmapi_engine import LlmApiEngine
-from tritonforge.runtime.triton_adapter import start_heartbeat
 from tritonforge.spec.model_parameters import PyTorchEngineParameters
 
 
-class TritonPythonModel:
-    def initialize(self, args):
-        parameters = PyTorchEngineParameters.from_model_args(args)
-        settings = EngineSettings.from_model_args(args, parameters)
-        self.service = EngineService(pb_utils, settings, LlmApiEngine.for_model(parameters, settings))
-        start_heartbeat(drain=self.service.drain)
-        self.service.publish_metrics(args["model_name"], args["model_version"])
+class TritonPythonModel(EngineModel):
+    PB_UTILS = pb_utils
+    PARAMETERS = PyTorchEngineParameters
 
-    def execute(self, requests):
-        for request in requests:
-            self.service.handle(request)
-        return None
-
-    def finalize(self):
-        self.service.shutdown()
+    def make_engine(self, args, parameters, settings):
+        return LlmApiEngine.for_model(parameters, settings)

@@ -11,16 +11,18 @@ import logging
 
 import triton_python_backend_utils as pb_utils
 
-from tritonforge.runtime.engine_service import EngineService, EngineSettings
+from tritonforge.runtime.engine_service import EngineModel
 from tritonforge.runtime.replay_engine import ReplayEngine, SharedBatch
-from tritonforge.runtime.triton_adapter import resolve_path, start_heartbeat
+from tritonforge.runtime.triton_adapter import resolve_path
 from tritonforge.spec.model_parameters import ReplayEngineParameters
 
 
-class TritonPythonModel:
-    def initialize(self, args):
-        parameters = ReplayEngineParameters.from_model_args(args)
-        settings = EngineSettings.from_model_args(args, parameters)
+class TritonPythonModel(EngineModel):
+    PB_UTILS = pb_utils
+    PARAMETERS = ReplayEngineParameters
+    METRICS = False
+
+    def make_engine(self, args, parameters, settings):
         with open(resolve_path(args, parameters.replay_tokens), encoding="utf-8") as file:
             token_ids = json.load(file)
         # Several instances share one batch (the build sets shared_batch when it writes more than one).
@@ -31,15 +33,9 @@ class TritonPythonModel:
                               vocab_size=parameters.vocab_size, shared_batch=self.shared_batch)
         logging.getLogger(__name__).warning("tensorrt_llm is the REPLAY engine (benchmarking only): it "
                                             "streams pre-set tokens every %s ms", parameters.replay_step_ms)
-        self.service = EngineService(pb_utils, settings, engine)
-        start_heartbeat(drain=self.service.drain)
-
-    def execute(self, requests):
-        for request in requests:
-            self.service.handle(request)
-        return None
+        return engine
 
     def finalize(self):
-        self.service.shutdown()
+        super().finalize()
         if self.shared_batch is not None:
             self.shared_batch.close()

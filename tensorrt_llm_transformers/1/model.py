@@ -23,22 +23,10 @@ Same tensors as NVIDIA's `tensorrtllm` backend (INTERFACE.md), decoupled; one re
 
 import triton_python_backend_utils as pb_utils
 
-from tritonforge.runtime.engine_service import EngineService, EngineSettings
-from tritonforge.runtime.triton_adapter import start_heartbeat
+from tritonforge.runtime.engine_service import EngineModel
 from tritonforge.spec.model_parameters import TransformersEngineParameters
 
 
-class TritonPythonModel:
-    def initialize(self, args):
-        settings = EngineSettings.from_model_args(args, TransformersEngineParameters.from_model_args(args))
-        self.service = EngineService(pb_utils, settings)
-        start_heartbeat(drain=self.service.drain)
-        self.service.publish_metrics(args["model_name"], args["model_version"])
-
-    def execute(self, requests):
-        for request in requests:
-            self.service.handle(request)
-        return None
-
-    def finalize(self):
-        self.service.shutdown()
+class TritonPythonModel(EngineModel):
+    PB_UTILS = pb_utils
+    PARAMETERS = TransformersEngineParameters

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import argparse
 
-from ..spec.contract import BLS_MODEL, DEFAULT_MAX_TOKENS, ENSEMBLE_MODEL
+from ..spec.contract import (
+    BLS_MODEL,
+    DEFAULT_MAX_TOKENS,
+    ENSEMBLE_MODEL,
+    MAX_TOKENS,
+    SEED,
+    STOP_WORDS,
+    TEMPERATURE,
+    TOP_K,
+    TOP_P,
+)
 from ..spec.ports import LOCAL_GRPC_URL, LOCAL_HTTP_URL
 from ..spec.settings import positive_int
 
@@ -18,12 +28,12 @@ def _client(args: argparse.Namespace):
 
 
 def _parameters(args: argparse.Namespace) -> dict:
-    parameters = {"max_tokens": args.max_tokens}
-    for name in ("temperature", "top_k", "top_p", "seed"):
+    parameters = {MAX_TOKENS: args.max_tokens}
+    for name in (TEMPERATURE, TOP_K, TOP_P, SEED):
         if getattr(args, name) is not None:
             parameters[name] = getattr(args, name)
     if args.stop:
-        parameters["stop_words"] = args.stop
+        parameters[STOP_WORDS] = args.stop
     return parameters
 
 

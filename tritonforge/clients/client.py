@@ -33,6 +33,11 @@ from ..spec.contract import (
     ENGINE_MODEL,
     ENSEMBLE_MODEL,
     FINAL_RESPONSE_PARAMETER,
+    MAX_TOKENS,
+    MESSAGES,
+    STREAM,
+    TEXT_INPUT,
+    TEXT_OUTPUT,
     client_inputs,
     stop_request_inputs,
 )
@@ -105,11 +110,11 @@ class GenerateRequest:
     parameters: dict[str, object] = field(default_factory=dict)
 
     def values(self, stream: bool) -> dict[str, object]:
-        values: dict[str, object] = {"max_tokens": self.max_tokens, "stream": stream, **self.parameters}
+        values: dict[str, object] = {MAX_TOKENS: self.max_tokens, STREAM: stream, **self.parameters}
         if self.text_input is not None:
-            values["text_input"] = self.text_input
+            values[TEXT_INPUT] = self.text_input
         if self.messages is not None:
-            values["messages"] = json.dumps(self.messages)
+            values[MESSAGES] = json.dumps(self.messages)
         unknown = sorted(set(values) - set(INPUT_DTYPES))
         if unknown:
             raise ValueError(f"unknown inputs {unknown}; known: {sorted(INPUT_DTYPES)}")
@@ -220,11 +225,9 @@ def _texts(chunks: Iterator[bytes]) -> Iterator[str]:
     """Byte chunks as non-empty pieces of complete characters."""
     assembler = TextAssembler()
     for chunk in chunks:
-        text = assembler.push(chunk)
-        if text:
+        if text := assembler.push(chunk):
             yield text
-    tail = assembler.finish()
-    if tail:
+    if tail := assembler.finish():
         yield tail
 
 
@@ -299,8 +302,8 @@ class GrpcClient:
                     raise ResponseTimeout(self.model, timeout_s) from None
                 if error is not None:
                     raise _callback_error(self.url, error)
-                if result.as_numpy("text_output") is not None:
-                    yield _chunk_bytes(result.as_numpy("text_output"))
+                if result.as_numpy(TEXT_OUTPUT) is not None:
+                    yield _chunk_bytes(result.as_numpy(TEXT_OUTPUT))
                 if is_final(result):
                     finished = True
                     return
@@ -442,18 +445,16 @@ class AsyncGrpcClient:
     async def stream_bytes(self, request: GenerateRequest, *, stream: bool = True,
                            request_id: str | None = None) -> AsyncIterator[bytes]:
         async for result in self.responses(request, stream=stream, request_id=request_id):
-            if result.as_numpy("text_output") is not None:
-                yield _chunk_bytes(result.as_numpy("text_output"))
+            if result.as_numpy(TEXT_OUTPUT) is not None:
+                yield _chunk_bytes(result.as_numpy(TEXT_OUTPUT))
 
     async def stream(self, prompt: str | GenerateRequest, **parameters) -> AsyncIterator[str]:
         request = prompt if isinstance(prompt, GenerateRequest) else _request(prompt, parameters)
         assembler = TextAssembler()
-        async for chunk in self.stream_bytes(request):
-            text = assembler.push(chunk)
-            if text:
+        async for chunk in self.stream_bytes(request):  # as _texts, which an async stream cannot reuse
+            if text := assembler.push(chunk):
                 yield text
-        tail = assembler.finish()
-        if tail:
+        if tail := assembler.finish():
             yield tail
 
     async def generate(self, prompt: str | GenerateRequest, **parameters) -> str:
@@ -565,12 +566,12 @@ def _json_event(data: bytes) -> dict:
 
 
 def _event_bytes(payload: dict) -> bytes:
-    text = payload.get("text_output", "")
+    text = payload.get(TEXT_OUTPUT, "")
     if isinstance(text, list):
         text = "".join(text)
     return text.encode("utf-8", errors="surrogateescape")
 
 
 def _request(prompt: str, parameters: dict) -> GenerateRequest:
-    max_tokens = parameters.pop("max_tokens", DEFAULT_MAX_TOKENS)
+    max_tokens = parameters.pop(MAX_TOKENS, DEFAULT_MAX_TOKENS)
     return GenerateRequest(text_input=prompt, max_tokens=max_tokens, parameters=parameters)

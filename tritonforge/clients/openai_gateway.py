@@ -30,7 +30,24 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from ..spec.contract import BLS_MODEL, ENSEMBLE_MODEL
+from ..spec.contract import (
+    BLS_MODEL,
+    ENSEMBLE_MODEL,
+    FREQUENCY_PENALTY,
+    MIN_TOKENS,
+    NUM_INPUT_TOKENS,
+    NUM_OUTPUT_TOKENS,
+    PRESENCE_PENALTY,
+    REPETITION_PENALTY,
+    RETURN_NUM_INPUT_TOKENS,
+    RETURN_NUM_OUTPUT_TOKENS,
+    SEED,
+    STOP_WORDS,
+    TEMPERATURE,
+    TEXT_OUTPUT,
+    TOP_K,
+    TOP_P,
+)
 from ..spec.environment import API_KEY_ENV
 from ..spec.errors import ERROR_CODES, ErrorKind
 from ..spec.ports import GRPC_PORT, LOOPBACK, OPENAI_PORT, port_number
@@ -49,9 +66,9 @@ from .client import (
 from .gateway_metrics import MULTIPROCESS_DIR_ENV, GatewayMetrics, forget_worker
 
 # OpenAI's sampling fields → the ensemble's inputs (the BLS takes the same names).
-SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
-                   "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
-                   "repetition_penalty": "repetition_penalty", "min_tokens": "min_tokens"}
+SAMPLING_FIELDS = {"temperature": TEMPERATURE, "top_p": TOP_P, "top_k": TOP_K, "seed": SEED,
+                   "presence_penalty": PRESENCE_PENALTY, "frequency_penalty": FREQUENCY_PENALTY,
+                   "repetition_penalty": REPETITION_PENALTY, "min_tokens": MIN_TOKENS}
 DEFAULT_MAX_TOKENS = {"completions": 16, "chat": 256}  # OpenAI's completions default; chat has none
 # What the gateway calls unless told otherwise: the BLS. Under load it sends the tokens of a stream that
 # arrive while one of its chunks is being sent as one chunk, so the gateway's work per token shrinks as the
@@ -59,7 +76,7 @@ DEFAULT_MAX_TOKENS = {"completions": 16, "chat": 256}  # OpenAI's completions de
 # emits it.
 DEFAULT_MODEL = BLS_MODEL
 # The only outputs the gateway reads: responses carry nothing else (less to send, parse and copy per chunk).
-GATEWAY_OUTPUTS = ("text_output", "num_input_tokens", "num_output_tokens")
+GATEWAY_OUTPUTS = (TEXT_OUTPUT, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS)
 CLIENT_CLOSED = 499  # the status the metrics count for a client that disconnected (nginx's convention)
 # The one path answered without the key: a load balancer's or kubelet's health check carries no credentials.
 UNAUTHENTICATED_PATHS = frozenset({"/health"})
@@ -155,9 +172,9 @@ def parse_request(body: dict, kind: str, served_model_name: str | None = None) -
         stops = [stop] if isinstance(stop, str) else stop
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
             raise OpenAIError(400, "'stop' must be a string or a list of up to 4 non-empty strings", "stop")
-        parameters["stop_words"] = stops
-    parameters["return_num_input_tokens"] = True
-    parameters["return_num_output_tokens"] = True
+        parameters[STOP_WORDS] = stops
+    parameters[RETURN_NUM_INPUT_TOKENS] = True
+    parameters[RETURN_NUM_OUTPUT_TOKENS] = True
     request.parameters = parameters
     stream = bool(body.get("stream", False))
     options = body.get("stream_options") or {}
@@ -192,12 +209,12 @@ class TritonBackend:
         async with aclosing(self.client.responses(request, outputs=GATEWAY_OUTPUTS)) as responses:
             async for result in responses:
                 outputs = response_outputs(result, GATEWAY_OUTPUTS)
-                if "num_input_tokens" in outputs:
-                    generation.prompt_tokens = max(generation.prompt_tokens, first_int32(outputs["num_input_tokens"]))
-                if "num_output_tokens" in outputs:
-                    generation.completion_tokens += first_int32(outputs["num_output_tokens"])
-                if "text_output" in outputs:
-                    text = assembler.push(first_string(outputs["text_output"]))
+                if NUM_INPUT_TOKENS in outputs:
+                    generation.prompt_tokens = max(generation.prompt_tokens, first_int32(outputs[NUM_INPUT_TOKENS]))
+                if NUM_OUTPUT_TOKENS in outputs:
+                    generation.completion_tokens += first_int32(outputs[NUM_OUTPUT_TOKENS])
+                if TEXT_OUTPUT in outputs:
+                    text = assembler.push(first_string(outputs[TEXT_OUTPUT]))
                     if text:
                         yield text
         tail = assembler.finish()

@@ -30,7 +30,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..spec.contract import ENGINE_FROM_CLIENT, ENGINE_PASSTHROUGH_OUTPUTS
+from ..spec.contract import (
+    BATCH_INDEX,
+    CUM_LOG_PROBS,
+    ENGINE_FROM_CLIENT,
+    ENGINE_PASSTHROUGH_OUTPUTS,
+    EXCLUDE_INPUT_IN_OUTPUT,
+    NUM_OUTPUT_TOKENS,
+    OUTPUT_IDS,
+    OUTPUT_LOG_PROBS,
+    RETURN_LOG_PROBS,
+    RETURN_NUM_OUTPUT_TOKENS,
+    SEQUENCE_INDEX,
+    SEQUENCE_LENGTH,
+    STOP_WORDS,
+    STREAM,
+    STREAMING,
+    TEXT_INPUT,
+    TEXT_OUTPUT,
+)
 from ..spec.errors import RequestError, ResponseSendError
 from ..spec.limits import EngineLimits
 from ..spec.model_parameters import CANCELLATION_CHECK_PERIOD_MS
@@ -43,14 +61,14 @@ from .triton_adapter import RequestRows, answer_error, request_inputs, requested
 
 logger = logging.getLogger(__name__)
 
-ENGINE_OUTPUTS = ["output_ids", "sequence_length", "cum_log_probs", "output_log_probs"]
+ENGINE_OUTPUTS = [OUTPUT_IDS, SEQUENCE_LENGTH, CUM_LOG_PROBS, OUTPUT_LOG_PROBS]
 # The engine's statistics outputs, passed on to the client as the engine sent them last.
 ENGINE_STATISTICS = [t.name for t in ENGINE_PASSTHROUGH_OUTPUTS
-                     if t.name not in {"cum_log_probs", "output_log_probs", "batch_index", "sequence_index",
-                                       "num_output_tokens"}]
+                     if t.name not in {CUM_LOG_PROBS, OUTPUT_LOG_PROBS, BATCH_INDEX, SEQUENCE_INDEX,
+                                       NUM_OUTPUT_TOKENS}]
 CLIENT_TO_ENGINE = {client: engine for engine, client in ENGINE_FROM_CLIENT.items()}
 # Inputs the BLS sets itself on every engine request.
-FORCED_ENGINE_INPUTS = {"streaming", "exclude_input_in_output"}
+FORCED_ENGINE_INPUTS = {STREAMING, EXCLUDE_INPUT_IN_OUTPUT}
 CANCEL_CHECK_PERIOD_S = CANCELLATION_CHECK_PERIOD_MS / 1000
 SENDER_THREADS = 4  # per instance: they send the coalesced chunks of every stream
 # How long finalize waits for the open requests to send their last response once the engine stream is closed
@@ -170,10 +188,10 @@ class BlsOrchestrator:
             encoded = self.preprocessor.encode(inputs, CLIENT_TENSORS)
             batch = encoded.batch
             stop_phrases = self._stop_phrases(inputs, batch)
-            stream = _flag(inputs, "stream")
-            exclude_input = _flag(inputs, "exclude_input_in_output", default=True)
+            stream = _flag(inputs, STREAM)
+            exclude_input = _flag(inputs, EXCLUDE_INPUT_IN_OUTPUT, default=True)
             if not self.settings.decoupled and (stream or batch > 1):
-                raise RequestError("stream" if stream else "text_input",
+                raise RequestError(STREAM if stream else TEXT_INPUT,
                                    "streaming and batched requests need the BLS deployed decoupled "
                                    "(build with streaming enabled)")
         except Exception as error:  # noqa: BLE001 - the client gets the error, the model keeps serving
@@ -188,16 +206,16 @@ class BlsOrchestrator:
             future.add_done_callback(_log_failure)
 
     def _stop_phrases(self, inputs: dict[str, np.ndarray], batch: int) -> list[list[str]]:
-        value = inputs.get("stop_words")
+        value = inputs.get(STOP_WORDS)
         if value is None:
             return [[] for _ in range(batch)]
         rows = value.reshape(value.shape[0], -1)
-        return [[decode_utf8("stop_words", item) for item in rows[row]] for row in range(batch)]
+        return [[decode_utf8(STOP_WORDS, item) for item in rows[row]] for row in range(batch)]
 
     def _engine_inputs(self, inputs: dict[str, np.ndarray], encoded: EncodedRequest, row: int
                        ) -> dict[str, np.ndarray]:
-        tensors = {**encoded.engine_inputs(row), "streaming": np.array([[self.settings.decoupled]]),
-                   "exclude_input_in_output": np.array([[True]])}
+        tensors = {**encoded.engine_inputs(row), STREAMING: np.array([[self.settings.decoupled]]),
+                   EXCLUDE_INPUT_IN_OUTPUT: np.array([[True]])}
         for client_name, engine_name in CLIENT_TO_ENGINE.items():
             value = inputs.get(client_name)
             if value is not None and engine_name not in FORCED_ENGINE_INPUTS:
@@ -218,8 +236,8 @@ class BlsOrchestrator:
         batch = encoded.batch
         detokenizer = IncrementalDetokenizer(self.token_bytes)
         stop_filter = StopPhraseFilter(stop_phrases)
-        return_log_probs = _flag(inputs, "return_log_probs")
-        count_tokens = _flag(inputs, "return_num_output_tokens")
+        return_log_probs = _flag(inputs, RETURN_LOG_PROBS)
+        count_tokens = _flag(inputs, RETURN_NUM_OUTPUT_TOKENS)
         pieces: list[str] = []
         log_probs: list[float] = []
         wanted_statistics = self._wanted_statistics(completion)
@@ -236,18 +254,18 @@ class BlsOrchestrator:
         def on_response(tensors: dict[str, np.ndarray]) -> None:
             """One engine response, in the engine stream's reader thread: detokenize, hand text to the outbox."""
             nonlocal tokens_unsent, stopped_engine
-            ids_tensor = tensors.get("output_ids")
+            ids_tensor = tensors.get(OUTPUT_IDS)
             if ids_tensor is None:  # a response without tokens
                 return
             ids = ids_tensor.reshape(-1)
-            length = int(tensors["sequence_length"].reshape(-1)[0])
+            length = int(tensors[SEQUENCE_LENGTH].reshape(-1)[0])
             tokens_unsent += length
             for name in wanted_statistics:
                 value = tensors.get(name)
                 if value is not None:
                     statistics[name] = value
             if return_log_probs:
-                log_probs.extend(tensors["output_log_probs"].reshape(-1)[:length].tolist())
+                log_probs.extend(tensors[OUTPUT_LOG_PROBS].reshape(-1)[:length].tolist())
             if stopped_engine:
                 return
             text = stop_filter.push(detokenizer.push(ids[:length].tolist()))
@@ -307,14 +325,14 @@ class BlsOrchestrator:
                   statistics: dict[str, np.ndarray], new_tokens: int | None):
         """One response to the client, shaped as NVIDIA's BLS answers: `text_output` flat (one string),
         `batch_index` only for a batched request, the engine's statistics as it sent them last."""
-        outputs = {"text_output": np.array([text.encode("utf-8")], dtype=object), **statistics}
+        outputs = {TEXT_OUTPUT: np.array([text.encode("utf-8")], dtype=object), **statistics}
         if batch > 1:
-            outputs["batch_index"] = np.array([[row]], dtype=np.int32)
+            outputs[BATCH_INDEX] = np.array([[row]], dtype=np.int32)
         if new_tokens is not None:
-            outputs["num_output_tokens"] = np.array([[new_tokens]], dtype=np.int32)
+            outputs[NUM_OUTPUT_TOKENS] = np.array([[new_tokens]], dtype=np.int32)
         if log_probs is not None:
-            outputs["output_log_probs"] = np.array(log_probs, dtype=np.float32).reshape(1, 1, -1)
-            outputs["cum_log_probs"] = np.array([[sum(log_probs)]], dtype=np.float32)
+            outputs[OUTPUT_LOG_PROBS] = np.array(log_probs, dtype=np.float32).reshape(1, 1, -1)
+            outputs[CUM_LOG_PROBS] = np.array([[sum(log_probs)]], dtype=np.float32)
         return completion.response(outputs)
 
     def shutdown(self) -> None:

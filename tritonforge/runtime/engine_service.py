@@ -1,10 +1,11 @@
 """An engine behind the `tensorrt_llm` I/O contract: requests in, responses out.
 
-Called by `tensorrt_llm_transformers/1/model.py` (and the benchmarking replay engine's model) with the
-`pb_utils` module and an engine (`InflightBatchingEngine` or `ReplayEngine`); answers like the `tensorrtllm`
-backend: non-streaming responses carry the prompt unless `exclude_input_in_output`, streaming responses
-carry only new tokens, a batched request answers one response per row tagged with `batch_index`, and a
-request with `stop=true` cancels the running request that has the same request id.
+Run by the engine models' `1/model.py` (`EngineModel`: transformers, PyTorch and the benchmarking replay
+engine) with the `pb_utils` module and an engine (`InflightBatchingEngine`, `LlmApiEngine` or `ReplayEngine`);
+answers like the `tensorrtllm` backend: non-streaming responses carry the prompt unless
+`exclude_input_in_output`, streaming responses carry only new tokens, a batched request answers one response
+per row tagged with `batch_index`, and a request with `stop=true` cancels the running request that has the
+same request id.
 """
 
 from __future__ import annotations
@@ -17,6 +18,28 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..spec.contract import (
+    ACCEPTANCE_RATE,
+    ARRIVAL_TIME_NS,
+    BATCH_INDEX,
+    CUM_LOG_PROBS,
+    FIRST_SCHEDULED_TIME_NS,
+    FIRST_TOKEN_TIME_NS,
+    INPUT_IDS,
+    KV_CACHE_ALLOC_NEW_BLOCKS,
+    KV_CACHE_ALLOC_TOTAL_BLOCKS,
+    KV_CACHE_REUSED_BLOCKS,
+    LAST_TOKEN_TIME_NS,
+    NUM_INPUT_TOKENS,
+    NUM_OUTPUT_TOKENS,
+    OUTPUT_IDS,
+    OUTPUT_LOG_PROBS,
+    SEQUENCE_LENGTH,
+    STOP,
+    STREAM,
+    TOTAL_ACCEPTED_DRAFT_TOKENS,
+    TOTAL_DRAFT_TOKENS,
+)
 from ..spec.errors import RequestError, ResponseSendError, ServerStopping
 from ..spec.limits import EngineLimits
 from ..spec.model_parameters import CANCELLATION_CHECK_PERIOD_MS, EngineParameters, TransformersEngineParameters
@@ -30,11 +53,12 @@ from .triton_adapter import (
     requested_outputs,
     resolve_path,
     send_final,
+    start_heartbeat,
 )
 
 logger = logging.getLogger(__name__)
 
-REQUIRED_OUTPUTS = frozenset({"output_ids", "sequence_length"})
+REQUIRED_OUTPUTS = frozenset({OUTPUT_IDS, SEQUENCE_LENGTH})
 DRAIN_END_S = 5.0  # how long `drain` waits for the engine to end the rows it was told to end
 
 
@@ -117,18 +141,18 @@ class _RowSink:
 
     def _response(self, token_ids: list[int], log_probs: list[float]):
         outputs = {
-            "output_ids": np.array([[token_ids]], dtype=np.int32).reshape(1, 1, len(token_ids)),
-            "sequence_length": np.array([[len(token_ids)]], dtype=np.int32),
+            OUTPUT_IDS: np.array([[token_ids]], dtype=np.int32).reshape(1, 1, len(token_ids)),
+            SEQUENCE_LENGTH: np.array([[len(token_ids)]], dtype=np.int32),
         }
         if self.row.return_log_probs:
-            outputs["cum_log_probs"] = np.array([[sum(log_probs)]], dtype=np.float32)
-            outputs["output_log_probs"] = np.array(log_probs, dtype=np.float32).reshape(1, 1, len(log_probs))
+            outputs[CUM_LOG_PROBS] = np.array([[sum(log_probs)]], dtype=np.float32)
+            outputs[OUTPUT_LOG_PROBS] = np.array(log_probs, dtype=np.float32).reshape(1, 1, len(log_probs))
         if self.state.rows > 1:
-            outputs["batch_index"] = np.array([[self.batch_index]], dtype=np.int32)
+            outputs[BATCH_INDEX] = np.array([[self.batch_index]], dtype=np.int32)
         if self.row.return_num_input_tokens:
-            outputs["num_input_tokens"] = np.array([[len(self.row.prompt_ids)]], dtype=np.int32)
+            outputs[NUM_INPUT_TOKENS] = np.array([[len(self.row.prompt_ids)]], dtype=np.int32)
         if self.row.return_num_output_tokens:
-            outputs["num_output_tokens"] = np.array([[len(token_ids)]], dtype=np.int32)
+            outputs[NUM_OUTPUT_TOKENS] = np.array([[len(token_ids)]], dtype=np.int32)
         if self.row.return_perf_metrics:
             outputs.update(self._perf_metrics())
         return self.state.response(outputs)
@@ -139,12 +163,12 @@ class _RowSink:
         def one(value, dtype):
             return np.array([[value]], dtype=dtype)
 
-        return {"kv_cache_alloc_new_blocks": one(0, np.int32), "kv_cache_reused_blocks": one(0, np.int32),
-                "kv_cache_alloc_total_blocks": one(0, np.int32), "arrival_time_ns": one(self.arrival_ns, np.int64),
-                "first_scheduled_time_ns": one(self.scheduled_ns, np.int64),
-                "first_token_time_ns": one(self.first_token_ns, np.int64),
-                "last_token_time_ns": one(self.last_token_ns, np.int64), "acceptance_rate": one(0.0, np.float32),
-                "total_accepted_draft_tokens": one(0, np.int32), "total_draft_tokens": one(0, np.int32)}
+        return {KV_CACHE_ALLOC_NEW_BLOCKS: one(0, np.int32), KV_CACHE_REUSED_BLOCKS: one(0, np.int32),
+                KV_CACHE_ALLOC_TOTAL_BLOCKS: one(0, np.int32), ARRIVAL_TIME_NS: one(self.arrival_ns, np.int64),
+                FIRST_SCHEDULED_TIME_NS: one(self.scheduled_ns, np.int64),
+                FIRST_TOKEN_TIME_NS: one(self.first_token_ns, np.int64),
+                LAST_TOKEN_TIME_NS: one(self.last_token_ns, np.int64), ACCEPTANCE_RATE: one(0.0, np.float32),
+                TOTAL_ACCEPTED_DRAFT_TOKENS: one(0, np.int32), TOTAL_DRAFT_TOKENS: one(0, np.int32)}
 
     def _token_times(self) -> None:
         self.last_token_ns = _now_ns()
@@ -244,7 +268,7 @@ class EngineService:
             inputs = request_inputs(request)
             if is_stop_request(inputs):
                 if not request.request_id():  # as the backend: an anonymous stop could only hit others' requests
-                    raise RequestError("stop", "needs the request id of the request to stop; this request has none")
+                    raise RequestError(STOP, "needs the request id of the request to stop; this request has none")
                 # Answered by the engine's thread once it takes the stop: a liveness probe's stop then tells
                 # whether that thread still runs, not just this stub.
                 self.engine.cancel(request.request_id(), lambda: send_final(pb_utils, sender))
@@ -256,10 +280,10 @@ class EngineService:
             rows = parse_engine_request(inputs, default_exclude_input=self.settings.exclude_input_in_output)
             if not self.settings.decoupled:
                 if any(row.stream for row in rows):
-                    raise RequestError("stream", "streaming needs the engine model deployed decoupled "
+                    raise RequestError(STREAM, "streaming needs the engine model deployed decoupled "
                                                  "(build with streaming enabled)")
                 if len(rows) > 1:
-                    raise RequestError("input_ids", "a batched request needs the engine model deployed decoupled")
+                    raise RequestError(INPUT_IDS, "a batched request needs the engine model deployed decoupled")
             state = RequestRows(pb_utils, sender, len(rows), requested,
                                 self.settings.cancellation_check_period_ms / 1000, self._closed)
             requests = []
@@ -283,3 +307,33 @@ class EngineService:
         if self.metrics is not None:
             self.metrics.stop()
         self.engine.shutdown()
+
+
+class EngineModel:
+    """The `tensorrt_llm` model's `TritonPythonModel`: its parameters read once, an `EngineService` around the
+    engine, a heartbeat; each request handled by the service; the engine shut down with the model. A model.py
+    subclasses it with Triton's `pb_utils` and its parameters' type, and says how its engine is made."""
+
+    PB_UTILS = None  # Triton's triton_python_backend_utils module
+    PARAMETERS: type[EngineParameters]  # the model's parameters in config.pbtxt
+    METRICS = True  # publish the backend's nv_trt_llm_* families on Triton's /metrics
+
+    def make_engine(self, args: dict, parameters: EngineParameters, settings: EngineSettings):
+        """The engine the service runs; None: the transformers engine (`InflightBatchingEngine`)."""
+        return None
+
+    def initialize(self, args):
+        parameters = self.PARAMETERS.from_model_args(args)
+        settings = EngineSettings.from_model_args(args, parameters)
+        self.service = EngineService(self.PB_UTILS, settings, self.make_engine(args, parameters, settings))
+        start_heartbeat(drain=self.service.drain)
+        if self.METRICS:
+            self.service.publish_metrics(args["model_name"], args["model_version"])
+
+    def execute(self, requests):
+        for request in requests:
+            self.service.handle(request)
+        return None
+
+    def finalize(self):
+        self.service.shutdown()

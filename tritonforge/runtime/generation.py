@@ -11,6 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ..spec.contract import BEAM_WIDTH, INPUT_IDS, NUM_RETURN_SEQUENCES, REQUEST_OUTPUT_LEN
 from ..spec.errors import QueueFullError, RequestError, UnsupportedError
 from ..spec.limits import EngineLimits
 from .sampling import SamplingParams
@@ -132,26 +133,26 @@ def check_limits(request: GenerationRequest, limits: EngineLimits, *, vocab_size
     """The checks every engine makes before accepting a request; each error names the tensor at fault."""
     prompt_len = len(request.prompt_ids)
     if prompt_len == 0:
-        raise RequestError("input_ids", "must not be empty")
+        raise RequestError(INPUT_IDS, "must not be empty")
     if prompt_len > limits.max_input_len:
-        raise RequestError("input_ids", f"prompt has {prompt_len} tokens, more than max_input_len "
+        raise RequestError(INPUT_IDS, f"prompt has {prompt_len} tokens, more than max_input_len "
                                         f"{limits.max_input_len}")
     if request.max_new_tokens < 1:
-        raise RequestError("request_output_len", f"must be >= 1, got {request.max_new_tokens}")
+        raise RequestError(REQUEST_OUTPUT_LEN, f"must be >= 1, got {request.max_new_tokens}")
     if prompt_len + request.max_new_tokens > limits.max_seq_len:
-        raise RequestError("request_output_len", f"prompt ({prompt_len}) + request_output_len "
+        raise RequestError(REQUEST_OUTPUT_LEN, f"prompt ({prompt_len}) + request_output_len "
                                                  f"({request.max_new_tokens}) exceeds max_seq_len "
                                                  f"{limits.max_seq_len}")
     if any(not 0 <= token < vocab_size for token in request.prompt_ids):
-        raise RequestError("input_ids", f"token ids must be in [0, {vocab_size})")
+        raise RequestError(INPUT_IDS, f"token ids must be in [0, {vocab_size})")
     if limits.max_queue_size and pending >= limits.max_queue_size:
         raise QueueFullError(limits.max_queue_size)
 
 
 def check_supported(*, beam_width: int, num_return_sequences: int) -> None:
     if beam_width != 1:
-        raise UnsupportedError("beam_width", f"beam search is not supported by the transformers engine, "
+        raise UnsupportedError(BEAM_WIDTH, f"beam search is not supported by the transformers engine, "
                                              f"got {beam_width}; use 1 or the TensorRT-LLM engine")
     if num_return_sequences != 1:
-        raise UnsupportedError("num_return_sequences", f"only 1 sequence per request is supported by the "
+        raise UnsupportedError(NUM_RETURN_SEQUENCES, f"only 1 sequence per request is supported by the "
                                                        f"transformers engine, got {num_return_sequences}")

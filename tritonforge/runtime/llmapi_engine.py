@@ -36,6 +36,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..spec.contract import BAD_WORDS_LIST
 from ..spec.errors import EngineShuttingDown, UnsupportedError
 from ..spec.limits import EngineLimits
 from .generation import EngineStats, GenerationRequest, GenerationResult, check_limits
@@ -228,7 +229,7 @@ class LlmApiEngine:
     def validate(self, request: GenerationRequest) -> None:
         check_limits(request, self.limits, vocab_size=self.vocab_size, pending=self.pending())
         if any(len(sequence) > 1 for sequence in request.bad_sequences):
-            raise UnsupportedError("bad_words_list", "the tensorrtllm-pytorch engine bans single tokens only "
+            raise UnsupportedError(BAD_WORDS_LIST, "the tensorrtllm-pytorch engine bans single tokens only "
                                                      "(the LLM API's bad_token_ids); a bad word here has several")
 
     def submit(self, request: GenerationRequest) -> None:

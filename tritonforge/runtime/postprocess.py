@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..spec.contract import POST_SEQUENCE_LENGTH
 from ..spec.errors import RequestError
 from .detokenization import TokenBytes
 from .tokenization import load_tokenizer
@@ -29,7 +30,7 @@ class Postprocessor:
             tokens_batch = tokens_batch[:, None, :]
         sequence_length = sequence_length.reshape(tokens_batch.shape[0], -1)
         if sequence_length.shape[1] != tokens_batch.shape[1]:
-            raise RequestError("SEQUENCE_LENGTH", f"has {sequence_length.shape[1]} beams, TOKENS_BATCH has "
+            raise RequestError(POST_SEQUENCE_LENGTH, f"has {sequence_length.shape[1]} beams, TOKENS_BATCH has "
                                                   f"{tokens_batch.shape[1]}")
         out = np.empty(sequence_length.shape, dtype=object)
         for row in range(tokens_batch.shape[0]):

@@ -11,7 +11,39 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..spec.contract import MESSAGES_WIRING, PREPROCESSING_FROM_CLIENT
+from ..spec.contract import (
+    BAD_WORDS,
+    BAD_WORDS_LIST,
+    DECODER_TEXT_INPUT,
+    EMBEDDING_BIAS,
+    EMBEDDING_BIAS_WEIGHTS,
+    EMBEDDING_BIAS_WORDS,
+    END_ID,
+    INPUT_IDS,
+    INPUT_LENGTHS,
+    MAX_TOKENS,
+    MESSAGES,
+    MESSAGES_WIRING,
+    PAD_ID,
+    PRE_BAD_WORDS_IDS,
+    PRE_DECODER_INPUT_ID,
+    PRE_EMBEDDING_BIAS,
+    PRE_INPUT_ID,
+    PRE_OUT_END_ID,
+    PRE_OUT_PAD_ID,
+    PRE_OUT_PROMPT_TABLE_EXTRA_IDS,
+    PRE_REQUEST_DECODER_INPUT_LEN,
+    PRE_REQUEST_INPUT_LEN,
+    PRE_REQUEST_OUTPUT_LEN,
+    PRE_STOP_WORDS_IDS,
+    PREPROCESSING_FROM_CLIENT,
+    PROMPT_TABLE_EXTRA_ID,
+    PROMPT_TABLE_EXTRA_IDS,
+    REQUEST_OUTPUT_LEN,
+    STOP_WORDS,
+    STOP_WORDS_LIST,
+    TEXT_INPUT,
+)
 from ..spec.errors import RequestError, UnsupportedError
 from ..spec.limits import EngineLimits
 from .tokenization import (
@@ -87,40 +119,40 @@ class EncodedRequest:
             input_id[row, : len(ids)] = ids
             input_id[row, len(ids):] = self.pad_ids[row]
         outputs = {
-            "INPUT_ID": input_id,
-            "REQUEST_INPUT_LEN": _column([len(ids) for ids in self.prompt_ids]),
+            PRE_INPUT_ID: input_id,
+            PRE_REQUEST_INPUT_LEN: _column([len(ids) for ids in self.prompt_ids]),
             # A decoder-only model has no decoder prompt: one pad id, as NVIDIA's preprocessing sends.
-            "DECODER_INPUT_ID": _column(self.pad_ids),
-            "REQUEST_DECODER_INPUT_LEN": np.ones((self.batch, 1), dtype=np.int32),
-            "REQUEST_OUTPUT_LEN": _column(self.max_tokens),
-            "BAD_WORDS_IDS": self.bad_words,
-            "STOP_WORDS_IDS": self.stop_words,
-            "EMBEDDING_BIAS": self.embedding_bias,
-            "OUT_END_ID": _column(self.end_ids),
-            "OUT_PAD_ID": _column(self.pad_ids),
+            PRE_DECODER_INPUT_ID: _column(self.pad_ids),
+            PRE_REQUEST_DECODER_INPUT_LEN: np.ones((self.batch, 1), dtype=np.int32),
+            PRE_REQUEST_OUTPUT_LEN: _column(self.max_tokens),
+            PRE_BAD_WORDS_IDS: self.bad_words,
+            PRE_STOP_WORDS_IDS: self.stop_words,
+            PRE_EMBEDDING_BIAS: self.embedding_bias,
+            PRE_OUT_END_ID: _column(self.end_ids),
+            PRE_OUT_PAD_ID: _column(self.pad_ids),
         }
         if self.prompt_table_extra_ids is not None:
-            outputs["OUT_PROMPT_TABLE_EXTRA_IDS"] = self.prompt_table_extra_ids
+            outputs[PRE_OUT_PROMPT_TABLE_EXTRA_IDS] = self.prompt_table_extra_ids
         return outputs
 
     def engine_inputs(self, row: int) -> dict[str, np.ndarray]:
         """One row as the engine's inputs (tensorrt_llm names); empty word lists and bias left out."""
         one = slice(row, row + 1)
         inputs = {
-            "input_ids": np.array([self.prompt_ids[row]], dtype=np.int32),
-            "input_lengths": _column([len(self.prompt_ids[row])]),
-            "request_output_len": _column([self.max_tokens[row]]),
-            "end_id": _column([self.end_ids[row]]),
-            "pad_id": _column([self.pad_ids[row]]),
+            INPUT_IDS: np.array([self.prompt_ids[row]], dtype=np.int32),
+            INPUT_LENGTHS: _column([len(self.prompt_ids[row])]),
+            REQUEST_OUTPUT_LEN: _column([self.max_tokens[row]]),
+            END_ID: _column([self.end_ids[row]]),
+            PAD_ID: _column([self.pad_ids[row]]),
         }
         if self.stop_words.shape[-1]:
-            inputs["stop_words_list"] = self.stop_words[one]
+            inputs[STOP_WORDS_LIST] = self.stop_words[one]
         if self.bad_words.shape[-1]:
-            inputs["bad_words_list"] = self.bad_words[one]
+            inputs[BAD_WORDS_LIST] = self.bad_words[one]
         if self.embedding_bias.shape[-1]:
-            inputs["embedding_bias"] = self.embedding_bias[one]
+            inputs[EMBEDDING_BIAS] = self.embedding_bias[one]
         if self.prompt_table_extra_ids is not None:
-            inputs["prompt_table_extra_ids"] = self.prompt_table_extra_ids[one, : len(self.prompt_ids[row])]
+            inputs[PROMPT_TABLE_EXTRA_IDS] = self.prompt_table_extra_ids[one, : len(self.prompt_ids[row])]
         return inputs
 
 
@@ -146,21 +178,21 @@ class Preprocessor:
         """Read a request's fields through `tensors` (client field → this model's tensor name), check them
         against the limits, and tokenize them."""
         fields = RequestFields(inputs, tensors)
-        batch = max(fields.rows("text_input"), fields.rows("messages"))
-        queries = fields.scalars("text_input", batch)
-        messages = fields.scalars("messages", batch)
+        batch = max(fields.rows(TEXT_INPUT), fields.rows(MESSAGES))
+        queries = fields.scalars(TEXT_INPUT, batch)
+        messages = fields.scalars(MESSAGES, batch)
         if queries is None and messages is None:
-            raise RequestError("text_input", "is required (or send chat messages in 'messages')")
+            raise RequestError(TEXT_INPUT, "is required (or send chat messages in 'messages')")
         if queries is not None and messages is not None:
-            raise RequestError("messages", "send either text_input or messages, not both")
-        output_lens = fields.scalars("max_tokens", batch)
+            raise RequestError(MESSAGES, "send either text_input or messages, not both")
+        output_lens = fields.scalars(MAX_TOKENS, batch)
         if output_lens is None:
-            raise RequestError("max_tokens", "is required")
-        if fields.get("decoder_text_input") is not None and any(fields.scalars("decoder_text_input", batch)):
-            raise UnsupportedError("decoder_text_input", "encoder-decoder models are not supported by this "
+            raise RequestError(MAX_TOKENS, "is required")
+        if fields.get(DECODER_TEXT_INPUT) is not None and any(fields.scalars(DECODER_TEXT_INPUT, batch)):
+            raise UnsupportedError(DECODER_TEXT_INPUT, "encoder-decoder models are not supported by this "
                                                          "repository's models")
-        end_ids = fields.scalars("end_id", batch) or [self.end_id] * batch
-        pad_ids = fields.scalars("pad_id", batch) or [self.pad_id] * batch
+        end_ids = fields.scalars(END_ID, batch) or [self.end_id] * batch
+        pad_ids = fields.scalars(PAD_ID, batch) or [self.pad_id] * batch
 
         prompt_ids = []
         for row in range(batch):
@@ -176,7 +208,7 @@ class Preprocessor:
                 raise RequestError(f"max_tokens{prefix}",
                                    f"must be in [1, {self.limits.max_output_len}], got {max_tokens}")
 
-        extra_ids = fields.scalars("prompt_table_extra_id", batch)
+        extra_ids = fields.scalars(PROMPT_TABLE_EXTRA_ID, batch)
         table_ids = None
         if extra_ids is not None:  # sent only when given, as NVIDIA's: ids past the vocabulary get the row's id
             vocab = len(self.tokenizer)
@@ -186,29 +218,29 @@ class Preprocessor:
                 table_ids[row, : len(ids)] = np.where(np.array(ids) >= vocab, extra_ids[row], 0)
         return EncodedRequest(
             prompt_ids=prompt_ids, max_tokens=[int(n) for n in output_lens], end_ids=[int(v) for v in end_ids],
-            pad_ids=[int(v) for v in pad_ids], stop_words=self._word_lists(fields, "stop_words", batch),
-            bad_words=self._word_lists(fields, "bad_words", batch),
+            pad_ids=[int(v) for v in pad_ids], stop_words=self._word_lists(fields, STOP_WORDS, batch),
+            bad_words=self._word_lists(fields, BAD_WORDS, batch),
             embedding_bias=self._embedding_bias(fields, batch), prompt_table_extra_ids=table_ids)
 
     def _embedding_bias(self, fields: RequestFields, batch: int) -> np.ndarray:
         """Dense [batch, vocab] bias from words and weights, [batch, 0] (none) when not given. Each word is
         tokenized without special tokens (NVIDIA's adds BOS, which biases BOS on every word)."""
-        words, weights = fields.get("embedding_bias_words"), fields.get("embedding_bias_weights")
+        words, weights = fields.get(EMBEDDING_BIAS_WORDS), fields.get(EMBEDDING_BIAS_WEIGHTS)
         if words is None and weights is None:
             return np.zeros((batch, 0), dtype=np.float32)
         if words is None or weights is None:
-            raise RequestError("embedding_bias_weights" if weights is None else "embedding_bias_words",
+            raise RequestError(EMBEDDING_BIAS_WEIGHTS if weights is None else EMBEDDING_BIAS_WORDS,
                                "must be sent together with embedding_bias_words and embedding_bias_weights")
         words, weights = words.reshape(words.shape[0], -1), weights.reshape(weights.shape[0], -1)
         if words.shape != weights.shape or words.shape[0] != batch:
-            raise RequestError("embedding_bias_weights", f"must have one weight per word, got shape "
+            raise RequestError(EMBEDDING_BIAS_WEIGHTS, f"must have one weight per word, got shape "
                                                          f"{list(weights.shape)} for words {list(words.shape)}")
         bias = np.zeros((batch, len(self.tokenizer)), dtype=np.float32)
         for row in range(batch):
             for word, weight in zip(words[row], weights[row]):
-                text = decode_utf8("embedding_bias_words", word)
+                text = decode_utf8(EMBEDDING_BIAS_WORDS, word)
                 if not np.isfinite(weight):
-                    raise RequestError("embedding_bias_weights", f"must be finite, got {weight}")
+                    raise RequestError(EMBEDDING_BIAS_WEIGHTS, f"must be finite, got {weight}")
                 for token in self.tokenizer(text, add_special_tokens=False).input_ids if text else []:
                     bias[row, token] += weight
         return bias

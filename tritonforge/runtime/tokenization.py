@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..spec.contract import MESSAGES, TEXT_INPUT
 from ..spec.errors import RequestError
 
 logger = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ class PromptEncoder:
     max_input_len: int
     add_special_tokens: bool = True
 
-    def encode(self, prompt: str, field: str = "text_input") -> list[int]:
+    def encode(self, prompt: str, field: str = TEXT_INPUT) -> list[int]:
         if not prompt:
             raise RequestError(field, "must not be empty")
         self._check_size(len(prompt), field)
@@ -72,7 +73,7 @@ class PromptEncoder:
             raise RequestError(field, f"has {len(ids)} tokens, more than the maximum input length {self.max_input_len}")
         return ids
 
-    def encode_chat(self, messages_json: str, field: str = "messages") -> list[int]:
+    def encode_chat(self, messages_json: str, field: str = MESSAGES) -> list[int]:
         """Render OpenAI-style messages (a JSON list of {"role", "content"}) with the chat template, then encode.
 
         Only the template makes special tokens: a message whose content holds a special token's text (say
@@ -140,7 +141,7 @@ _MARK = re.compile(f"{_MARK_OPEN}(\\d+){_MARK_CLOSE}")
 _MARK_SPLIT = re.compile(f"({_MARK_OPEN}\\d+{_MARK_CLOSE})")
 
 
-def parse_chat_messages(messages_json: str, field: str = "messages") -> list[dict[str, str]]:
+def parse_chat_messages(messages_json: str, field: str = MESSAGES) -> list[dict[str, str]]:
     try:
         messages = json.loads(messages_json)
     except json.JSONDecodeError as error:

@@ -27,7 +27,19 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..clients.client import grpc_tensors
-from ..spec.contract import BLS_MODEL, ENGINE_MODEL, POSTPROCESSING_MODEL, PREPROCESSING_MODEL, stop_request_inputs
+from ..spec.contract import (
+    BLS_MODEL,
+    ENGINE_MODEL,
+    MAX_TOKENS,
+    POST_SEQUENCE_LENGTH,
+    POST_TOKENS_BATCH,
+    POSTPROCESSING_MODEL,
+    PRE_QUERY,
+    PRE_REQUEST_OUTPUT_LEN,
+    PREPROCESSING_MODEL,
+    TEXT_INPUT,
+    stop_request_inputs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -36,13 +48,13 @@ DEFAULT_WEDGED_AFTER_S = 30.0
 
 # model → (decoupled, inputs as name → array)
 _PROBES = {
-    PREPROCESSING_MODEL: (False, {"QUERY": np.array([[b"ping"]], dtype=np.object_),
-                                  "REQUEST_OUTPUT_LEN": np.array([[1]], dtype=np.int32)}),
-    POSTPROCESSING_MODEL: (False, {"TOKENS_BATCH": np.zeros((1, 1, 1), dtype=np.int32),
-                                   "SEQUENCE_LENGTH": np.ones((1, 1), dtype=np.int32)}),
+    PREPROCESSING_MODEL: (False, {PRE_QUERY: np.array([[b"ping"]], dtype=np.object_),
+                                  PRE_REQUEST_OUTPUT_LEN: np.array([[1]], dtype=np.int32)}),
+    POSTPROCESSING_MODEL: (False, {POST_TOKENS_BATCH: np.zeros((1, 1, 1), dtype=np.int32),
+                                   POST_SEQUENCE_LENGTH: np.ones((1, 1), dtype=np.int32)}),
     ENGINE_MODEL: (True, stop_request_inputs()),
-    BLS_MODEL: (True, {"text_input": np.array([[b"ping"]], dtype=np.object_),
-                       "max_tokens": np.array([[0]], dtype=np.int32)}),
+    BLS_MODEL: (True, {TEXT_INPUT: np.array([[b"ping"]], dtype=np.object_),
+                       MAX_TOKENS: np.array([[0]], dtype=np.int32)}),
 }
 
 

@@ -60,179 +60,326 @@ def _opt(name, dtype, dims, *, scalar=False, ragged=False) -> Tensor:
     return Tensor(name, dtype, dims, optional=True, scalar=scalar, ragged=ragged)
 
 
+# --- tensor names: each once, for the lists below and every module that reads or writes a tensor ----------
+# The client's inputs: the ensemble's, and the BLS's (NVIDIA's order).
+TEXT_INPUT = "text_input"
+DECODER_TEXT_INPUT = "decoder_text_input"
+MAX_TOKENS = "max_tokens"
+NUM_RETURN_SEQUENCES = "num_return_sequences"
+BAD_WORDS = "bad_words"
+STOP_WORDS = "stop_words"
+EXCLUDE_INPUT_IN_OUTPUT = "exclude_input_in_output"
+END_ID = "end_id"
+PAD_ID = "pad_id"
+TOP_K = "top_k"
+TOP_P = "top_p"
+TEMPERATURE = "temperature"
+LENGTH_PENALTY = "length_penalty"
+REPETITION_PENALTY = "repetition_penalty"
+MIN_TOKENS = "min_tokens"
+PRESENCE_PENALTY = "presence_penalty"
+FREQUENCY_PENALTY = "frequency_penalty"
+SEED = "seed"
+RETURN_LOG_PROBS = "return_log_probs"
+RETURN_CONTEXT_LOGITS = "return_context_logits"
+RETURN_GENERATION_LOGITS = "return_generation_logits"
+RETURN_PERF_METRICS = "return_perf_metrics"
+RETURN_NUM_INPUT_TOKENS = "return_num_input_tokens"
+RETURN_NUM_OUTPUT_TOKENS = "return_num_output_tokens"
+BEAM_WIDTH = "beam_width"
+STREAM = "stream"
+PROMPT_EMBEDDING_TABLE = "prompt_embedding_table"
+PROMPT_TABLE_EXTRA_ID = "prompt_table_extra_id"
+PROMPT_VOCAB_SIZE = "prompt_vocab_size"
+EMBEDDING_BIAS_WORDS = "embedding_bias_words"
+EMBEDDING_BIAS_WEIGHTS = "embedding_bias_weights"
+LORA_TASK_ID = "lora_task_id"
+LORA_WEIGHTS = "lora_weights"
+LORA_CONFIG = "lora_config"
+GUIDED_DECODING_GUIDE_TYPE = "guided_decoding_guide_type"
+GUIDED_DECODING_GUIDE = "guided_decoding_guide"
+# Ours: the client's chat input.
+MESSAGES = "messages"
+# The BLS's own inputs (speculative decoding).
+NUM_DRAFT_TOKENS = "num_draft_tokens"
+USE_DRAFT_LOGITS = "use_draft_logits"
+# The client's output: the text.
+TEXT_OUTPUT = "text_output"
+# The engine's outputs that pass through the ensemble and the BLS to the client.
+CUM_LOG_PROBS = "cum_log_probs"
+OUTPUT_LOG_PROBS = "output_log_probs"
+CONTEXT_LOGITS = "context_logits"
+GENERATION_LOGITS = "generation_logits"
+BATCH_INDEX = "batch_index"
+SEQUENCE_INDEX = "sequence_index"
+KV_CACHE_ALLOC_NEW_BLOCKS = "kv_cache_alloc_new_blocks"
+KV_CACHE_REUSED_BLOCKS = "kv_cache_reused_blocks"
+KV_CACHE_ALLOC_TOTAL_BLOCKS = "kv_cache_alloc_total_blocks"
+ARRIVAL_TIME_NS = "arrival_time_ns"
+FIRST_SCHEDULED_TIME_NS = "first_scheduled_time_ns"
+FIRST_TOKEN_TIME_NS = "first_token_time_ns"
+LAST_TOKEN_TIME_NS = "last_token_time_ns"
+ACCEPTANCE_RATE = "acceptance_rate"
+TOTAL_ACCEPTED_DRAFT_TOKENS = "total_accepted_draft_tokens"
+TOTAL_DRAFT_TOKENS = "total_draft_tokens"
+NUM_INPUT_TOKENS = "num_input_tokens"
+NUM_OUTPUT_TOKENS = "num_output_tokens"
+# tensorrt_llm's inputs and outputs (those named as the client's are above: end_id, temperature, ...).
+INPUT_IDS = "input_ids"
+ENCODER_INPUT_FEATURES = "encoder_input_features"
+ENCODER_OUTPUT_LENGTHS = "encoder_output_lengths"
+INPUT_LENGTHS = "input_lengths"
+REQUEST_OUTPUT_LEN = "request_output_len"
+DRAFT_INPUT_IDS = "draft_input_ids"
+DECODER_INPUT_IDS = "decoder_input_ids"
+DECODER_INPUT_LENGTHS = "decoder_input_lengths"
+DRAFT_LOGITS = "draft_logits"
+DRAFT_ACCEPTANCE_THRESHOLD = "draft_acceptance_threshold"
+STOP_WORDS_LIST = "stop_words_list"
+BAD_WORDS_LIST = "bad_words_list"
+EMBEDDING_BIAS = "embedding_bias"
+RUNTIME_TOP_K = "runtime_top_k"
+RUNTIME_TOP_P = "runtime_top_p"
+RUNTIME_TOP_P_MIN = "runtime_top_p_min"
+RUNTIME_TOP_P_DECAY = "runtime_top_p_decay"
+RUNTIME_TOP_P_RESET_IDS = "runtime_top_p_reset_ids"
+LEN_PENALTY = "len_penalty"
+EARLY_STOPPING = "early_stopping"
+BEAM_SEARCH_DIVERSITY_RATE = "beam_search_diversity_rate"
+STOP = "stop"
+STREAMING = "streaming"
+PROMPT_TABLE_EXTRA_IDS = "prompt_table_extra_ids"
+CROSS_ATTENTION_MASK = "cross_attention_mask"
+MROPE_ROTARY_COS_SIN = "mrope_rotary_cos_sin"
+MROPE_POSITION_DELTAS = "mrope_position_deltas"
+CONTEXT_PHASE_PARAMS = "context_phase_params"
+SKIP_CROSS_ATTN_BLOCKS = "skip_cross_attn_blocks"
+RETENTION_TOKEN_RANGE_STARTS = "retention_token_range_starts"
+RETENTION_TOKEN_RANGE_ENDS = "retention_token_range_ends"
+RETENTION_TOKEN_RANGE_PRIORITIES = "retention_token_range_priorities"
+RETENTION_TOKEN_RANGE_DURATIONS_MS = "retention_token_range_durations_ms"
+RETENTION_DECODE_PRIORITY = "retention_decode_priority"
+RETENTION_DECODE_DURATION_MS = "retention_decode_duration_ms"
+LOOKAHEAD_WINDOW_SIZE = "lookahead_window_size"
+LOOKAHEAD_NGRAM_SIZE = "lookahead_ngram_size"
+LOOKAHEAD_VERIFICATION_SET_SIZE = "lookahead_verification_set_size"
+OUTPUT_IDS = "output_ids"
+SEQUENCE_LENGTH = "sequence_length"
+# preprocessing's inputs and outputs, NVIDIA's upper-case names (PRE_, apart from the client's and engine's).
+PRE_QUERY = "QUERY"
+PRE_DECODER_QUERY = "DECODER_QUERY"
+PRE_REQUEST_OUTPUT_LEN = "REQUEST_OUTPUT_LEN"
+PRE_BAD_WORDS_DICT = "BAD_WORDS_DICT"
+PRE_STOP_WORDS_DICT = "STOP_WORDS_DICT"
+PRE_EMBEDDING_BIAS_WORDS = "EMBEDDING_BIAS_WORDS"
+PRE_EMBEDDING_BIAS_WEIGHTS = "EMBEDDING_BIAS_WEIGHTS"
+PRE_END_ID = "END_ID"
+PRE_PAD_ID = "PAD_ID"
+PRE_PROMPT_TABLE_EXTRA_ID = "PROMPT_TABLE_EXTRA_ID"
+PRE_MESSAGES = "MESSAGES"
+PRE_INPUT_ID = "INPUT_ID"
+PRE_REQUEST_INPUT_LEN = "REQUEST_INPUT_LEN"
+PRE_DECODER_INPUT_ID = "DECODER_INPUT_ID"
+PRE_REQUEST_DECODER_INPUT_LEN = "REQUEST_DECODER_INPUT_LEN"
+PRE_BAD_WORDS_IDS = "BAD_WORDS_IDS"
+PRE_STOP_WORDS_IDS = "STOP_WORDS_IDS"
+PRE_EMBEDDING_BIAS = "EMBEDDING_BIAS"
+PRE_OUT_END_ID = "OUT_END_ID"
+PRE_OUT_PAD_ID = "OUT_PAD_ID"
+PRE_OUT_PROMPT_TABLE_EXTRA_IDS = "OUT_PROMPT_TABLE_EXTRA_IDS"
+# postprocessing's inputs and output.
+POST_TOKENS_BATCH = "TOKENS_BATCH"
+POST_SEQUENCE_LENGTH = "SEQUENCE_LENGTH"
+POST_OUTPUT = "OUTPUT"
+# The ensemble's own tensors, between its steps (private: the wiring below alone names them).
+_INPUT_ID = "_INPUT_ID"
+_REQUEST_INPUT_LEN = "_REQUEST_INPUT_LEN"
+_DECODER_INPUT_ID = "_DECODER_INPUT_ID"
+_REQUEST_DECODER_INPUT_LEN = "_REQUEST_DECODER_INPUT_LEN"
+_REQUEST_OUTPUT_LEN = "_REQUEST_OUTPUT_LEN"
+_STOP_WORDS_IDS = "_STOP_WORDS_IDS"
+_BAD_WORDS_IDS = "_BAD_WORDS_IDS"
+_EMBEDDING_BIAS = "_EMBEDDING_BIAS"
+_PREPROCESSOR_END_ID = "_PREPROCESSOR_END_ID"
+_PREPROCESSOR_PAD_ID = "_PREPROCESSOR_PAD_ID"
+_OUT_PROMPT_TABLE_EXTRA_IDS = "_OUT_PROMPT_TABLE_EXTRA_IDS"
+_TOKENS_BATCH = "_TOKENS_BATCH"
+_SEQUENCE_LENGTH = "_SEQUENCE_LENGTH"
+
+
 # --- the client contract (ensemble) --------------------------------------------------------------------------
 # `text_input` is required in NVIDIA's wiring; ours makes it optional so that `messages` can replace it.
-MESSAGES_INPUT = _opt("messages", S, (1,))  # ours: chat messages, rendered with the tokenizer's template
+MESSAGES_INPUT = _opt(MESSAGES, S, (1,))  # ours: chat messages, rendered with the tokenizer's template
 ENSEMBLE_INPUTS = [
-    Tensor("text_input", S, (1,)),
-    _opt("decoder_text_input", S, (1,)),
-    Tensor("max_tokens", I32, (1,)),
-    _opt("num_return_sequences", I32, (1,)),
-    _opt("bad_words", S, (-1,)),
-    _opt("stop_words", S, (-1,)),
-    _opt("exclude_input_in_output", BOOL, (1,)),
-    _opt("end_id", I32, (1,)),
-    _opt("pad_id", I32, (1,)),
-    _opt("top_k", I32, (1,)),
-    _opt("top_p", F32, (1,)),
-    _opt("temperature", F32, (1,)),
-    _opt("length_penalty", F32, (1,)),
-    _opt("repetition_penalty", F32, (1,)),
-    _opt("min_tokens", I32, (1,)),
-    _opt("presence_penalty", F32, (1,)),
-    _opt("frequency_penalty", F32, (1,)),
-    _opt("seed", U64, (1,)),
-    _opt("return_log_probs", BOOL, (1,)),
-    _opt("return_context_logits", BOOL, (1,)),
-    _opt("return_generation_logits", BOOL, (1,)),
-    _opt("return_perf_metrics", BOOL, (1,)),
-    _opt("return_num_input_tokens", BOOL, (1,)),
-    _opt("return_num_output_tokens", BOOL, (1,)),
-    _opt("beam_width", I32, (1,)),
-    _opt("stream", BOOL, (1,)),
-    _opt("prompt_embedding_table", F16, (-1, -1)),
-    _opt("prompt_table_extra_id", U64, (1,)),
-    _opt("prompt_vocab_size", I32, (1,)),
-    _opt("embedding_bias_words", S, (-1,)),
-    _opt("embedding_bias_weights", F32, (-1,)),
-    _opt("lora_task_id", U64, (1,)),
-    _opt("lora_weights", F16, (-1, -1), ragged=True),
-    _opt("lora_config", I32, (-1, 3), ragged=True),
-    _opt("guided_decoding_guide_type", S, (1,), ragged=True),
-    _opt("guided_decoding_guide", S, (1,), ragged=True),
+    Tensor(TEXT_INPUT, S, (1,)),
+    _opt(DECODER_TEXT_INPUT, S, (1,)),
+    Tensor(MAX_TOKENS, I32, (1,)),
+    _opt(NUM_RETURN_SEQUENCES, I32, (1,)),
+    _opt(BAD_WORDS, S, (-1,)),
+    _opt(STOP_WORDS, S, (-1,)),
+    _opt(EXCLUDE_INPUT_IN_OUTPUT, BOOL, (1,)),
+    _opt(END_ID, I32, (1,)),
+    _opt(PAD_ID, I32, (1,)),
+    _opt(TOP_K, I32, (1,)),
+    _opt(TOP_P, F32, (1,)),
+    _opt(TEMPERATURE, F32, (1,)),
+    _opt(LENGTH_PENALTY, F32, (1,)),
+    _opt(REPETITION_PENALTY, F32, (1,)),
+    _opt(MIN_TOKENS, I32, (1,)),
+    _opt(PRESENCE_PENALTY, F32, (1,)),
+    _opt(FREQUENCY_PENALTY, F32, (1,)),
+    _opt(SEED, U64, (1,)),
+    _opt(RETURN_LOG_PROBS, BOOL, (1,)),
+    _opt(RETURN_CONTEXT_LOGITS, BOOL, (1,)),
+    _opt(RETURN_GENERATION_LOGITS, BOOL, (1,)),
+    _opt(RETURN_PERF_METRICS, BOOL, (1,)),
+    _opt(RETURN_NUM_INPUT_TOKENS, BOOL, (1,)),
+    _opt(RETURN_NUM_OUTPUT_TOKENS, BOOL, (1,)),
+    _opt(BEAM_WIDTH, I32, (1,)),
+    _opt(STREAM, BOOL, (1,)),
+    _opt(PROMPT_EMBEDDING_TABLE, F16, (-1, -1)),
+    _opt(PROMPT_TABLE_EXTRA_ID, U64, (1,)),
+    _opt(PROMPT_VOCAB_SIZE, I32, (1,)),
+    _opt(EMBEDDING_BIAS_WORDS, S, (-1,)),
+    _opt(EMBEDDING_BIAS_WEIGHTS, F32, (-1,)),
+    _opt(LORA_TASK_ID, U64, (1,)),
+    _opt(LORA_WEIGHTS, F16, (-1, -1), ragged=True),
+    _opt(LORA_CONFIG, I32, (-1, 3), ragged=True),
+    _opt(GUIDED_DECODING_GUIDE_TYPE, S, (1,), ragged=True),
+    _opt(GUIDED_DECODING_GUIDE, S, (1,), ragged=True),
 ]
 
 # Outputs the engine produces besides tokens, passed straight through the ensemble and the BLS.
 ENGINE_PASSTHROUGH_OUTPUTS = [
-    Tensor("cum_log_probs", F32, (-1,)),
-    Tensor("output_log_probs", F32, (-1, -1)),
-    Tensor("context_logits", LOGITS, (-1, -1)),
-    Tensor("generation_logits", LOGITS, (-1, -1, -1)),
-    Tensor("batch_index", I32, (1,)),
-    Tensor("sequence_index", I32, (1,)),
-    Tensor("kv_cache_alloc_new_blocks", I32, (1,)),
-    Tensor("kv_cache_reused_blocks", I32, (1,)),
-    Tensor("kv_cache_alloc_total_blocks", I32, (1,)),
-    Tensor("arrival_time_ns", I64, (1,)),
-    Tensor("first_scheduled_time_ns", I64, (1,)),
-    Tensor("first_token_time_ns", I64, (1,)),
-    Tensor("last_token_time_ns", I64, (1,)),
-    Tensor("acceptance_rate", F32, (1,)),
-    Tensor("total_accepted_draft_tokens", I32, (1,)),
-    Tensor("total_draft_tokens", I32, (1,)),
-    Tensor("num_input_tokens", I32, (1,)),
-    Tensor("num_output_tokens", I32, (1,)),
+    Tensor(CUM_LOG_PROBS, F32, (-1,)),
+    Tensor(OUTPUT_LOG_PROBS, F32, (-1, -1)),
+    Tensor(CONTEXT_LOGITS, LOGITS, (-1, -1)),
+    Tensor(GENERATION_LOGITS, LOGITS, (-1, -1, -1)),
+    Tensor(BATCH_INDEX, I32, (1,)),
+    Tensor(SEQUENCE_INDEX, I32, (1,)),
+    Tensor(KV_CACHE_ALLOC_NEW_BLOCKS, I32, (1,)),
+    Tensor(KV_CACHE_REUSED_BLOCKS, I32, (1,)),
+    Tensor(KV_CACHE_ALLOC_TOTAL_BLOCKS, I32, (1,)),
+    Tensor(ARRIVAL_TIME_NS, I64, (1,)),
+    Tensor(FIRST_SCHEDULED_TIME_NS, I64, (1,)),
+    Tensor(FIRST_TOKEN_TIME_NS, I64, (1,)),
+    Tensor(LAST_TOKEN_TIME_NS, I64, (1,)),
+    Tensor(ACCEPTANCE_RATE, F32, (1,)),
+    Tensor(TOTAL_ACCEPTED_DRAFT_TOKENS, I32, (1,)),
+    Tensor(TOTAL_DRAFT_TOKENS, I32, (1,)),
+    Tensor(NUM_INPUT_TOKENS, I32, (1,)),
+    Tensor(NUM_OUTPUT_TOKENS, I32, (1,)),
 ]
 # NVIDIA's ensemble template lists kv_cache_alloc_total_blocks twice; a typed config lists it once.
-CLIENT_OUTPUTS = [Tensor("text_output", S, (-1,)), *ENGINE_PASSTHROUGH_OUTPUTS]
+CLIENT_OUTPUTS = [Tensor(TEXT_OUTPUT, S, (-1,)), *ENGINE_PASSTHROUGH_OUTPUTS]
 
 # --- tensorrt_llm_bls: the ensemble's client inputs, some reshaped to scalars, plus speculative decoding ------
-BLS_SCALAR_INPUTS = {"return_log_probs", "return_context_logits", "return_generation_logits",
-                     "num_return_sequences", "lora_task_id", "return_perf_metrics", "return_num_input_tokens",
-                     "return_num_output_tokens"}
+BLS_SCALAR_INPUTS = {RETURN_LOG_PROBS, RETURN_CONTEXT_LOGITS, RETURN_GENERATION_LOGITS,
+                     NUM_RETURN_SEQUENCES, LORA_TASK_ID, RETURN_PERF_METRICS, RETURN_NUM_INPUT_TOKENS,
+                     RETURN_NUM_OUTPUT_TOKENS}
 BLS_EXTRA_INPUTS = [
-    _opt("num_draft_tokens", I32, (1,)),
-    _opt("use_draft_logits", BOOL, (1,), scalar=True),
+    _opt(NUM_DRAFT_TOKENS, I32, (1,)),
+    _opt(USE_DRAFT_LOGITS, BOOL, (1,), scalar=True),
 ]
 
 # --- preprocessing ---------------------------------------------------------------------------------------------
 PREPROCESSING_INPUTS = [
-    Tensor("QUERY", S, (1,)),
-    _opt("DECODER_QUERY", S, (1,)),
-    Tensor("REQUEST_OUTPUT_LEN", I32, (1,)),
-    _opt("BAD_WORDS_DICT", S, (-1,)),
-    _opt("STOP_WORDS_DICT", S, (-1,)),
-    _opt("EMBEDDING_BIAS_WORDS", S, (-1,)),
-    _opt("EMBEDDING_BIAS_WEIGHTS", F32, (-1,)),
-    _opt("END_ID", I32, (1,)),
-    _opt("PAD_ID", I32, (1,)),
-    _opt("PROMPT_TABLE_EXTRA_ID", U64, (1,)),
+    Tensor(PRE_QUERY, S, (1,)),
+    _opt(PRE_DECODER_QUERY, S, (1,)),
+    Tensor(PRE_REQUEST_OUTPUT_LEN, I32, (1,)),
+    _opt(PRE_BAD_WORDS_DICT, S, (-1,)),
+    _opt(PRE_STOP_WORDS_DICT, S, (-1,)),
+    _opt(PRE_EMBEDDING_BIAS_WORDS, S, (-1,)),
+    _opt(PRE_EMBEDDING_BIAS_WEIGHTS, F32, (-1,)),
+    _opt(PRE_END_ID, I32, (1,)),
+    _opt(PRE_PAD_ID, I32, (1,)),
+    _opt(PRE_PROMPT_TABLE_EXTRA_ID, U64, (1,)),
 ]
-MESSAGES_PREPROCESSING_INPUT = _opt("MESSAGES", S, (1,))  # ours
+MESSAGES_PREPROCESSING_INPUT = _opt(PRE_MESSAGES, S, (1,))  # ours
 PREPROCESSING_OUTPUTS = [
-    Tensor("INPUT_ID", I32, (-1,)),
-    Tensor("REQUEST_INPUT_LEN", I32, (1,)),
-    Tensor("DECODER_INPUT_ID", I32, (-1,)),
-    Tensor("REQUEST_DECODER_INPUT_LEN", I32, (1,)),
-    Tensor("BAD_WORDS_IDS", I32, (2, -1)),
-    Tensor("STOP_WORDS_IDS", I32, (2, -1)),
-    Tensor("EMBEDDING_BIAS", F32, (-1,)),
-    Tensor("REQUEST_OUTPUT_LEN", I32, (-1,)),
-    Tensor("OUT_END_ID", I32, (1,)),
-    Tensor("OUT_PAD_ID", I32, (1,)),
-    Tensor("OUT_PROMPT_TABLE_EXTRA_IDS", U64, (-1,)),
+    Tensor(PRE_INPUT_ID, I32, (-1,)),
+    Tensor(PRE_REQUEST_INPUT_LEN, I32, (1,)),
+    Tensor(PRE_DECODER_INPUT_ID, I32, (-1,)),
+    Tensor(PRE_REQUEST_DECODER_INPUT_LEN, I32, (1,)),
+    Tensor(PRE_BAD_WORDS_IDS, I32, (2, -1)),
+    Tensor(PRE_STOP_WORDS_IDS, I32, (2, -1)),
+    Tensor(PRE_EMBEDDING_BIAS, F32, (-1,)),
+    Tensor(PRE_REQUEST_OUTPUT_LEN, I32, (-1,)),
+    Tensor(PRE_OUT_END_ID, I32, (1,)),
+    Tensor(PRE_OUT_PAD_ID, I32, (1,)),
+    Tensor(PRE_OUT_PROMPT_TABLE_EXTRA_IDS, U64, (-1,)),
 ]
 
 # --- tensorrt_llm (the engine step) ----------------------------------------------------------------------------
 ENGINE_INPUTS = [
-    _opt("input_ids", I32, (-1,), ragged=True),
-    _opt("encoder_input_features", F16, (-1, -1), ragged=True),
-    _opt("encoder_output_lengths", I32, (1,), scalar=True),
-    Tensor("input_lengths", I32, (1,), scalar=True),
-    Tensor("request_output_len", I32, (1,), scalar=True),
-    _opt("num_return_sequences", I32, (1,), scalar=True),
-    _opt("draft_input_ids", I32, (-1,), ragged=True),
-    _opt("decoder_input_ids", I32, (-1,), ragged=True),
-    _opt("decoder_input_lengths", I32, (1,), scalar=True),
-    _opt("draft_logits", LOGITS, (-1, -1), ragged=True),
-    _opt("draft_acceptance_threshold", F32, (1,), scalar=True),
-    _opt("end_id", I32, (1,), scalar=True),
-    _opt("pad_id", I32, (1,), scalar=True),
-    _opt("stop_words_list", I32, (2, -1), ragged=True),
-    _opt("bad_words_list", I32, (2, -1), ragged=True),
-    _opt("embedding_bias", F32, (-1,), ragged=True),
-    _opt("beam_width", I32, (1,), scalar=True),
-    _opt("temperature", F32, (1,), scalar=True),
-    _opt("runtime_top_k", I32, (1,), scalar=True),
-    _opt("runtime_top_p", F32, (1,), scalar=True),
-    _opt("runtime_top_p_min", F32, (1,), scalar=True),
-    _opt("runtime_top_p_decay", F32, (1,), scalar=True),
-    _opt("runtime_top_p_reset_ids", I32, (1,), scalar=True),
-    _opt("len_penalty", F32, (1,), scalar=True),
-    _opt("early_stopping", BOOL, (1,), scalar=True),
-    _opt("repetition_penalty", F32, (1,), scalar=True),
-    _opt("min_tokens", I32, (1,), scalar=True),
-    _opt("beam_search_diversity_rate", F32, (1,), scalar=True),
-    _opt("presence_penalty", F32, (1,), scalar=True),
-    _opt("frequency_penalty", F32, (1,), scalar=True),
-    _opt("seed", U64, (1,), scalar=True),
-    _opt("return_log_probs", BOOL, (1,), scalar=True),
-    _opt("return_context_logits", BOOL, (1,), scalar=True),
-    _opt("return_generation_logits", BOOL, (1,), scalar=True),
-    _opt("return_perf_metrics", BOOL, (1,), scalar=True),
-    _opt("return_num_input_tokens", BOOL, (1,), scalar=True),
-    _opt("return_num_output_tokens", BOOL, (1,), scalar=True),
-    _opt("exclude_input_in_output", BOOL, (1,), scalar=True),
-    _opt("stop", BOOL, (1,), scalar=True),
-    _opt("streaming", BOOL, (1,), scalar=True),
-    _opt("prompt_embedding_table", F16, (-1, -1), ragged=True),
-    _opt("prompt_table_extra_ids", U64, (-1,), ragged=True),
-    _opt("prompt_vocab_size", I32, (1,), scalar=True),
-    _opt("cross_attention_mask", BOOL, (-1, -1), ragged=True),
-    _opt("mrope_rotary_cos_sin", F32, (-1,)),
-    _opt("mrope_position_deltas", I64, (1,)),
-    _opt("lora_task_id", U64, (1,), scalar=True),
-    _opt("lora_weights", F16, (-1, -1), ragged=True),
-    _opt("lora_config", I32, (-1, 3), ragged=True),
-    _opt("context_phase_params", U8, (-1,), ragged=True),
-    _opt("skip_cross_attn_blocks", BOOL, (1,), ragged=True),
-    _opt("retention_token_range_starts", I32, (-1,), ragged=True),
-    _opt("retention_token_range_ends", I32, (-1,), ragged=True),
-    _opt("retention_token_range_priorities", I32, (-1,), ragged=True),
-    _opt("retention_token_range_durations_ms", I32, (-1,), ragged=True),
-    _opt("retention_decode_priority", I32, (1,), ragged=True),
-    _opt("retention_decode_duration_ms", I32, (1,), ragged=True),
-    _opt("guided_decoding_guide_type", S, (1,), ragged=True),
-    _opt("guided_decoding_guide", S, (1,), ragged=True),
-    _opt("lookahead_window_size", I32, (1,), ragged=True),
-    _opt("lookahead_ngram_size", I32, (1,), ragged=True),
-    _opt("lookahead_verification_set_size", I32, (1,), ragged=True),
+    _opt(INPUT_IDS, I32, (-1,), ragged=True),
+    _opt(ENCODER_INPUT_FEATURES, F16, (-1, -1), ragged=True),
+    _opt(ENCODER_OUTPUT_LENGTHS, I32, (1,), scalar=True),
+    Tensor(INPUT_LENGTHS, I32, (1,), scalar=True),
+    Tensor(REQUEST_OUTPUT_LEN, I32, (1,), scalar=True),
+    _opt(NUM_RETURN_SEQUENCES, I32, (1,), scalar=True),
+    _opt(DRAFT_INPUT_IDS, I32, (-1,), ragged=True),
+    _opt(DECODER_INPUT_IDS, I32, (-1,), ragged=True),
+    _opt(DECODER_INPUT_LENGTHS, I32, (1,), scalar=True),
+    _opt(DRAFT_LOGITS, LOGITS, (-1, -1), ragged=True),
+    _opt(DRAFT_ACCEPTANCE_THRESHOLD, F32, (1,), scalar=True),
+    _opt(END_ID, I32, (1,), scalar=True),
+    _opt(PAD_ID, I32, (1,), scalar=True),
+    _opt(STOP_WORDS_LIST, I32, (2, -1), ragged=True),
+    _opt(BAD_WORDS_LIST, I32, (2, -1), ragged=True),
+    _opt(EMBEDDING_BIAS, F32, (-1,), ragged=True),
+    _opt(BEAM_WIDTH, I32, (1,), scalar=True),
+    _opt(TEMPERATURE, F32, (1,), scalar=True),
+    _opt(RUNTIME_TOP_K, I32, (1,), scalar=True),
+    _opt(RUNTIME_TOP_P, F32, (1,), scalar=True),
+    _opt(RUNTIME_TOP_P_MIN, F32, (1,), scalar=True),
+    _opt(RUNTIME_TOP_P_DECAY, F32, (1,), scalar=True),
+    _opt(RUNTIME_TOP_P_RESET_IDS, I32, (1,), scalar=True),
+    _opt(LEN_PENALTY, F32, (1,), scalar=True),
+    _opt(EARLY_STOPPING, BOOL, (1,), scalar=True),
+    _opt(REPETITION_PENALTY, F32, (1,), scalar=True),
+    _opt(MIN_TOKENS, I32, (1,), scalar=True),
+    _opt(BEAM_SEARCH_DIVERSITY_RATE, F32, (1,), scalar=True),
+    _opt(PRESENCE_PENALTY, F32, (1,), scalar=True),
+    _opt(FREQUENCY_PENALTY, F32, (1,), scalar=True),
+    _opt(SEED, U64, (1,), scalar=True),
+    _opt(RETURN_LOG_PROBS, BOOL, (1,), scalar=True),
+    _opt(RETURN_CONTEXT_LOGITS, BOOL, (1,), scalar=True),
+    _opt(RETURN_GENERATION_LOGITS, BOOL, (1,), scalar=True),
+    _opt(RETURN_PERF_METRICS, BOOL, (1,), scalar=True),
+    _opt(RETURN_NUM_INPUT_TOKENS, BOOL, (1,), scalar=True),
+    _opt(RETURN_NUM_OUTPUT_TOKENS, BOOL, (1,), scalar=True),
+    _opt(EXCLUDE_INPUT_IN_OUTPUT, BOOL, (1,), scalar=True),
+    _opt(STOP, BOOL, (1,), scalar=True),
+    _opt(STREAMING, BOOL, (1,), scalar=True),
+    _opt(PROMPT_EMBEDDING_TABLE, F16, (-1, -1), ragged=True),
+    _opt(PROMPT_TABLE_EXTRA_IDS, U64, (-1,), ragged=True),
+    _opt(PROMPT_VOCAB_SIZE, I32, (1,), scalar=True),
+    _opt(CROSS_ATTENTION_MASK, BOOL, (-1, -1), ragged=True),
+    _opt(MROPE_ROTARY_COS_SIN, F32, (-1,)),
+    _opt(MROPE_POSITION_DELTAS, I64, (1,)),
+    _opt(LORA_TASK_ID, U64, (1,), scalar=True),
+    _opt(LORA_WEIGHTS, F16, (-1, -1), ragged=True),
+    _opt(LORA_CONFIG, I32, (-1, 3), ragged=True),
+    _opt(CONTEXT_PHASE_PARAMS, U8, (-1,), ragged=True),
+    _opt(SKIP_CROSS_ATTN_BLOCKS, BOOL, (1,), ragged=True),
+    _opt(RETENTION_TOKEN_RANGE_STARTS, I32, (-1,), ragged=True),
+    _opt(RETENTION_TOKEN_RANGE_ENDS, I32, (-1,), ragged=True),
+    _opt(RETENTION_TOKEN_RANGE_PRIORITIES, I32, (-1,), ragged=True),
+    _opt(RETENTION_TOKEN_RANGE_DURATIONS_MS, I32, (-1,), ragged=True),
+    _opt(RETENTION_DECODE_PRIORITY, I32, (1,), ragged=True),
+    _opt(RETENTION_DECODE_DURATION_MS, I32, (1,), ragged=True),
+    _opt(GUIDED_DECODING_GUIDE_TYPE, S, (1,), ragged=True),
+    _opt(GUIDED_DECODING_GUIDE, S, (1,), ragged=True),
+    _opt(LOOKAHEAD_WINDOW_SIZE, I32, (1,), ragged=True),
+    _opt(LOOKAHEAD_NGRAM_SIZE, I32, (1,), ragged=True),
+    _opt(LOOKAHEAD_VERIFICATION_SET_SIZE, I32, (1,), ragged=True),
 ]
 ENGINE_OUTPUTS = [
-    Tensor("output_ids", I32, (-1, -1)),
-    Tensor("sequence_length", I32, (-1,)),
+    Tensor(OUTPUT_IDS, I32, (-1, -1)),
+    Tensor(SEQUENCE_LENGTH, I32, (-1,)),
     *ENGINE_PASSTHROUGH_OUTPUTS[:6],  # log probs, logits, batch and sequence index
-    Tensor("context_phase_params", U8, (-1,)),
+    Tensor(CONTEXT_PHASE_PARAMS, U8, (-1,)),
     *ENGINE_PASSTHROUGH_OUTPUTS[6:],  # KV-cache and timing statistics, draft counts, token counts
 ]
 
@@ -241,55 +388,55 @@ ENGINE_OUTPUTS = [
 def stop_request_inputs() -> dict[str, np.ndarray]:
     """A request to the engine that stops its running request with the same request id (the tensorrtllm
     backend's `stop`): the required inputs, and `stop`. The engine answers it with an empty final response."""
-    return {"input_lengths": np.array([[1]], dtype=np.int32), "request_output_len": np.array([[1]], dtype=np.int32),
-            "stop": np.array([[True]])}
+    return {INPUT_LENGTHS: np.array([[1]], dtype=np.int32), REQUEST_OUTPUT_LEN: np.array([[1]], dtype=np.int32),
+            STOP: np.array([[True]])}
 
 
 # --- postprocessing --------------------------------------------------------------------------------------------
-POSTPROCESSING_INPUTS = [Tensor("TOKENS_BATCH", I32, (-1, -1)), Tensor("SEQUENCE_LENGTH", I32, (-1,))]
-POSTPROCESSING_OUTPUTS = [Tensor("OUTPUT", S, (-1,))]
+POSTPROCESSING_INPUTS = [Tensor(POST_TOKENS_BATCH, I32, (-1, -1)), Tensor(POST_SEQUENCE_LENGTH, I32, (-1,))]
+POSTPROCESSING_OUTPUTS = [Tensor(POST_OUTPUT, S, (-1,))]
 
 # --- the ensemble's wiring (NVIDIA's, plus `messages`) ---------------------------------------------------------
 # preprocessing input → client input
 PREPROCESSING_FROM_CLIENT = {
-    "QUERY": "text_input", "DECODER_QUERY": "decoder_text_input", "REQUEST_OUTPUT_LEN": "max_tokens",
-    "BAD_WORDS_DICT": "bad_words", "STOP_WORDS_DICT": "stop_words", "EMBEDDING_BIAS_WORDS": "embedding_bias_words",
-    "EMBEDDING_BIAS_WEIGHTS": "embedding_bias_weights", "END_ID": "end_id", "PAD_ID": "pad_id",
-    "PROMPT_TABLE_EXTRA_ID": "prompt_table_extra_id",
+    PRE_QUERY: TEXT_INPUT, PRE_DECODER_QUERY: DECODER_TEXT_INPUT, PRE_REQUEST_OUTPUT_LEN: MAX_TOKENS,
+    PRE_BAD_WORDS_DICT: BAD_WORDS, PRE_STOP_WORDS_DICT: STOP_WORDS, PRE_EMBEDDING_BIAS_WORDS: EMBEDDING_BIAS_WORDS,
+    PRE_EMBEDDING_BIAS_WEIGHTS: EMBEDDING_BIAS_WEIGHTS, PRE_END_ID: END_ID, PRE_PAD_ID: PAD_ID,
+    PRE_PROMPT_TABLE_EXTRA_ID: PROMPT_TABLE_EXTRA_ID,
 }
-MESSAGES_WIRING = {"MESSAGES": "messages"}  # ours
+MESSAGES_WIRING = {PRE_MESSAGES: MESSAGES}  # ours
 # preprocessing output → ensemble tensor
 PREPROCESSING_TO_ENSEMBLE = {
-    "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN", "INPUT_ID": "_INPUT_ID",
-    "REQUEST_DECODER_INPUT_LEN": "_REQUEST_DECODER_INPUT_LEN", "DECODER_INPUT_ID": "_DECODER_INPUT_ID",
-    "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN", "STOP_WORDS_IDS": "_STOP_WORDS_IDS",
-    "BAD_WORDS_IDS": "_BAD_WORDS_IDS", "EMBEDDING_BIAS": "_EMBEDDING_BIAS", "OUT_END_ID": "_PREPROCESSOR_END_ID",
-    "OUT_PAD_ID": "_PREPROCESSOR_PAD_ID", "OUT_PROMPT_TABLE_EXTRA_IDS": "_OUT_PROMPT_TABLE_EXTRA_IDS",
+    PRE_REQUEST_INPUT_LEN: _REQUEST_INPUT_LEN, PRE_INPUT_ID: _INPUT_ID,
+    PRE_REQUEST_DECODER_INPUT_LEN: _REQUEST_DECODER_INPUT_LEN, PRE_DECODER_INPUT_ID: _DECODER_INPUT_ID,
+    PRE_REQUEST_OUTPUT_LEN: _REQUEST_OUTPUT_LEN, PRE_STOP_WORDS_IDS: _STOP_WORDS_IDS,
+    PRE_BAD_WORDS_IDS: _BAD_WORDS_IDS, PRE_EMBEDDING_BIAS: _EMBEDDING_BIAS, PRE_OUT_END_ID: _PREPROCESSOR_END_ID,
+    PRE_OUT_PAD_ID: _PREPROCESSOR_PAD_ID, PRE_OUT_PROMPT_TABLE_EXTRA_IDS: _OUT_PROMPT_TABLE_EXTRA_IDS,
 }
 # engine input → ensemble tensor written by preprocessing
 ENGINE_FROM_PREPROCESSING = {
-    "input_ids": "_INPUT_ID", "decoder_input_ids": "_DECODER_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN",
-    "decoder_input_lengths": "_REQUEST_DECODER_INPUT_LEN", "request_output_len": "_REQUEST_OUTPUT_LEN",
-    "end_id": "_PREPROCESSOR_END_ID", "pad_id": "_PREPROCESSOR_PAD_ID", "embedding_bias": "_EMBEDDING_BIAS",
-    "stop_words_list": "_STOP_WORDS_IDS", "bad_words_list": "_BAD_WORDS_IDS",
-    "prompt_table_extra_ids": "_OUT_PROMPT_TABLE_EXTRA_IDS",
+    INPUT_IDS: _INPUT_ID, DECODER_INPUT_IDS: _DECODER_INPUT_ID, INPUT_LENGTHS: _REQUEST_INPUT_LEN,
+    DECODER_INPUT_LENGTHS: _REQUEST_DECODER_INPUT_LEN, REQUEST_OUTPUT_LEN: _REQUEST_OUTPUT_LEN,
+    END_ID: _PREPROCESSOR_END_ID, PAD_ID: _PREPROCESSOR_PAD_ID, EMBEDDING_BIAS: _EMBEDDING_BIAS,
+    STOP_WORDS_LIST: _STOP_WORDS_IDS, BAD_WORDS_LIST: _BAD_WORDS_IDS,
+    PROMPT_TABLE_EXTRA_IDS: _OUT_PROMPT_TABLE_EXTRA_IDS,
 }
 # engine input → client input
 ENGINE_FROM_CLIENT = {
-    "exclude_input_in_output": "exclude_input_in_output", "runtime_top_k": "top_k", "runtime_top_p": "top_p",
-    "temperature": "temperature", "len_penalty": "length_penalty", "repetition_penalty": "repetition_penalty",
-    "min_tokens": "min_tokens", "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
-    "seed": "seed", "return_log_probs": "return_log_probs", "return_context_logits": "return_context_logits",
-    "return_generation_logits": "return_generation_logits", "return_perf_metrics": "return_perf_metrics",
-    "return_num_input_tokens": "return_num_input_tokens", "return_num_output_tokens": "return_num_output_tokens",
-    "num_return_sequences": "num_return_sequences", "beam_width": "beam_width", "streaming": "stream",
-    "prompt_embedding_table": "prompt_embedding_table", "prompt_vocab_size": "prompt_vocab_size",
-    "lora_task_id": "lora_task_id", "lora_weights": "lora_weights", "lora_config": "lora_config",
-    "guided_decoding_guide_type": "guided_decoding_guide_type", "guided_decoding_guide": "guided_decoding_guide",
+    EXCLUDE_INPUT_IN_OUTPUT: EXCLUDE_INPUT_IN_OUTPUT, RUNTIME_TOP_K: TOP_K, RUNTIME_TOP_P: TOP_P,
+    TEMPERATURE: TEMPERATURE, LEN_PENALTY: LENGTH_PENALTY, REPETITION_PENALTY: REPETITION_PENALTY,
+    MIN_TOKENS: MIN_TOKENS, PRESENCE_PENALTY: PRESENCE_PENALTY, FREQUENCY_PENALTY: FREQUENCY_PENALTY,
+    SEED: SEED, RETURN_LOG_PROBS: RETURN_LOG_PROBS, RETURN_CONTEXT_LOGITS: RETURN_CONTEXT_LOGITS,
+    RETURN_GENERATION_LOGITS: RETURN_GENERATION_LOGITS, RETURN_PERF_METRICS: RETURN_PERF_METRICS,
+    RETURN_NUM_INPUT_TOKENS: RETURN_NUM_INPUT_TOKENS, RETURN_NUM_OUTPUT_TOKENS: RETURN_NUM_OUTPUT_TOKENS,
+    NUM_RETURN_SEQUENCES: NUM_RETURN_SEQUENCES, BEAM_WIDTH: BEAM_WIDTH, STREAMING: STREAM,
+    PROMPT_EMBEDDING_TABLE: PROMPT_EMBEDDING_TABLE, PROMPT_VOCAB_SIZE: PROMPT_VOCAB_SIZE,
+    LORA_TASK_ID: LORA_TASK_ID, LORA_WEIGHTS: LORA_WEIGHTS, LORA_CONFIG: LORA_CONFIG,
+    GUIDED_DECODING_GUIDE_TYPE: GUIDED_DECODING_GUIDE_TYPE, GUIDED_DECODING_GUIDE: GUIDED_DECODING_GUIDE,
 }
-ENGINE_TOKEN_OUTPUTS = {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"}
-POSTPROCESSING_FROM_ENSEMBLE = {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"}
-POSTPROCESSING_TO_CLIENT = {"OUTPUT": "text_output"}
+ENGINE_TOKEN_OUTPUTS = {OUTPUT_IDS: _TOKENS_BATCH, SEQUENCE_LENGTH: _SEQUENCE_LENGTH}
+POSTPROCESSING_FROM_ENSEMBLE = {POST_TOKENS_BATCH: _TOKENS_BATCH, POST_SEQUENCE_LENGTH: _SEQUENCE_LENGTH}
+POSTPROCESSING_TO_CLIENT = {POST_OUTPUT: TEXT_OUTPUT}
 
 
 def _with_chat(inputs: list[Tensor], chat: Tensor) -> list[Tensor]:
@@ -314,6 +461,6 @@ def preprocessing_inputs(*, messages: bool) -> list[Tensor]:
     return _with_chat(PREPROCESSING_INPUTS, MESSAGES_PREPROCESSING_INPUT) if messages else list(PREPROCESSING_INPUTS)
 
 
-# A client's name for each preprocessing and engine input, for error messages ("top_p", not "runtime_top_p").
+# A client's name for each preprocessing and engine input, for error messages (`top_p`, not `runtime_top_p`).
 CLIENT_NAME = {**PREPROCESSING_FROM_CLIENT, **MESSAGES_WIRING, **ENGINE_FROM_CLIENT,
-               "request_output_len": "max_tokens"}
+               REQUEST_OUTPUT_LEN: MAX_TOKENS}

@@ -27,7 +27,20 @@ from pathlib import Path
 import numpy as np
 
 from ..clients.client import grpc_tensors, is_final
-from ..spec.contract import ENGINE_MODEL
+from ..spec.contract import (
+    END_ID,
+    ENGINE_MODEL,
+    INPUT_IDS,
+    INPUT_LENGTHS,
+    MIN_TOKENS,
+    OUTPUT_IDS,
+    OUTPUT_LOG_PROBS,
+    REQUEST_OUTPUT_LEN,
+    RETURN_LOG_PROBS,
+    RUNTIME_TOP_K,
+    SEQUENCE_LENGTH,
+    STREAMING,
+)
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent / "data" / "accuracy_prompts.jsonl"
 
@@ -143,13 +156,13 @@ class Served:
     def greedy(self, prompt_ids: list[int], tokens: int) -> tuple[list[int], list[float]]:
         import queue
 
-        arrays = {"input_ids": np.array([prompt_ids], dtype=np.int32),
-                  "input_lengths": np.array([[len(prompt_ids)]], dtype=np.int32),
-                  "request_output_len": np.array([[tokens]], dtype=np.int32),
-                  "min_tokens": np.array([[tokens]], dtype=np.int32),
-                  "end_id": np.array([[self.end_id]], dtype=np.int32),  # as preprocessing sends it
-                  "runtime_top_k": np.array([[1]], dtype=np.int32),
-                  "return_log_probs": np.array([[True]]), "streaming": np.array([[False]])}
+        arrays = {INPUT_IDS: np.array([prompt_ids], dtype=np.int32),
+                  INPUT_LENGTHS: np.array([[len(prompt_ids)]], dtype=np.int32),
+                  REQUEST_OUTPUT_LEN: np.array([[tokens]], dtype=np.int32),
+                  MIN_TOKENS: np.array([[tokens]], dtype=np.int32),
+                  END_ID: np.array([[self.end_id]], dtype=np.int32),  # as preprocessing sends it
+                  RUNTIME_TOP_K: np.array([[1]], dtype=np.int32),
+                  RETURN_LOG_PROBS: np.array([[True]]), STREAMING: np.array([[False]])}
         inputs = grpc_tensors(self.grpc, arrays)
         client = self.grpc.InferenceServerClient(self.url)
         answers: queue.Queue = queue.Queue()
@@ -162,11 +175,11 @@ class Served:
                 result, error = answers.get(timeout=300)
                 if error is not None:
                     raise RuntimeError(f"the served engine answered: {error}")
-                output_ids = result.as_numpy("output_ids")
+                output_ids = result.as_numpy(OUTPUT_IDS)
                 if output_ids is not None:
-                    length = int(result.as_numpy("sequence_length").reshape(-1)[0])
+                    length = int(result.as_numpy(SEQUENCE_LENGTH).reshape(-1)[0])
                     ids += output_ids.reshape(-1)[:length].tolist()
-                    lp = result.as_numpy("output_log_probs")
+                    lp = result.as_numpy(OUTPUT_LOG_PROBS)
                     if lp is not None:
                         log_probs += lp.reshape(-1)[:length].tolist()
                 if is_final(result):

@@ -29,9 +29,21 @@ from ..spec.contract import (
     BLS_MODEL,
     ENGINE_MODEL,
     ENSEMBLE_MODEL,
+    EXCLUDE_INPUT_IN_OUTPUT,
     FINAL_RESPONSE_PARAMETER,
+    INPUT_IDS,
+    INPUT_LENGTHS,
+    MAX_TOKENS,
+    MIN_TOKENS,
+    OUTPUT_IDS,
     POSTPROCESSING_MODEL,
     PREPROCESSING_MODEL,
+    REQUEST_OUTPUT_LEN,
+    SEQUENCE_LENGTH,
+    STREAM,
+    STREAMING,
+    TEXT_INPUT,
+    TEXT_OUTPUT,
 )
 from .profiling import cpu_cores, cpu_snapshot, model_statistics, record_stubs, statistics_delta
 from .tiny_model import corpus_lines
@@ -56,10 +68,8 @@ DEFINITIONS = [
     "requested tokens",
 ]
 REQUEST_TIMEOUT_S = 120
-TEXT_OUTPUT = "text_output"  # what the ensemble and the BLS stream
-TOKEN_OUTPUT = "output_ids"  # what the engine streams (INT32)
-TOKEN_BYTES = 4
-STREAM_OUTPUTS = (TEXT_OUTPUT, TOKEN_OUTPUT)
+TOKEN_BYTES = 4  # an output_ids element: INT32
+STREAM_OUTPUTS = (TEXT_OUTPUT, OUTPUT_IDS)  # what the ensemble and the BLS stream; what the engine streams
 REPLACEMENT = "\ufffd"  # what a decoder makes of bytes that are not a whole character
 ANSWER_CONCURRENCY = 32  # non-streamed answers asked at once before a path's points
 
@@ -99,15 +109,15 @@ def request_arrays(path: str, prompt: tuple[str, list[int]], output_tokens: int)
     """The tensors of one request, [1, ...] with the batch dimension, by the model's input names."""
     text, ids = prompt
     if path == "direct":
-        return {"input_ids": np.array([ids], dtype=np.int32),
-                "input_lengths": np.array([[len(ids)]], dtype=np.int32),
-                "request_output_len": np.array([[output_tokens]], dtype=np.int32),
-                "min_tokens": np.array([[output_tokens]], dtype=np.int32),
-                "streaming": np.array([[True]])}
-    return {"text_input": np.array([[text.encode()]], dtype=object),
-            "max_tokens": np.array([[output_tokens]], dtype=np.int32),
-            "min_tokens": np.array([[output_tokens]], dtype=np.int32),
-            "stream": np.array([[True]])}
+        return {INPUT_IDS: np.array([ids], dtype=np.int32),
+                INPUT_LENGTHS: np.array([[len(ids)]], dtype=np.int32),
+                REQUEST_OUTPUT_LEN: np.array([[output_tokens]], dtype=np.int32),
+                MIN_TOKENS: np.array([[output_tokens]], dtype=np.int32),
+                STREAMING: np.array([[True]])}
+    return {TEXT_INPUT: np.array([[text.encode()]], dtype=object),
+            MAX_TOKENS: np.array([[output_tokens]], dtype=np.int32),
+            MIN_TOKENS: np.array([[output_tokens]], dtype=np.int32),
+            STREAM: np.array([[True]])}
 
 
 def triton_dtype(array: np.ndarray) -> str:
@@ -144,8 +154,8 @@ async def _one_request(client, model: str, arrays: dict[str, np.ndarray], output
                 raw = response_outputs(result, STREAM_OUTPUTS)
                 if TEXT_OUTPUT in raw:
                     chunks.append(first_string(raw[TEXT_OUTPUT]))
-                if TOKEN_OUTPUT in raw:
-                    received_tokens += len(raw[TOKEN_OUTPUT]) // TOKEN_BYTES
+                if OUTPUT_IDS in raw:
+                    received_tokens += len(raw[OUTPUT_IDS]) // TOKEN_BYTES
             final = response.parameters.get(FINAL_RESPONSE_PARAMETER)
             if final is not None and final.bool_param:
                 break
@@ -154,8 +164,8 @@ async def _one_request(client, model: str, arrays: dict[str, np.ndarray], output
         return timing
     # min_tokens = max_tokens: a completed request carries exactly output_tokens tokens on every path.
     timing.tokens = output_tokens if timing.arrivals else 0
-    if "text_input" in arrays:
-        timing.prompt, timing.text = arrays["text_input"].reshape(-1)[0].decode(), b"".join(chunks)
+    if TEXT_INPUT in arrays:
+        timing.prompt, timing.text = arrays[TEXT_INPUT].reshape(-1)[0].decode(), b"".join(chunks)
     else:
         timing.received_tokens = received_tokens
     return timing
@@ -322,10 +332,10 @@ def _string_payload(raw: bytes) -> bytes:
 def _response_tokens(output: dict) -> int | None:
     """Tokens in one engine response of the export: its sequence_length, which perf_analyzer writes as a
     number, or its output_ids as raw bytes or as numbers; None when it holds neither readably."""
-    length = output.get("sequence_length")
+    length = output.get(SEQUENCE_LENGTH)
     if isinstance(length, int):
         return length
-    ids = output.get(TOKEN_OUTPUT)
+    ids = output.get(OUTPUT_IDS)
     if isinstance(ids, str):  # raw INT32 bytes ("" for a response without tokens)
         return len(_export_bytes(ids)) // TOKEN_BYTES
     if isinstance(ids, list):
@@ -338,7 +348,7 @@ def _record_stream(timing: Timing, request: dict) -> None:
     outputs = request.get("response_outputs")
     if outputs is None:
         return
-    prompt = request.get("request_inputs", {}).get("text_input")
+    prompt = request.get("request_inputs", {}).get(TEXT_INPUT)
     if isinstance(prompt, str):
         chunks = [output[TEXT_OUTPUT] for output in outputs if TEXT_OUTPUT in output]
         if all(isinstance(chunk, str) for chunk in chunks):
@@ -367,8 +377,8 @@ def expected_answers(url: str, path: str, prompts, output_tokens: int) -> dict[s
         client = GrpcClient(url, PATH_MODELS[path])  # one stream each: a client's stream serves one request
         try:
             # The streams' own settings: the prompt left out whatever the repository's default.
-            request = GenerateRequest(text, output_tokens, parameters={"min_tokens": output_tokens,
-                                                                       "exclude_input_in_output": True})
+            request = GenerateRequest(text, output_tokens, parameters={MIN_TOKENS: output_tokens,
+                                                                       EXCLUDE_INPUT_IN_OUTPUT: True})
             return b"".join(client.stream_bytes(request, stream=False))
         finally:
             client.close()
@@ -380,7 +390,7 @@ def expected_answers(url: str, path: str, prompts, output_tokens: int) -> dict[s
 
 def check_streams(timings: list[Timing], expected: dict[str, bytes], output_tokens: int, *,
                   split_characters_replaced: bool = False) -> int:
-    """Mark as an error each completed stream that did not carry what it should: its chunks joined against the
+    """Mark the `difference` of each completed stream that did not carry what it should: its chunks joined against the
     non-streamed answer to its prompt, or the engine's tokens counted. With `split_characters_replaced` (the
     ensemble: its postprocessing decodes each chunk alone) a run of U+FFFD in the stream stands for the
     characters whose bytes straddled two chunks; every other character must match, in order. Returns how many
@@ -395,8 +405,8 @@ def check_streams(timings: list[Timing], expected: dict[str, bytes], output_toke
             if answer is None:
                 timing.difference = f"a stream for a prompt that was not sent: {timing.prompt!r}"[:300]
             elif not _same_text(timing.text, answer, split_characters_replaced):
-                timing.difference = (f"streamed text differs from its non-streamed answer: {timing.text[:80]!r}... "
-                                f"against {answer[:80]!r}...")
+                timing.difference = (f"streamed text differs from its non-streamed answer: "
+                                     f"{timing.text[:80]!r}... against {answer[:80]!r}...")
         elif timing.received_tokens is not None:
             checked += 1
             if timing.received_tokens != output_tokens:
