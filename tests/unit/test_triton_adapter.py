@@ -174,3 +174,34 @@ def test_a_last_response_that_cannot_be_sent_still_ends_the_request(failures, en
         assert "could not be sent" in response.error.message
     else:
         assert response is None
+
+
+def test_a_stub_orphaned_before_it_could_watch_its_server_exits_at_once(tmp_path):
+    """The server was killed while the stub loaded (its parent is now whoever adopted it): the launcher's
+    record of the server's pid tells the stub, which ends instead of holding its memory for ever."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tritonforge.spec.environment import HEARTBEAT_DIR_ENV, SERVER_PID_FILE
+
+    folder = tmp_path / "heartbeats"
+    folder.mkdir()
+    stub = ("from tritonforge.runtime.triton_adapter import start_heartbeat; start_heartbeat(); "
+            "import time; time.sleep(60)")
+    env = {**os.environ, HEARTBEAT_DIR_ENV: str(folder)}
+    (folder / SERVER_PID_FILE).write_text(str(os.getpid()))  # this test is the stub's parent: the server
+    kept = subprocess.Popen([sys.executable, "-c", stub], env=env)
+    deadline = time.monotonic() + STUB_EXIT_S
+    while not (folder / str(kept.pid)).exists():  # its first heartbeat: it checked its parent and serves
+        assert kept.poll() is None and time.monotonic() < deadline, "the stub of the recorded server exited"
+        time.sleep(0.05)
+    (folder / SERVER_PID_FILE).write_text("999999999")  # another server: this stub's parent is not it
+    orphan = subprocess.run([sys.executable, "-c", stub], env=env, timeout=STUB_EXIT_S)
+    try:
+        assert orphan.returncode == 1
+        assert kept.poll() is None  # a stub whose parent is the recorded server keeps serving
+    finally:
+        kept.kill()
+        kept.wait()

@@ -16,7 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..spec.environment import DRAINED_SUFFIX, DRAINS_SUFFIX, HEARTBEAT_DIR_ENV, HEARTBEAT_PERIOD_S, STOPPING_FILE
+from ..spec.environment import (
+    DRAINED_SUFFIX,
+    DRAINS_SUFFIX,
+    HEARTBEAT_DIR_ENV,
+    HEARTBEAT_PERIOD_S,
+    SERVER_PID_FILE,
+    STOPPING_FILE,
+)
 from ..spec.errors import ERROR_CODES, INTERNAL_PREFIX, ErrorKind, ResponseSendError, TritonforgeError
 
 logger = logging.getLogger(__name__)
@@ -194,6 +201,8 @@ def start_heartbeat(drain: Callable[[float], None] | None = None) -> None:
     path = Path(folder) / str(os.getpid())
     stopping = Path(folder) / STOPPING_FILE
     server = os.getppid()
+    if _launched_server(Path(folder)) not in (None, server):
+        os._exit(1)  # the server died while this stub loaded: its parent now is whoever adopted it
     if drain is not None:
         path.with_suffix(DRAINS_SUFFIX).touch()
 
@@ -216,6 +225,14 @@ def start_heartbeat(drain: Callable[[float], None] | None = None) -> None:
             time.sleep(HEARTBEAT_PERIOD_S)
 
     threading.Thread(target=beat, daemon=True, name="tritonforge-heartbeat").start()
+
+
+def _launched_server(folder: Path) -> int | None:
+    """The pid of the server the launcher started (SERVER_PID_FILE), None where it did not say."""
+    try:
+        return int((folder / SERVER_PID_FILE).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _deadline(stopping: Path) -> float | None:

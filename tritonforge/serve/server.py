@@ -43,6 +43,7 @@ from ..spec.environment import (
     ENGINE_GRPC_URL_ENV,
     HEARTBEAT_DIR_ENV,
     HEARTBEAT_PERIOD_S,
+    SERVER_PID_FILE,
     STOPPING_FILE,
     TRITONSERVER_ENV,
 )
@@ -387,6 +388,8 @@ class TritonServer:
                                              env=self.environment(binary), start_new_session=True,
                                              preexec_fn=_die_with_parent)
         self._record_owner(self._process.pid)
+        if self.world_size == 1:  # under mpirun each rank's stubs have their own tritonserver for parent
+            _write_whole(self.heartbeat_dir / SERVER_PID_FILE, str(self._process.pid))
         try:
             self._wait_ready()
         except BaseException:
@@ -532,3 +535,10 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Readers never see the file half-written: it appears whole, with a rename."""
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(text)
+    os.replace(partial, path)

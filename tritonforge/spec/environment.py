@@ -14,6 +14,9 @@ HEARTBEAT_PERIOD_S = 1.0
 # the ensembles must be over before the signal.
 STOPPING_FILE = "stopping"
 DRAINS_SUFFIX, DRAINED_SUFFIX = ".drains", ".drained"
+# Written there by the launcher as it starts the server: the server's pid. A stub whose parent is another
+# process was orphaned while it loaded (its server killed before the stub could watch it) and ends at once.
+SERVER_PID_FILE = "server.pid"
 
 # Where the BLS finds the server's gRPC endpoint: the launcher that picks the port says so through this
 # variable, which the stubs inherit; otherwise the BLS's `engine_grpc_url` parameter (Triton's default port).
