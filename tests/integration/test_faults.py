@@ -24,7 +24,9 @@ from tritonforge.tools.profiling import all_stub_pids
 
 STREAMS = 4
 WEDGED_AFTER_S = 5  # the supervisor's limit here: far above a healthy stub's silence, far below the default
-RESTART_S = 30  # a restart takes ~15 s on the CPU machine (test_a_killed_stub...)
+# A restart takes ~15 s on an idle 2-core machine and 60-80 s while it runs other suites; every wait below ends
+# at its event, so a wide bound costs a passing run nothing.
+RESTART_S = 150
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +99,7 @@ def test_a_killed_stub_ends_every_stream_with_an_error_and_the_server_comes_back
     # The supervisor says the server is back once its restart is done (a request can succeed a little earlier,
     # before it has looked at the new stubs: a stub killed then would go unnoticed).
     while supervised.restarts == restarts:
-        assert time.monotonic() - killed < 60, "the server was not serving again within 60 s"
+        assert time.monotonic() - killed < RESTART_S, f"the server was not serving again within {RESTART_S} s"
         time.sleep(0.1)
     assert supervised.restarts == restarts + 1
     client = GrpcClient(server.grpc_url, model=model)

@@ -49,7 +49,9 @@ STREAMS = 24
 QUEUED = 8
 LONG_TOKENS = MAX_SEQ_LEN - MAX_INPUT_LEN - 8
 SCRAPE_S = 1
-RESTART_S = 90  # the supervisor's restart after a killed stub: ~15 s on the 2-core CPU machine, 6x margin
+# The supervisor's restart after a killed stub: ~15 s on an idle 2-core machine, 60-80 s while it runs other
+# suites; the waits end at their event, so the wide bound costs a passing run nothing.
+RESTART_S = 180
 PROMETHEUS_DEADLINE_S = 60  # for a series to reach Prometheus through scrapes and rule evaluations every second
 
 
