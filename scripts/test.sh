@@ -19,9 +19,13 @@ PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider)
 if [ $# -gt 0 ]; then
   exec "${PYTEST[@]}" "$@"
 fi
-# The whole suite in TEST_WORKERS processes, a test module per process at a time (a module's servers stay in
-# its process); `bash scripts/test.sh tests/...` runs what it names in this process alone.
-WORKERS=(-n "${TEST_WORKERS:-2}" --dist loadfile)
+# TEST_WORKERS=N: the suite in N processes, a test module per process at a time (a module's servers stay in
+# its process). One by default: on two loaded cores the timing bounds of test_faults and test_serve_lifecycle
+# do not hold yet with two. `bash scripts/test.sh tests/...` runs what it names, in one process.
+WORKERS=()
+if [ -n "${TEST_WORKERS:-}" ]; then
+  WORKERS=(-n "$TEST_WORKERS" --dist loadfile)
+fi
 "${PYTEST[@]}" "${WORKERS[@]}"
 echo "--- again on the container's transformers ($(grep '^transformers' scripts/container-transformers.txt)) ---"
 # The tests that run transformers or tokenizers code (tests/conftest.py marks them), unit and ensemble.
