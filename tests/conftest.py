@@ -16,15 +16,17 @@ from tritonforge.serve.server import free_port
 from tritonforge.tools.tiny_model import TOKENIZER_FAMILIES, make_tiny_model
 
 
-@pytest.fixture(scope="session", params=TOKENIZER_FAMILIES)
-def tiny_model(request, tmp_path_factory):
-    return make_tiny_model(tmp_path_factory.mktemp(f"tiny-{request.param}"), tokenizer_family=request.param)
-
-
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
-    return {family: make_tiny_model(tmp_path_factory.mktemp(f"tiny-all-{family}"), tokenizer_family=family)
+    """Tests read these checkpoints and never write into them (a degraded copy goes to a folder of its own)."""
+    return {family: make_tiny_model(tmp_path_factory.mktemp(f"tiny-{family}"), tokenizer_family=family)
             for family in TOKENIZER_FAMILIES}
+
+
+@pytest.fixture(scope="session", params=TOKENIZER_FAMILIES)
+def tiny_model(request, tiny_models):
+    """Each family's checkpoint in turn: the same ones as `tiny_models`, built once per session."""
+    return tiny_models[request.param]
 
 
 @contextmanager
@@ -43,6 +45,18 @@ def serving_grpc(servicer: service_pb2_grpc.GRPCInferenceServiceServicer) -> Ite
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+# Every tokenizer and checkpoint a test meets comes from these fixtures: a test that asks for neither runs no
+# code of transformers or tokenizers (tests that import them otherwise carry the marker themselves), so
+# scripts/test.sh runs only the marked ones again on the container's transformers.
+CHECKPOINT_FIXTURES = {"tiny_model", "tiny_models"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if CHECKPOINT_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker("transformers")
 
 
 def pytest_configure(config):

@@ -4,6 +4,8 @@ fail, and worse copies score worse."""
 import pytest
 
 from tritonforge.build.builder import BuildOptions, build
+from tritonforge.serve.server import only_models
+from tritonforge.spec.contract import ENGINE_MODEL
 from tritonforge.tools.accuracy import DEFAULT_PROMPTS, Thresholds, run_eval
 from tritonforge.tools.tiny_model import degraded_copy
 
@@ -15,10 +17,10 @@ TOKENS = 16
 def served_eval(checkpoint, reference, tmp_path, name):
     repository = build(BuildOptions(model=checkpoint, output=tmp_path / name, max_input_len=64, max_seq_len=256),
                        progress=lambda _: None)
-    # Six of the built-in prompts keep the four servers of this module short.
+    # Six of the built-in prompts keep the four evaluations of this module short.
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(DEFAULT_PROMPTS.read_text().splitlines(keepends=True)[:6]))
-    with running(repository) as server:
+    with running(repository, extra_args=only_models(ENGINE_MODEL)) as server:  # the one model the eval asks
         return run_eval(server.grpc_url, reference, repository / "preprocessing" / "tokenizer", tokens=TOKENS,
                         prompts_path=prompts)
 

@@ -58,7 +58,9 @@ def test_tune_measures_each_candidate_and_writes_the_chosen_one(tiny_models, tmp
     build(BuildOptions(model=tiny_models["bpe"], output=repository, max_input_len=64, max_seq_len=256,
                        max_batch_size=4, serving=configs.ServingConfig(postprocessing_instances=3)))
     candidates = [Candidate(1, 1, 1, 0), Candidate(1, 2, 1, 300)]
-    result = tune(repository, candidates, concurrency=2, target=0.5, output_tokens=OUTPUT_TOKENS, duration_s=0.2)
+    # Eight prompts are plenty for two streams for 0.2 s (each is answered alone first, on each path).
+    result = tune(repository, candidates, concurrency=2, target=0.5, output_tokens=OUTPUT_TOKENS, duration_s=0.2,
+                  prompts=8)
     assert [(row["candidate"]["postprocessing"], row["path"]) for row in result.rows] == [
         (count, path) for count in (1, 2) for path in PATHS]
     assert all(row["errors"] == 0 and row["cpu_cores"] and row["server_stats"] for row in result.rows)

@@ -10,6 +10,7 @@ import queue
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -18,8 +19,9 @@ import pytest
 
 from tritonforge.build.builder import BuildOptions, build
 from tritonforge.clients.client import GrpcClient
-from tritonforge.serve.server import DRAIN_END_S, SHARED_MEMORY_DIR, TritonServer, free_port
+from tritonforge.serve.server import DRAIN_END_S, SHARED_MEMORY_DIR, TritonServer, free_port, only_models
 from tritonforge.serve.supervisor import Supervisor
+from tritonforge.spec.contract import ENGINE_MODEL
 
 from .test_user_mistakes import assert_one_line, tritonforge
 
@@ -194,7 +196,12 @@ def test_sigterm_under_open_streams_stops_in_one_line_and_the_server_exits_by_it
     assert not list(SHARED_MEMORY_DIR.glob(f"{shm_prefix}*")), "the stubs' shared memory outlived them"
 
 
-def test_serve_killed_with_sigkill_takes_its_server_along_and_the_next_start_sweeps_what_it_left(repository):
+def test_serve_killed_with_sigkill_takes_its_server_along_and_the_next_start_sweeps_what_it_left(repository, tmp_path,
+                                                                                                   monkeypatch):
+    # Work folders in a temporary folder of this test's own: a server started meanwhile by another test process
+    # sweeps the shared one, and could remove the dead run's folder before this test looks for it.
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
     killed = Serve(repository)
     try:
         server_pid = killed.server_pid()
@@ -205,7 +212,7 @@ def test_serve_killed_with_sigkill_takes_its_server_along_and_the_next_start_swe
         killed.process.wait()
         assert _gone(server_pid, 30), "tritonserver outlived the `serve` that started it"
         assert work_dir.exists()  # left: nobody was there to clean up
-        with TritonServer(repository):
+        with TritonServer(repository, extra_args=only_models(ENGINE_MODEL)):  # any start sweeps: the quickest
             assert not work_dir.exists(), "the next start left the dead run's work folder"
             assert not [region for region in stub_regions if region.exists()], "and its shared memory"
     finally:
@@ -214,11 +221,12 @@ def test_serve_killed_with_sigkill_takes_its_server_along_and_the_next_start_swe
 
 def test_the_supervisor_gives_up_on_a_server_that_does_not_come_back(repository, tmp_path):
     """A server that serves, then dies, then fails every start (its model broke on disk, say): a few attempts,
-    then one clear error instead of restarting for ever."""
-    server = TritonServer(repository)
+    then one clear error instead of restarting for ever. The server loads the engine model alone, whose start
+    and failures take seconds, not the whole repository's."""
+    server = TritonServer(repository, extra_args=only_models(ENGINE_MODEL))
     supervisor = Supervisor(server, wedged_after_s=0, period_s=0.2, max_backoff_s=0.5, max_failed_starts=2)
     supervisor.start()
-    config = repository / "postprocessing" / "config.pbtxt"
+    config = repository / ENGINE_MODEL / "config.pbtxt"
     original = config.read_text()
     config.write_text("this is not a model config")
     try:

@@ -275,7 +275,8 @@ def test_tune_puts_the_configs_back_when_a_measurement_fails(repository, monkeyp
 
     monkeypatch.setenv("PATH", without_perf_analyzer())
     before = {path: path.read_text() for path in repository.glob("*/config.pbtxt")}
-    candidate = Candidate(preprocessing=3, postprocessing=3, bls=2, postprocessing_delay_us=0)
+    # Other counts than the repository's (2 / 2 / 1), and few instances, so that the server starts soon.
+    candidate = Candidate(preprocessing=1, postprocessing=1, bls=1, postprocessing_delay_us=0)
     assert current(repository) != candidate
     with pytest.raises(FileNotFoundError, match="perf_analyzer"):
         tune(repository, [candidate], concurrency=1, duration_s=0.2, tool="perf_analyzer")

@@ -439,11 +439,12 @@ def run_accuracy_gate(options: BuildOptions, progress=print) -> Path:
         progress(f"  tritonforge eval --url localhost:{GRPC_PORT} --reference {reference} --tokenizer {tokenizer} "
                  f"--prompts {options.accuracy_gate}")
         return options.output
-    from ..serve.server import TritonServer
+    from ..serve.server import TritonServer, only_models
     from ..tools.accuracy import run_eval
 
     progress(f"accuracy gate: serving {options.output} and comparing it with {reference}")
-    with TritonServer(options.output) as server:
+    # The gate reads the engine model alone (its tokens and log-probs): the other models are not loaded.
+    with TritonServer(options.output, extra_args=only_models(configs.ENGINE_MODEL)) as server:
         report = run_eval(server.grpc_url, reference, tokenizer, prompts_path=options.accuracy_gate)
     progress(report.table())
     manifest_path = options.output / MANIFEST

@@ -120,11 +120,12 @@ def choose(rows: list[dict], candidates: list[Candidate], target: float) -> tupl
 
 def tune(repository: Path, candidates: list[Candidate], *, concurrency: int = 128, target: float = 0.95,
          output_tokens: int = 64, duration_s: float = 10.0, tool: str = "asyncio",
-         server_options: dict | None = None, progress=lambda message: None) -> TuneResult:
+         server_options: dict | None = None, prompts: int = 256, progress=lambda message: None) -> TuneResult:
     """Measure every candidate and write the chosen one into the configs. Whatever stops it first (an error, a
-    Ctrl-C), the configs are put back as they were."""
+    Ctrl-C), the configs are put back as they were. The load cycles through `prompts` distinct prompts, each of
+    which is first answered alone on every path (what its streams are checked against)."""
     paths = ["direct", "ensemble"] + (["bls"] if (repository / BLS_MODEL).is_dir() else [])
-    prompts = make_prompts(tokenizer_dir(repository), 256, 32)
+    prompt_set = make_prompts(tokenizer_dir(repository), prompts, 32)
     originals = {path: path.read_text() for model in INSTANCE_MODELS.values()
                  if (path := _config_path(repository, model)).is_file()}
     rows: list[dict] = []
@@ -136,7 +137,7 @@ def tune(repository: Path, candidates: list[Candidate], *, concurrency: int = 12
             server = TritonServer(repository, restricted_apis="", **(server_options or {})).start()
             try:
                 with tempfile.TemporaryDirectory() as work:
-                    measured = measure_server(server.grpc_url, prompts, paths=paths, concurrencies=(concurrency,),
+                    measured = measure_server(server.grpc_url, prompt_set, paths=paths, concurrencies=(concurrency,),
                                               output_tokens=output_tokens, duration_s=duration_s, tool=tool,
                                               work=Path(work), label=candidate.label, server_pid=server.pid,
                                               progress=progress)

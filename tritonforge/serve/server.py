@@ -247,6 +247,12 @@ def _new_shm_prefix() -> str:
     return f"tritonforge_pid{os.getpid()}_{uuid.uuid4().hex[:12]}_"
 
 
+def only_models(*models: str) -> list[str]:
+    """tritonserver arguments that load these models of the repository and no other (`extra_args`): a check of
+    the engine alone (the accuracy gate) need not wait for every Python stub of the repository to start."""
+    return ["--model-control-mode=explicit", *(f"--load-model={model}" for model in models)]
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
