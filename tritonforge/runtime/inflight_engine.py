@@ -60,6 +60,7 @@ class _SlotLayer(CacheLayerMixin):
     def __init__(self, owner: SlotCache):
         super().__init__()
         self.owner = owner
+        self.is_initialized = False  # transformers 5 sets it too; 4.56 (NVIDIA's container's) does not
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         raise RuntimeError("a SlotCache layer is filled by SlotCache.store, before any decode step")
@@ -96,6 +97,9 @@ class _SlotLayer(CacheLayerMixin):
 
     def get_max_length(self) -> int:
         return self.keys.shape[2] if self.is_initialized else -1
+
+    def get_max_cache_shape(self) -> int:  # transformers 4.56's name for get_max_length
+        return self.get_max_length()
 
 
 class SlotCache(Cache):
