@@ -132,3 +132,31 @@ def test_the_sweep_removes_only_what_dead_runs_of_ours_left(tmp_path):
     assert not folders["dead"].exists() and not regions["dead"].exists()
     assert all(folders[name].exists() for name in ("alive", "unrecorded"))
     assert all(regions[name].exists() for name in ("alive", "old naming", "not ours"))
+
+
+def test_the_sweep_ends_the_stubs_still_running_from_a_dead_runs_folder(tmp_path):
+    """A stub whose server was killed while it loaded waits for ever, holding its memory: the sweep that removes
+    the dead run's folder ends the programs running from it, and no other."""
+    import json
+    import shutil
+    import subprocess
+
+    from tritonforge.serve.server import OWNER_RECORD, WORK_DIR_PREFIX, sweep_leftovers
+
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+    folder = tmp_path / f"{WORK_DIR_PREFIX}dead"
+    (folder / "backends").mkdir(parents=True)
+    (folder / OWNER_RECORD).write_text(json.dumps({"pids": [exited.pid]}))
+    stub_program = folder / "backends" / "stub"
+    shutil.copy(shutil.which("sleep"), stub_program)  # stands in for the copied triton_python_backend_stub
+    stub = subprocess.Popen([str(stub_program), "600"])
+    elsewhere = subprocess.Popen([shutil.which("sleep"), "600"])
+    try:
+        assert folder in sweep_leftovers(tmp_path, tmp_path / "no-shm")
+        assert stub.wait(timeout=30) == -9 and not folder.exists()
+        assert elsewhere.poll() is None
+    finally:
+        for process in (stub, elsewhere):
+            process.kill()
+            process.wait()

@@ -127,7 +127,8 @@ def _pid_alive(pid: int) -> bool:
 
 def sweep_leftovers(temporary_dir: Path | None = None, shared_memory_dir: Path | None = None) -> list[Path]:
     """Remove what servers of runs that were killed from outside left: work folders whose recorded processes
-    are all gone, and shared-memory regions whose starting process is gone. Folders and regions without our
+    are all gone (and the Python stubs still running from them: a stub whose server died while it loaded can
+    wait for ever), and shared-memory regions whose starting process is gone. Folders and regions without our
     record are never touched. Returns what was removed."""
     removed = []
     for folder in Path(temporary_dir or tempfile.gettempdir()).glob(f"{WORK_DIR_PREFIX}*"):
@@ -137,6 +138,9 @@ def sweep_leftovers(temporary_dir: Path | None = None, shared_memory_dir: Path |
         except (OSError, ValueError, KeyError, TypeError):
             continue  # not ours to judge
         if pids and not any(_pid_alive(pid) for pid in pids):
+            for pid in _processes_running_from(folder):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     for region in Path(shared_memory_dir or SHARED_MEMORY_DIR).glob("tritonforge_pid*"):
@@ -148,6 +152,21 @@ def sweep_leftovers(temporary_dir: Path | None = None, shared_memory_dir: Path |
         logger.info("removed %d leftovers of tritonforge servers that were killed: %s", len(removed),
                     ", ".join(str(path) for path in removed))
     return removed
+
+
+def _processes_running_from(folder: Path) -> list[int]:
+    """The processes whose program lies inside `folder`: the stubs of the server whose backends were copied
+    there."""
+    prefix = str(folder) + os.sep
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            program = (entry / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if program.startswith(prefix):
+            found.append(int(entry.name))
+    return found
 
 
 def serving_processes(repository: Path, temporary_dir: Path | None = None) -> list[int]:
