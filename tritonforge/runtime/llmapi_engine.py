@@ -30,6 +30,7 @@ tensorrtllm backend does. Bad words are single tokens (`bad_token_ids`); a multi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import logging
 import threading
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 from ..spec.contract import BAD_WORDS_LIST
 from ..spec.errors import EngineShuttingDown, UnsupportedError
 from ..spec.limits import EngineLimits
+from ..spec.model_parameters import PyTorchEngineParameters
 from .generation import EngineStats, GenerationRequest, GenerationResult, check_limits
 
 logger = logging.getLogger(__name__)
@@ -65,20 +67,23 @@ def load_llm_api():
     return api
 
 
+_BUILT = PyTorchEngineParameters  # the model parameters a build writes: their defaults are these settings'
+
+
 @dataclass(frozen=True, kw_only=True)
 class LlmApiSettings:
     """The `LLM(...)` arguments a build chooses (`model_parameters.PyTorchEngineParameters` carries them)."""
 
     model_path: str  # the Hugging Face checkpoint, absolute
-    dtype: str = "auto"  # auto | float16 | bfloat16 | float32; quantization is read from the checkpoint
-    kv_cache_dtype: str = "auto"  # auto | fp8
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    kv_cache_free_gpu_memory_fraction: float = 0.9
-    max_num_tokens: int = 8192
-    enable_block_reuse: bool = True
-    enable_chunked_prefill: bool = False
-    stream_interval: int = 1
+    dtype: str = _BUILT.dtype  # auto | float16 | bfloat16 | float32; quantization is read from the checkpoint
+    kv_cache_dtype: str = _BUILT.kv_cache_dtype  # auto | fp8
+    tensor_parallel_size: int = _BUILT.tensor_parallel_size
+    pipeline_parallel_size: int = _BUILT.pipeline_parallel_size
+    kv_cache_free_gpu_memory_fraction: float = _BUILT.kv_cache_free_gpu_memory_fraction
+    max_num_tokens: int = _BUILT.max_num_tokens
+    enable_block_reuse: bool = _BUILT.enable_block_reuse
+    enable_chunked_prefill: bool = _BUILT.enable_chunked_prefill
+    stream_interval: int = _BUILT.stream_interval
 
 
 def llm_arguments(api, settings: LlmApiSettings, limits: EngineLimits) -> dict:
@@ -214,13 +219,9 @@ class LlmApiEngine:
     def for_model(cls, parameters, settings, api=None) -> LlmApiEngine:
         """The engine of a `tensorrt_llm` model: its typed parameters (`PyTorchEngineParameters`) and the
         `EngineSettings` made from them (limits, the checkpoint's absolute path, the cancellation period)."""
-        llm = LlmApiSettings(
-            model_path=settings.model_path, dtype=parameters.dtype, kv_cache_dtype=parameters.kv_cache_dtype,
-            tensor_parallel_size=parameters.tensor_parallel_size,
-            pipeline_parallel_size=parameters.pipeline_parallel_size,
-            kv_cache_free_gpu_memory_fraction=parameters.kv_cache_free_gpu_memory_fraction,
-            max_num_tokens=parameters.max_num_tokens, enable_block_reuse=parameters.enable_block_reuse,
-            enable_chunked_prefill=parameters.enable_chunked_prefill, stream_interval=parameters.stream_interval)
+        llm = LlmApiSettings(model_path=settings.model_path,
+                             **{item.name: getattr(parameters, item.name) for item in dataclasses.fields(LlmApiSettings)
+                                if item.name != "model_path"})
         return cls(api or load_llm_api(), llm, settings.limits, vocab_size=parameters.vocab_size,
                    check_period_s=settings.cancellation_check_period_ms / 1000)
 
