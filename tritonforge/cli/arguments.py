@@ -7,6 +7,15 @@ import sys
 from pathlib import Path
 
 from ..build.repository import tokenizer_dir
+from ..spec.contract import DEFAULT_MAX_TOKENS
+from ..spec.settings import positive_int, positive_seconds
+
+
+def add_load_arguments(parser, *, tokens_help: str, tool_help: str) -> None:
+    """What `bench` and `tune` both load a server with: tokens a request, time a point, the load generator."""
+    parser.add_argument("--output-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS, help=tokens_help)
+    parser.add_argument("--duration-s", type=positive_seconds, default=10.0, help="measurement time per point")
+    parser.add_argument("--tool", choices=("asyncio", "perf_analyzer"), default="asyncio", help=tool_help)
 
 
 def say(message: str) -> None:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..spec.contract import DEFAULT_MAX_TOKENS
 from ..spec.ports import LOCAL_GRPC_URL
-from ..spec.settings import positive_int, positive_ints, positive_seconds
-from .arguments import repository_tokenizer, require_tool, say
+from ..spec.settings import positive_int, positive_ints
+from .arguments import add_load_arguments, repository_tokenizer, require_tool, say
 
 
 def bench_command(args: argparse.Namespace) -> int:
@@ -59,11 +58,8 @@ def add_parser(command) -> None:
                        help="comma-separated: direct (tensorrt_llm), ensemble, bls")
     bench.add_argument("--concurrency", type=positive_ints, default="1,8,32,128",
                        help="concurrent streams per point, comma-separated")
-    bench.add_argument("--output-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS,
-                       help="min_tokens = max_tokens per request")
+    add_load_arguments(bench, tokens_help="min_tokens = max_tokens per request",
+                       tool_help="load generator; perf_analyzer needs a server started with --open-apis")
     bench.add_argument("--max-prompt-tokens", type=positive_int, default=32, help="prompt length at most")
-    bench.add_argument("--duration-s", type=positive_seconds, default=10.0, help="measurement time per point")
-    bench.add_argument("--tool", choices=("asyncio", "perf_analyzer"), default="asyncio",
-                       help="load generator; perf_analyzer needs a server started with --open-apis")
     bench.add_argument("--json", type=Path, default=None, help="also write the figures here")
     bench.set_defaults(func=bench_command)

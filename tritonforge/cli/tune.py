@@ -7,9 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..spec.contract import DEFAULT_MAX_TOKENS
-from ..spec.settings import non_negative_ints, positive_int, positive_ints, positive_seconds
-from .arguments import RepositoryInUse, repository_tokenizer, require_tool
+from ..spec.settings import non_negative_ints, positive_int, positive_ints
+from .arguments import RepositoryInUse, add_load_arguments, repository_tokenizer, require_tool
 
 
 def tune_command(args: argparse.Namespace) -> int:
@@ -69,9 +68,5 @@ def add_parser(command) -> None:
                              help="write STEM.json and STEM.png (throughput against TTFT p99, chosen marked)")
     tune_parser.add_argument("--concurrency", type=positive_int, default=128, help="concurrent streams to tune for")
     tune_parser.add_argument("--target", type=float, default=0.95, help="efficiency to reach vs the engine alone")
-    tune_parser.add_argument("--output-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS,
-                             help="tokens per request")
-    tune_parser.add_argument("--duration-s", type=positive_seconds, default=10.0, help="measurement time per point")
-    tune_parser.add_argument("--tool", choices=("asyncio", "perf_analyzer"), default="asyncio",
-                             help="load generator")
+    add_load_arguments(tune_parser, tokens_help="tokens per request", tool_help="load generator")
     tune_parser.set_defaults(func=tune_command)
