@@ -133,9 +133,9 @@ class NativeReplayEngineParameters(ModelParameters):
     replay_tokens: str
     replay_step_ms: float
     max_batch_size: int
-    exclude_input_in_output: bool = True
+    exclude_input_in_output: bool = EngineParameters.exclude_input_in_output
     replay_sender_threads: int = 1  # threads sending responses, each running its share of the batch
-    stream_interval: int = 1  # as EngineParameters.stream_interval
+    stream_interval: int = EngineParameters.stream_interval
 
 
 @dataclass(frozen=True, kw_only=True)
