@@ -127,35 +127,16 @@ class RequestRows:
                 return True
             flags = self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
             try:
-                if response is None:
-                    self.sender.send(flags=flags)
-                else:
-                    self.sender.send(response, flags=flags)
-                return True
-            except Exception:  # noqa: BLE001
-                logger.exception("could not send a response (final: %s)", final)
-                if row_done:
-                    _send_or_log(self.sender, self.error_response(ResponseSendError()), flags, final=final,
-                                 pb_utils=self.pb_utils)
+                if _try_send(self.sender, response, flags):
+                    return True
+                if final:
+                    send_final(self.pb_utils, self.sender, self.error_response(ResponseSendError()))
+                elif row_done:
+                    _try_send(self.sender, self.error_response(ResponseSendError()), flags)
                 return False
             finally:
                 if final:
                     self.on_done()
-
-
-def _send_or_log(sender, response, flags: int, *, final: bool, pb_utils) -> None:
-    """A last try at ending a row whose response failed: its error, else (for the request's final) the flag
-    alone, which carries no data and so needs no room to send."""
-    try:
-        sender.send(response, flags=flags)
-        return
-    except Exception:  # noqa: BLE001
-        logger.exception("could not send the error that replaces a failed response")
-    if final:
-        try:
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        except Exception:  # noqa: BLE001
-            logger.exception("could not end the request")
 
 
 def answer_error(pb_utils, sender, error: Exception) -> None:
@@ -165,18 +146,23 @@ def answer_error(pb_utils, sender, error: Exception) -> None:
 
 def send_final(pb_utils, sender, response=None) -> None:
     """A request's one and final response (or the final flag alone); never raises, as `RequestRows.send`, and
-    when the response cannot be sent the flag alone still ends the request."""
+    when the response cannot be sent the flag alone, which carries no data, still ends the request."""
     final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-    if response is not None:
-        try:
-            sender.send(response, flags=final)
-            return
-        except Exception:  # noqa: BLE001
-            logger.exception("could not send a final response")
+    if response is None or not _try_send(sender, response, final):
+        _try_send(sender, None, final)
+
+
+def _try_send(sender, response, flags: int) -> bool:
+    """One send (None: the flags alone); a failure is logged and answered False."""
     try:
-        sender.send(flags=final)
-    except Exception:  # noqa: BLE001
-        logger.exception("could not end the request")
+        if response is None:
+            sender.send(flags=flags)
+        else:
+            sender.send(response, flags=flags)
+        return True
+    except Exception:  # noqa: BLE001 - the caller ends the row another way
+        logger.exception("could not send a response (flags %s)", flags)
+        return False
 
 
 def resolve_path(args: dict, value: str) -> str:
