@@ -504,9 +504,7 @@ class TritonServer:
         if not draining:
             return
         deadline = time.monotonic() + (self.exit_timeout_s if self.drain_timeout_s is None else self.drain_timeout_s)
-        marker = self.heartbeat_dir / STOPPING_FILE
-        marker.with_suffix(".tmp").write_text(repr(deadline))
-        os.replace(marker.with_suffix(".tmp"), marker)
+        _write_whole(self.heartbeat_dir / STOPPING_FILE, repr(deadline))
         while not all(path.exists() for path in draining) and time.monotonic() < deadline + DRAIN_END_S:
             if self._process.poll() is not None:
                 return
