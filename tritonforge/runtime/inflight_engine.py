@@ -39,6 +39,7 @@ from ..spec.limits import EngineLimits
 from .decode_graphs import DecodeGraphs, StaticInputs, graph_bucket
 from .generation import EngineStats, EngineThread, GenerationRequest, GenerationResult, check_limits
 from .sampling import SlotSampler
+from .slot_attention import use_slot_attention
 
 logger = logging.getLogger(__name__)
 
@@ -220,6 +221,7 @@ class InflightBatchingEngine(EngineThread):
                  prefill_tokens: int = PREFILL_TOKENS, admission_wait_steps: int = 0):
         super().__init__("inflight-engine")
         check_cache_layers(model)
+        use_slot_attention(model)
         self.model = model
         self.limits = limits
         self.device = next(model.parameters()).device
