@@ -7,6 +7,8 @@
 - A `stop` is answered by the engine's thread, so an engine whose thread is stuck leaves it unanswered: the
   liveness probe (a stop for an unused id) then finds the engine wedged, where an answer from the stub alone
   would have said it was fine.
+- Response lanes (responses sent off the engine's thread): each row's responses in order, its final one
+  last; a send stuck in one lane holds only the rows of that lane.
 
 The Python backend exists only inside the server's stub, so `pb_utils` is a stand-in here with just what
 `EngineService` calls; the engine is the real replay engine.
@@ -92,11 +94,16 @@ class Request:
         return []
 
 
-@pytest.fixture()
-def service():
+def make_service(lanes: int, stream_interval: int = 1) -> EngineService:
     limits = EngineLimits(max_batch_size=4, max_input_len=8, max_seq_len=64)
     engine = ReplayEngine(list(range(10, 50)), step_ms=2, limits=limits, vocab_size=100)
-    service = EngineService(PB_UTILS_STAND_IN, EngineSettings(limits=limits), engine)
+    return EngineService(PB_UTILS_STAND_IN, EngineSettings(limits=limits, response_lanes=lanes,
+                                                           stream_interval=stream_interval), engine)
+
+
+@pytest.fixture(params=[0, 2], ids=["sent-by-engine-thread", "two-response-lanes"])
+def service(request):
+    service = make_service(request.param)
     yield service
     service.shutdown()
 
@@ -118,7 +125,15 @@ def test_a_failed_send_ends_its_request_with_an_error_and_the_engine_serves_on(s
     assert later.final.wait(WAIT_S) and later.sent[-1][0].error is None
 
 
-def test_a_stop_is_answered_by_the_engine_thread_and_not_while_that_thread_is_stuck(service):
+def test_a_stop_is_answered_by_the_engine_thread_and_not_while_that_thread_is_stuck():
+    service = make_service(lanes=0)  # the engine's thread sends, so a stuck send holds that thread
+    try:
+        stop_waits_for_a_stuck_engine_thread(service)
+    finally:
+        service.shutdown()
+
+
+def stop_waits_for_a_stuck_engine_thread(service):
     idle_stop = Sender()
     service.handle(Request("nobody", idle_stop, inputs=stop_request_inputs()))
     assert idle_stop.final.wait(WAIT_S)
@@ -133,10 +148,28 @@ def test_a_stop_is_answered_by_the_engine_thread_and_not_while_that_thread_is_st
     assert stop.final.wait(WAIT_S) and stuck.final.wait(WAIT_S)
 
 
-def test_a_stream_interval_sends_the_first_token_at_once_then_that_many_a_response():
-    limits = EngineLimits(max_batch_size=4, max_input_len=8, max_seq_len=64)
-    engine = ReplayEngine(list(range(10, 50)), step_ms=2, limits=limits, vocab_size=100)
-    service = EngineService(PB_UTILS_STAND_IN, EngineSettings(limits=limits, stream_interval=3), engine)
+def test_a_send_stuck_in_one_lane_holds_only_its_rows_and_each_row_keeps_its_order():
+    service = make_service(lanes=2)  # rows are dealt to lanes in turn: the first lane 0, the second lane 1
+    try:
+        stuck, free = BlockingSender(), Sender()
+        service.handle(Request("stuck", stuck, tokens=6))
+        assert stuck.sending.wait(WAIT_S)
+        service.handle(Request("free", free, tokens=6))
+        assert free.final.wait(WAIT_S)  # its lane sent all of it while the other lane's send was stuck
+        assert not stuck.sent
+        stuck.release.set()
+        assert stuck.final.wait(WAIT_S)
+    finally:
+        service.shutdown()
+    for sender in (stuck, free):
+        ids = [dict(response.tensors)["output_ids"].reshape(-1).tolist() for response, _ in sender.sent]
+        assert sum(ids, []) == list(range(13, 19))  # every token once, in order (offset: the prompt's sum)
+        assert [flags for _, flags in sender.sent] == [0] * (len(ids) - 1) + [FINAL]
+
+
+@pytest.mark.parametrize("lanes", [0, 2])
+def test_a_stream_interval_sends_the_first_token_at_once_then_that_many_a_response(lanes):
+    service = make_service(lanes, stream_interval=3)
     try:
         sender = Sender()
         service.handle(Request("interval", sender, tokens=9))

@@ -15,6 +15,7 @@ from pathlib import Path
 from ..spec.limits import EngineLimits
 from ..spec.model_parameters import (
     CANCELLATION_CHECK_PERIOD_MS,
+    EngineParameters,
     NativeReplayEngineParameters,
     PyTorchEngineParameters,
     ReplayEngineParameters,
@@ -73,6 +74,9 @@ class BuildOptions:
                                    "stream_interval): streamed tokens per response after the first (fewer "
                                    "responses through the pipeline, chunks that many steps apart); 1 streams "
                                    "every token, as the tensorrtllm backend always does")
+    response_lanes: int = setting(EngineParameters.response_lanes, "transformers, replay and tensorrtllm-pytorch "
+                                  "engines: threads that build and send responses off the engine's thread, "
+                                  "each row's in order (0: the engine's thread sends them)")
     tp_size: int = setting(1, "tensor parallel size", group=TRT)
     pp_size: int = setting(1, "pipeline parallel size", group=TRT)
     quantization: str = setting("none", choices=trtllm.QUANTIZATIONS, group=TRT)
@@ -115,6 +119,8 @@ class BuildOptions:
         if self.replay_native and self.serving.engine_instances > 1:
             raise ValueError("--replay-native runs as one instance: set --replay-sender-threads instead of "
                              "--engine-instances")
+        if self.response_lanes < 0:
+            raise ValueError(f"--response-lanes must be >= 0, got {self.response_lanes}")
         if self.stream_interval < 1:
             raise ValueError(f"--stream-interval must be >= 1, got {self.stream_interval}")
         if self.stream_interval > 1 and self.engine == "tensorrtllm":
@@ -223,7 +229,7 @@ def transformers_engine_parameters(options: BuildOptions) -> dict[str, str]:
         model_path=f"1/{CHECKPOINT_SUBDIR}", max_batch_size=options.max_batch_size,
         max_input_len=options.max_input_len, max_seq_len=options.max_seq_len, dtype=options.dtype,
         device=options.device, exclude_input_in_output=options.serving.exclude_input_in_output,
-        stream_interval=options.stream_interval).to_config()
+        stream_interval=options.stream_interval, response_lanes=options.response_lanes).to_config()
 
 
 def replay_engine_parameters(options: BuildOptions, vocab_size: int) -> dict[str, str]:
@@ -234,7 +240,7 @@ def replay_engine_parameters(options: BuildOptions, vocab_size: int) -> dict[str
         shared_batch=options.serving.engine_instances > 1, max_batch_size=options.max_batch_size,
         max_input_len=options.max_input_len, max_seq_len=options.max_seq_len,
         exclude_input_in_output=options.serving.exclude_input_in_output,
-        stream_interval=options.stream_interval).to_config()
+        stream_interval=options.stream_interval, response_lanes=options.response_lanes).to_config()
 
 
 def native_replay_engine_parameters(options: BuildOptions) -> dict[str, str]:
@@ -254,6 +260,7 @@ def pytorch_engine_parameters(options: BuildOptions, vocab_size: int) -> dict[st
         kv_cache_free_gpu_memory_fraction=options.kv_cache_free_gpu_mem_fraction,
         max_num_tokens=options.max_num_tokens, enable_block_reuse=options.enable_kv_cache_reuse,
         enable_chunked_prefill=options.enable_chunked_context, stream_interval=options.stream_interval,
+        response_lanes=options.response_lanes,
         exclude_input_in_output=options.serving.exclude_input_in_output).to_config()
 
 

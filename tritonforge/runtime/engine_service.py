@@ -45,6 +45,7 @@ from ..spec.limits import EngineLimits
 from ..spec.model_parameters import CANCELLATION_CHECK_PERIOD_MS, EngineParameters, TransformersEngineParameters
 from .engine_requests import EngineRow, is_stop_request, parse_engine_request
 from .generation import GenerationRequest, GenerationResult
+from .response_lanes import Post, ResponseLanes, run_here
 from .triton_adapter import (
     RequestRows,
     answer_error,
@@ -60,6 +61,7 @@ logger = logging.getLogger(__name__)
 
 REQUIRED_OUTPUTS = frozenset({OUTPUT_IDS, SEQUENCE_LENGTH})
 DRAIN_END_S = 5.0  # how long `drain` waits for the engine to end the rows it was told to end
+LANE_CLOSE_S = 5.0  # how long shutdown waits for each response lane to send what it holds
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,6 +76,8 @@ class EngineSettings:
     cancellation_check_period_ms: int = CANCELLATION_CHECK_PERIOD_MS
     decoupled: bool = True
     stream_interval: int = 1  # streamed tokens per response after the first (model_parameters.EngineParameters)
+    response_lanes: int = EngineParameters.response_lanes  # threads sending responses off the engine's thread
+    response_lane_depth: int = 64  # sends a lane holds before the engine waits for it
 
     @classmethod
     def from_parameters(cls, parameters: EngineParameters, *, decoupled: bool, max_queue_size: int,
@@ -89,6 +93,7 @@ class EngineSettings:
             cancellation_check_period_ms=parameters.cancellation_check_period_ms,
             decoupled=decoupled,
             stream_interval=parameters.stream_interval,
+            response_lanes=parameters.response_lanes,
         )
 
     @classmethod
@@ -127,8 +132,9 @@ class _RowSink:
     """
 
     def __init__(self, state: RequestRows, row: EngineRow, batch_index: int, server_stopping: threading.Event,
-                 stream_interval: int = 1):
+                 stream_interval: int = 1, post: Post = run_here):
         self.state = state
+        self.post = post  # runs this row's sends in order: on a response lane, or here
         self.server_stopping = server_stopping  # set: every open row ends now, with ServerStopping
         self.row = row
         self.batch_index = batch_index
@@ -188,10 +194,19 @@ class _RowSink:
             return
         self.pending = ([], [])
         self.streamed += len(pending_ids)
-        if not self.state.send(self._response(pending_ids, pending_log_probs), row_done=False):
+        self.post(lambda: self._send_tokens(pending_ids, pending_log_probs))
+
+    def _send_tokens(self, token_ids: list[int], log_probs: list[float]) -> None:
+        if not self.send_failed and not self.state.send(self._response(token_ids, log_probs), row_done=False):
             self.send_failed = True
 
     def finish(self, result: GenerationResult | None, error: Exception | None) -> None:
+        """The row's end: its last response, after every one sent before it."""
+        if result is not None and result.token_ids[self.streamed:]:
+            self._token_times()
+        self.post(lambda: self._finish(result, error))
+
+    def _finish(self, result: GenerationResult | None, error: Exception | None) -> None:
         if error is None and self.send_failed:  # the client missed a chunk: end with an error, not a gap
             error = ResponseSendError()
         if error is None and self.server_stopping.is_set():  # cut short: not a whole answer
@@ -199,8 +214,6 @@ class _RowSink:
         if error is not None:
             self.state.send(self.state.error_response(error), row_done=True)
             return
-        if result.token_ids[self.streamed:]:
-            self._token_times()
         if self.row.stream:  # the tokens not yet streamed (none after an end id), flagged final
             tokens, log_probs = result.token_ids[self.streamed:], result.log_probs[self.streamed:]
         elif self.row.exclude_input:
@@ -225,6 +238,8 @@ class EngineService:
 
             engine = InflightBatchingEngine(load_model(settings), settings.limits)
         self.engine = engine
+        self.lanes = (ResponseLanes(settings.response_lanes, settings.response_lane_depth)
+                      if settings.response_lanes else None)
         self.metrics = None
         # Set when the stopping server's time for open requests is up (`drain`): the engine stops every row,
         # and each ends with ServerStopping.
@@ -293,7 +308,8 @@ class EngineService:
                     max_new_tokens=row.max_new_tokens, end_id=row.end_id, sampling=row.sampling,
                     stop_sequences=row.stop_sequences, bad_sequences=row.bad_sequences, stream=row.stream,
                     return_log_probs=row.return_log_probs, embedding_bias=row.embedding_bias,
-                    sink=_RowSink(state, row, index, self.server_stopping, self.settings.stream_interval))
+                    sink=_RowSink(state, row, index, self.server_stopping, self.settings.stream_interval,
+                                  self.lanes.lane() if self.lanes else run_here))
                 self.engine.validate(generation)
                 requests.append(generation)
         except Exception as error:  # noqa: BLE001 - every failure becomes this request's error response
@@ -307,6 +323,8 @@ class EngineService:
         if self.metrics is not None:
             self.metrics.stop()
         self.engine.shutdown()
+        if self.lanes is not None:  # after the engine, whose last rows end through them
+            self.lanes.close(LANE_CLOSE_S)
 
 
 class EngineModel:

@@ -109,6 +109,9 @@ class EngineParameters(ModelParameters):
     # Streamed tokens per response after the first, as trtllm-serve's and vLLM's `stream_interval`: fewer
     # responses for the pipeline to carry, at the price of chunks that arrive that many steps apart.
     stream_interval: int = 1
+    # Threads that build and send responses off the engine's thread (0: the engine's thread sends them);
+    # tritonforge/runtime/response_lanes.py says why.
+    response_lanes: int = 8
 
 
 @dataclass(frozen=True, kw_only=True)
