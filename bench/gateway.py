@@ -19,12 +19,10 @@ import argparse
 import asyncio
 import datetime
 import json
-import multiprocessing
 import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from tritonforge.build import model_configs as configs
@@ -42,7 +40,9 @@ from tritonforge.tools.benchmark import (
     make_prompts,
     perf_analyzer_load,
     perf_analyzer_openai_load,
+    spread_load,
     summarize,
+    timed_share,
     with_extension,
 )
 from tritonforge.tools.profiling import tree_cpu_seconds, waited_children_cpu_seconds
@@ -84,33 +84,13 @@ async def _gateway_load(base_url: str, prompts, concurrency: int, output_tokens:
 
 
 def _ensemble_share(url: str, prompts, concurrency: int, output_tokens: int, seconds: float, start_at: float):
-    time.sleep(max(0.0, start_at - time.monotonic()))
-    cpu = time.process_time()
-    timings, wall = asyncio_load(url, "ensemble", prompts, concurrency, output_tokens, seconds)
-    return timings, wall, time.process_time() - cpu
+    return timed_share(start_at, lambda: asyncio_load(url, "ensemble", prompts, concurrency, output_tokens,
+                                                      seconds, 1))
 
 
 def _gateway_share(base_url: str, prompts, concurrency: int, output_tokens: int, seconds: float, start_at: float):
-    time.sleep(max(0.0, start_at - time.monotonic()))
-    cpu = time.process_time()
-    timings, wall = asyncio.run(_gateway_load(base_url, prompts, concurrency, output_tokens, seconds))
-    return timings, wall, time.process_time() - cpu
-
-
-def spread_load(share, target: str, prompts, concurrency: int, output_tokens: int, seconds: float,
-                processes: int) -> tuple[list[Timing], float, float]:
-    """`concurrency` streams from `processes` load processes started together (one Python process is one core,
-    and at a real engine's rate a single load process would measure itself rather than the server): the
-    timings, the longest wall time and the CPU seconds the processes spent on the load itself."""
-    shares = [count for count in (concurrency // processes + (index < concurrency % processes)
-                                  for index in range(processes)) if count]
-    start_at = time.monotonic() + 5.0  # every process imported and waiting before the first request
-    with ProcessPoolExecutor(len(shares), mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(share, target, prompts[index::len(shares)], count, output_tokens, seconds, start_at)
-                   for index, count in enumerate(shares)]
-        results = [future.result() for future in futures]
-    return ([timing for timings, _, _ in results for timing in timings], max(wall for _, wall, _ in results),
-            sum(cpu for _, _, cpu in results))
+    return timed_share(start_at, lambda: asyncio.run(_gateway_load(base_url, prompts, concurrency, output_tokens,
+                                                                   seconds)))
 
 
 GATEWAY_LATENCIES = {"ttft": TTFT_METRIC, "itl": ITL_METRIC}

@@ -62,6 +62,7 @@ def build_repository(args, model_dir: Path, engine: str, output: Path) -> None:
                        max_seq_len=args.max_prompt_tokens + 8 + args.output_tokens, dtype=args.dtype,
                        serving=serving, replay_step_ms=args.replay_step_ms, replay_native=args.replay_native,
                        replay_sender_threads=args.replay_sender_threads, stream_interval=args.stream_interval,
+                       response_lanes=args.response_lanes,
                        force=True), progress=lambda _: None)
 
 
@@ -139,6 +140,8 @@ def main() -> int:
                         help="--replay-native: threads sending the engine's responses")
     parser.add_argument("--stream-interval", type=int, default=1,
                         help="streamed tokens per engine response after the first (1: every token)")
+    parser.add_argument("--response-lanes", type=int, default=BuildOptions.response_lanes,
+                        help="Python engines: threads sending responses off the engine's thread (0: none)")
     parser.add_argument("--engine-instances", type=int, default=1,
                         help="replay engine: Python stubs sharing the engine's batch (8 reach a real engine's rate "
                              "on 16 cores)")

@@ -13,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import multiprocessing
 import os
 import platform
 import re
 import subprocess
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -195,8 +197,52 @@ async def _asyncio_load(url: str, path: str, prompts, concurrency: int, output_t
     return timings, end - start
 
 
-def asyncio_load(url, path, prompts, concurrency, output_tokens, duration_s):
-    return asyncio.run(_asyncio_load(url, path, prompts, concurrency, output_tokens, duration_s))
+# One Python process is one core: at a real engine's rate (~30k responses/s at 128 streams) a single asyncio
+# client would measure itself rather than the server. Streams beyond this many are spread over processes.
+STREAMS_PER_LOAD_PROCESS = 32
+LOAD_START_DELAY_S = 5.0  # time for every load process to import and wait before the first request
+
+
+def asyncio_load(url, path, prompts, concurrency, output_tokens, duration_s, processes: int | None = None):
+    """`concurrency` streams of asyncio gRPC clients, from `processes` processes (None: one per
+    STREAMS_PER_LOAD_PROCESS streams; 1: this one)."""
+    processes = processes or -(-concurrency // STREAMS_PER_LOAD_PROCESS)
+    if processes == 1:
+        return asyncio.run(_asyncio_load(url, path, prompts, concurrency, output_tokens, duration_s))
+    timings, wall, _ = spread_load(_asyncio_share, (url, path), prompts, concurrency, output_tokens, duration_s,
+                                   processes)
+    return timings, wall
+
+
+def _asyncio_share(target: tuple[str, str], prompts, concurrency: int, output_tokens: int, seconds: float,
+                   start_at: float):
+    url, path = target
+    return timed_share(start_at, lambda: asyncio_load(url, path, prompts, concurrency, output_tokens, seconds, 1))
+
+
+def timed_share(start_at: float, load):
+    """A load process's share: `load()` run from `start_at` (time.monotonic); its timings, wall time and the
+    CPU seconds it spent."""
+    time.sleep(max(0.0, start_at - time.monotonic()))
+    cpu = time.process_time()
+    timings, wall = load()
+    return timings, wall, time.process_time() - cpu
+
+
+def spread_load(share, target, prompts, concurrency: int, output_tokens: int, seconds: float,
+                processes: int) -> tuple[list[Timing], float, float]:
+    """`concurrency` streams from `processes` load processes started together, each running
+    `share(target, its prompts, its streams, output_tokens, seconds, start_at)` (a module-level function: it is
+    pickled): the timings, the longest wall time and the CPU seconds the processes spent on the load itself."""
+    shares = [count for count in (concurrency // processes + (index < concurrency % processes)
+                                  for index in range(processes)) if count]
+    start_at = time.monotonic() + LOAD_START_DELAY_S
+    with ProcessPoolExecutor(len(shares), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(share, target, prompts[index::len(shares)], count, output_tokens, seconds, start_at)
+                   for index, count in enumerate(shares)]
+        results = [future.result() for future in futures]
+    return ([timing for timings, _, _ in results for timing in timings], max(wall for _, wall, _ in results),
+            sum(cpu for _, _, cpu in results))
 
 
 # ---- load generator: perf_analyzer --------------------------------------------------------------------------
