@@ -77,7 +77,7 @@ class EngineSettings:
     decoupled: bool = True
     stream_interval: int = 1  # streamed tokens per response after the first (model_parameters.EngineParameters)
     response_lanes: int = EngineParameters.response_lanes  # threads sending responses off the engine's thread
-    response_lane_depth: int = 64  # sends a lane holds before the engine waits for it
+    response_lane_depth: int = 128  # sends a lane holds before the engine waits for it (a 128-row step each)
 
     @classmethod
     def from_parameters(cls, parameters: EngineParameters, *, decoupled: bool, max_queue_size: int,

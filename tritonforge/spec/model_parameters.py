@@ -111,7 +111,7 @@ class EngineParameters(ModelParameters):
     stream_interval: int = 1
     # Threads that build and send responses off the engine's thread (0: the engine's thread sends them);
     # tritonforge/runtime/response_lanes.py says why.
-    response_lanes: int = 8
+    response_lanes: int = 2
 
 
 @dataclass(frozen=True, kw_only=True)
