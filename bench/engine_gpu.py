@@ -235,7 +235,7 @@ def write_results(args, header: dict, modes: dict) -> Path:
     for name, mode in modes.items():
         cells = [f"{row['tokens_per_s']:,.0f} ({row['ttft_p50_ms'] if row['ttft_p50_ms'] is not None else '-'})"
                  + (f", {row['errors']} errors" if row["errors"] else "") for row in mode["rows"]]
-        lines.append(f"| {name} ({mode['graphs_captured']} graphs) | " + " | ".join(cells) + " |")
+        lines.append(f"| {name} ({mode['graphs_captured']} captured graphs) | " + " | ".join(cells) + " |")
     if len(modes) >= 2:
         eager, graphed = (mode["rows"] for mode in list(modes.values())[:2])
         lines += ["", "CUDA graphs / eager: " + ", ".join(
