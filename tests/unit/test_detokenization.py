@@ -66,3 +66,13 @@ def test_sentencepiece_word_spaces_survive_token_by_token_streaming(tiny_models)
 def test_padding_ids_decode_to_nothing(tiny_models):
     table = TokenBytes(load_tokenizer(tiny_models["bpe"]))
     assert table.decode([-1, -1]) == b""
+
+
+def test_a_sentencepiece_completion_keeps_its_leading_space_and_a_whole_sequence_drops_it(tiny_models):
+    """The postprocessing model tells an echoed prompt (it starts with BOS) from a completion, which follows
+    the prompt's text and so needs its word space."""
+    tokenizer = load_tokenizer(tiny_models["sentencepiece"])
+    table = TokenBytes(tokenizer)
+    ids = tokenizer("the server", add_special_tokens=False).input_ids
+    assert table.decode_text(ids) == " the server"
+    assert table.decode_text([tokenizer.bos_token_id, *ids]) == "the server"

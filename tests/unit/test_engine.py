@@ -304,3 +304,13 @@ def test_a_long_first_prompt_grows_every_layer_of_the_cache_and_later_requests_s
             assert sink.result.token_ids == reference(model, tokenizer, prompt, new_tokens)
     finally:
         engine.shutdown()
+
+
+def test_min_tokens_lets_the_end_id_end_the_answer_once_that_many_tokens_exist(setup):
+    tokenizer, model, engine = setup
+    expected = reference(model, tokenizer, "The engine", 24)
+    end_id = expected[3]
+    ends_at = expected.index(end_id)
+    sink = submit(engine, tokenizer, "The engine", Sink(), end_id=end_id, sampling=SamplingParams(min_tokens=ends_at))
+    assert sink.done.wait(WAIT_S)
+    assert sink.result.finish_reason == "end_id" and sink.result.token_ids == expected[:ends_at]

@@ -60,3 +60,65 @@ def test_empty_or_false_feature_inputs_are_accepted():
                                           decoder_input_ids=np.array([[0]], dtype=np.int32)),
                                   default_exclude_input=True)
     assert row.embedding_bias is None and row.prompt_ids == [5, 6, 7]
+
+
+def test_end_id_zero_is_a_token_and_a_negative_end_id_means_none():
+    """Some vocabularies end text with id 0 (GPT-NeoX's); the backend reads only a negative end id as none."""
+    (zero,) = parse_engine_request(request(end_id=np.array([[0]], dtype=np.int32)), default_exclude_input=True)
+    (negative,) = parse_engine_request(request(end_id=np.array([[-1]], dtype=np.int32)), default_exclude_input=True)
+    assert zero.end_id == 0 and negative.end_id is None
+
+
+def test_exclude_input_defaults_to_the_models_setting_and_a_request_overrides_it():
+    (default,) = parse_engine_request(request(), default_exclude_input=False)
+    (sent,) = parse_engine_request(request(exclude_input_in_output=np.array([[True]])), default_exclude_input=False)
+    assert not default.exclude_input and sent.exclude_input
+
+
+@pytest.mark.parametrize(("name", "attribute"), [
+    ("streaming", "stream"), ("exclude_input_in_output", "exclude_input"), ("return_log_probs", "return_log_probs"),
+    ("return_perf_metrics", "return_perf_metrics"), ("return_num_input_tokens", "return_num_input_tokens"),
+    ("return_num_output_tokens", "return_num_output_tokens"),
+])
+def test_each_flag_input_sets_its_own_flag_only(name, attribute):
+    attributes = ("stream", "exclude_input", "return_log_probs", "return_perf_metrics", "return_num_input_tokens",
+                  "return_num_output_tokens")
+    (row,) = parse_engine_request(request(**{name: np.array([[True]])}), default_exclude_input=False)
+    assert {flag for flag in attributes if getattr(row, flag)} == {attribute}
+
+
+def test_each_row_of_a_batch_gets_its_own_prompt_without_the_padding():
+    inputs = request(input_ids=np.array([[5, 6, 7], [8, 9, 0]], dtype=np.int32),
+                     input_lengths=np.array([[3], [2]], dtype=np.int32),
+                     request_output_len=np.array([[4], [6]], dtype=np.int32))
+    first, second = parse_engine_request(inputs, default_exclude_input=True)
+    assert (first.prompt_ids, first.max_new_tokens) == ([5, 6, 7], 4)
+    assert (second.prompt_ids, second.max_new_tokens) == ([8, 9], 6)
+
+
+def test_a_sampling_input_with_more_than_one_value_per_row_is_refused_naming_the_client_field():
+    with pytest.raises(RequestError, match="^top_k: must hold one value per row"):
+        parse_engine_request(request(runtime_top_k=np.array([[1, 2]], dtype=np.int32)), default_exclude_input=True)
+
+
+def test_a_malformed_bad_words_list_is_refused_naming_bad_words():
+    malformed = np.array([[[5, 6], [3, -1]]], dtype=np.int32)  # an end offset past the two ids
+    with pytest.raises(RequestError, match="^bad_words: offset 3"):
+        parse_engine_request(request(bad_words_list=malformed), default_exclude_input=True)
+    with pytest.raises(RequestError, match="^stop_words: offset 3"):
+        parse_engine_request(request(stop_words_list=malformed), default_exclude_input=True)
+
+
+def test_an_embedding_bias_must_have_a_row_per_request_row_and_finite_weights():
+    with pytest.raises(RequestError, match="^embedding_bias: has 2 rows, the request has 1"):
+        parse_engine_request(request(embedding_bias=np.zeros((2, 8), dtype=np.float32)), default_exclude_input=True)
+    bias = np.zeros((1, 8), dtype=np.float32)
+    bias[0, 3] = np.inf
+    with pytest.raises(RequestError, match="^embedding_bias_weights: must be finite"):
+        parse_engine_request(request(embedding_bias=bias), default_exclude_input=True)
+
+
+@pytest.mark.parametrize("name", ["beam_width", "num_return_sequences"])
+def test_more_than_one_beam_or_sequence_is_unsupported_naming_the_input(name):
+    with pytest.raises(UnsupportedError, match=f"^{name}"):
+        parse_engine_request(request(**{name: np.array([[2]], dtype=np.int32)}), default_exclude_input=True)

@@ -22,6 +22,7 @@ import pytest
 
 from tritonforge.runtime.engine_service import EngineService, EngineSettings
 from tritonforge.runtime.replay_engine import ReplayEngine
+from tritonforge.runtime.response_lanes import ResponseLanes
 from tritonforge.spec.contract import stop_request_inputs
 from tritonforge.spec.limits import EngineLimits
 
@@ -179,3 +180,30 @@ def test_a_stream_interval_sends_the_first_token_at_once_then_that_many_a_respon
     ids = [dict(response.tensors)["output_ids"].reshape(-1).tolist() for response, _ in sender.sent]
     assert [len(chunk) for chunk in ids] == [1, 3, 3, 2]  # the last two go out with the final flag
     assert sum(ids, []) == list(range(13, 22))  # every token once, in order (offset: the prompt's sum)
+
+
+def test_a_send_that_raises_leaves_its_lane_serving_the_rows_after_it():
+    lanes = ResponseLanes(1, depth=4)
+    served = threading.Event()
+
+    def failing_send():
+        raise RuntimeError("a response that could not be built")
+
+    try:
+        post = lanes.lane()
+        post(failing_send)
+        post(served.set)
+        assert served.wait(WAIT_S)
+    finally:
+        lanes.close(WAIT_S)
+
+
+def test_closing_the_lanes_runs_what_they_hold_and_ends_their_threads():
+    before = set(threading.enumerate())
+    lanes = ResponseLanes(2, depth=4)
+    ran = []
+    for index in range(6):
+        lanes.lane()(lambda index=index: ran.append(index))
+    lanes.close(WAIT_S)
+    assert sorted(ran) == list(range(6))
+    assert [thread for thread in set(threading.enumerate()) - before if thread.is_alive()] == []

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from tritonforge.runtime.preprocess import CLIENT_TENSORS, PREPROCESSING_TENSORS, Preprocessor
-from tritonforge.runtime.tokenization import from_word_list, to_word_list
+from tritonforge.runtime.tokenization import PromptEncoder, from_word_list, to_word_list
 from tritonforge.spec.contract import ENGINE_FROM_PREPROCESSING, PREPROCESSING_TO_ENSEMBLE
-from tritonforge.spec.errors import RequestError
+from tritonforge.spec.errors import RequestError, UnsupportedError
 from tritonforge.spec.limits import EngineLimits
 
 LIMITS = EngineLimits(max_input_len=32, max_seq_len=101)
@@ -183,3 +183,76 @@ def test_the_bls_sends_the_engine_what_the_ensemble_sends(preprocessor):
     assert set(through_bls) == set(through_ensemble) - {"decoder_input_ids", "decoder_input_lengths"}
     for name, value in through_bls.items():
         np.testing.assert_array_equal(value, through_ensemble[name], err_msg=name)
+
+
+def test_a_requests_own_end_id_and_pad_id_are_sent_to_the_engine_and_pad_its_prompts(preprocessor):
+    out = preprocessor({"QUERY": np.array([[b"Hi"], [b"Hello world, the server reads"]], dtype=object),
+                        "REQUEST_OUTPUT_LEN": np.array([[4], [4]], dtype=np.int32),
+                        "END_ID": np.array([[5], [6]], dtype=np.int32), "PAD_ID": np.array([[3], [4]], dtype=np.int32)})
+    assert out["OUT_END_ID"][:, 0].tolist() == [5, 6] and out["OUT_PAD_ID"][:, 0].tolist() == [3, 4]
+    short = out["REQUEST_INPUT_LEN"][0, 0]
+    assert (out["INPUT_ID"][0, short:] == 3).all()
+
+
+@pytest.mark.parametrize("name", ["STOP_WORDS_DICT", "BAD_WORDS_DICT"])
+def test_phrase_lists_at_their_limits_are_accepted(preprocessor, name):
+    from tritonforge.runtime.preprocess import MAX_WORD_BYTES, MAX_WORDS
+
+    preprocessor(request(**{name: np.array([["x"] * MAX_WORDS], dtype=object)}))
+    preprocessor(request(**{name: np.array([["x" * (MAX_WORD_BYTES // 2)] * 2], dtype=object)}))
+
+
+def test_embedding_bias_weights_add_up_per_token_and_never_bias_bos(preprocessor):
+    tokenizer = preprocessor.tokenizer
+    (token,) = tokenizer("server", add_special_tokens=False).input_ids
+    out = preprocessor(request(EMBEDDING_BIAS_WORDS=strings("server", "server"),
+                               EMBEDDING_BIAS_WEIGHTS=np.array([[1.5, 2.0]], dtype=np.float32)))
+    bias = out["EMBEDDING_BIAS"][0]
+    assert bias[token] == 3.5 and bias[tokenizer.bos_token_id] == 0
+    assert np.count_nonzero(bias) == 1
+
+
+@pytest.mark.parametrize("given", ["EMBEDDING_BIAS_WORDS", "EMBEDDING_BIAS_WEIGHTS"])
+def test_embedding_bias_words_and_weights_come_together(preprocessor, given):
+    value = strings("server") if given == "EMBEDDING_BIAS_WORDS" else np.array([[1.0]], dtype=np.float32)
+    with pytest.raises(RequestError, match="^embedding_bias_(words|weights): must be sent together"):
+        preprocessor(request(**{given: value}))
+
+
+def test_a_decoder_prompt_is_unsupported_and_an_empty_one_is_ignored(preprocessor):
+    with pytest.raises(UnsupportedError, match="^decoder_text_input"):
+        preprocessor(request(DECODER_QUERY=strings("translate this")))
+    assert preprocessor(request(DECODER_QUERY=strings("")))["REQUEST_INPUT_LEN"][0, 0] > 0
+
+
+def test_a_bad_max_tokens_in_a_batch_names_its_row(preprocessor):
+    with pytest.raises(RequestError, match=r"^max_tokens\[1\]: must be in"):
+        preprocessor({"QUERY": np.array([[b"fine"], [b"also fine"]], dtype=object),
+                      "REQUEST_OUTPUT_LEN": np.array([[4], [0]], dtype=np.int32)})
+
+
+def test_a_prompt_of_exactly_max_input_len_tokens_is_accepted_and_one_more_refused(preprocessor):
+    text = "Hello world, the server reads a request"
+    length = len(preprocessor.tokenizer(text).input_ids)
+    assert PromptEncoder(preprocessor.tokenizer, max_input_len=length).encode(text) == \
+        preprocessor.tokenizer(text).input_ids
+    with pytest.raises(RequestError, match=f"^text_input: has {length} tokens, more than the maximum input length"):
+        PromptEncoder(preprocessor.tokenizer, max_input_len=length - 1).encode(text)
+
+
+def test_a_prompt_rendered_to_exactly_max_input_len_tokens_is_accepted_and_one_more_refused(preprocessor):
+    messages = json.dumps([{"role": "user", "content": "hi"}])
+    length = len(PromptEncoder(preprocessor.tokenizer, max_input_len=512).encode_chat(messages))
+    assert len(PromptEncoder(preprocessor.tokenizer, max_input_len=length).encode_chat(messages)) == length
+    with pytest.raises(RequestError, match=f"^messages: renders to {length} tokens"):
+        PromptEncoder(preprocessor.tokenizer, max_input_len=length - 1).encode_chat(messages)
+
+
+def test_a_stop_phrase_is_listed_as_it_tokenizes_alone_and_after_a_space(tiny_model):
+    """The engine matches token ids, and a phrase mid-sentence ("... server") tokenizes with its space."""
+    preprocessor = Preprocessor(str(tiny_model), LIMITS)
+    sequences = from_word_list(preprocessor(request(STOP_WORDS_DICT=strings("server")))["STOP_WORDS_IDS"][0],
+                               "stop_words")
+    tokenize = preprocessor.tokenizer
+    assert sequences == [tokenize("server", add_special_tokens=False).input_ids,
+                         tokenize(" server", add_special_tokens=False).input_ids]

@@ -84,3 +84,9 @@ def test_a_full_engine_queue_is_unavailable_at_the_model_and_503_at_the_gateway(
     # Over a gRPC stream the gateway gets the model's message alone: it must still read it as the server's.
     answered = _triton_error(GenerationError(str(full.value)))
     assert answered.status == 503
+
+
+def test_limits_must_leave_room_for_one_generated_token():
+    assert EngineLimits(max_input_len=32, max_seq_len=33).max_output_len == 32
+    with pytest.raises(ValueError, match="must exceed max_input_len"):
+        EngineLimits(max_input_len=32, max_seq_len=32)

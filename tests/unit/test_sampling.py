@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tritonforge.runtime.sampling import SamplingParams, SlotSampler, gumbel_noise
+from tritonforge.spec.errors import RequestError
 
 VOCAB = 64
 EXACT = 1e-6  # float32 ops in another order: the batched and the per-row results agree to rounding
@@ -179,3 +180,35 @@ def test_the_noise_is_finite_for_every_token_so_a_masked_token_is_never_drawn():
     assert 0.0 < extremes[0].item() and extremes[1].item() < 1.0
     seeds = torch.arange(64)
     assert torch.isfinite(gumbel_noise(seeds, seeds * 7 + 1, torch.arange(64), 50_000)).all()
+
+
+def test_temperature_zero_is_accepted_and_decodes_greedily_whatever_top_k_and_top_p():
+    """OpenAI clients send temperature 0 for deterministic output, often beside top_k or top_p."""
+    params = SamplingParams(temperature=0.0, top_k=50, top_p=0.5, seed=3)
+    assert params.greedy
+    sampler = SlotSampler(3, VOCAB, torch.device("cpu"))
+    for slot in range(3):
+        sampler.admit(slot, params, [1], None)
+    logits = torch.randn(3, VOCAB) * 3
+    tokens = sampler.choose(logits, slice(0, 3), torch.arange(3), sampling=True, top_k=True, top_p=True)
+    assert torch.equal(tokens, torch.argmax(logits, dim=-1))
+
+
+def test_the_largest_seed_is_accepted_and_one_more_refused():
+    assert SamplingParams(seed=2**64 - 1).seed == 2**64 - 1
+    with pytest.raises(RequestError, match="^seed"):
+        SamplingParams(seed=2**64)
+
+
+@pytest.mark.parametrize("penalty", [{"repetition_penalty": 2.0}, {"presence_penalty": 1.5},
+                                     {"frequency_penalty": 1.5}])
+def test_each_penalty_alone_changes_the_logits_of_a_generated_token(penalty):
+    params = SamplingParams(**penalty)
+    sampler = SlotSampler(1, VOCAB, torch.device("cpu"))
+    sampler.admit(0, params, [1], None)
+    sampler.record(slice(0, 1), torch.tensor([7]))
+    logits = torch.full((1, VOCAB), 2.0)
+    processed = sampler.process(logits, slice(0, 1), biased=False, penalised=params.penalised, banned=[])
+    expected = reference_logits(logits[0], params, [1, 7], [7], None)
+    torch.testing.assert_close(processed[0], expected, atol=EXACT, rtol=EXACT)
+    assert processed[0, 7] < 2.0

@@ -37,3 +37,9 @@ def test_random_chunkings_agree_with_truncation():
         cuts = sorted(rng.sample(range(len(text) + 1), min(len(text) + 1, rng.randint(0, 5))))
         pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
         assert stream(phrases, pieces) == truncate_at_stop(text, phrases)
+
+
+def test_an_empty_phrase_stops_nothing():
+    """Clients send "" for no stop phrase (NVIDIA's do): it must not end every answer before its first word."""
+    assert stream(["", "STOP"], ["hello ", "STOP now"]) == ("hello ", True)
+    assert stream([""], ["hello"]) == ("hello", False)

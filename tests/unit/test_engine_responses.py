@@ -1,0 +1,139 @@
+"""What the engine model answers, shaped as the tensorrtllm backend's responses, through `EngineService` and the
+replay engine (its tokens: a slice of the replayed ids starting at the prompt's sum): which outputs a response
+carries, the prompt echoed or not, the requests a deployment refuses, and rows cut short by a stopping server."""
+
+import time
+
+import numpy as np
+import pytest
+
+from tritonforge.runtime.engine_service import EngineService, EngineSettings
+from tritonforge.runtime.replay_engine import ReplayEngine
+from tritonforge.spec.contract import stop_request_inputs
+from tritonforge.spec.limits import EngineLimits
+
+from .test_engine_thread_faults import PB_UTILS_STAND_IN, WAIT_S, Request, Sender
+
+PROMPT = [1, 2]
+REPLAYED = list(range(10, 50))  # the prompt's sum, 3, starts its answer at 13
+
+
+def make_service(*, decoupled: bool = True, exclude_input_in_output: bool = True,
+                 max_seq_len: int = 64) -> EngineService:
+    limits = EngineLimits(max_batch_size=4, max_input_len=8, max_seq_len=max_seq_len)
+    engine = ReplayEngine(REPLAYED, step_ms=2, limits=limits, vocab_size=100)
+    return EngineService(PB_UTILS_STAND_IN, EngineSettings(limits=limits, decoupled=decoupled, response_lanes=0,
+                                                           exclude_input_in_output=exclude_input_in_output), engine)
+
+
+@pytest.fixture()
+def service():
+    service = make_service()
+    yield service
+    service.shutdown()
+
+
+def inputs(tokens: int, *, stream: bool = False, **extra) -> dict:
+    return {"input_ids": np.array([PROMPT], np.int32), "input_lengths": np.array([[len(PROMPT)]], np.int32),
+            "request_output_len": np.array([[tokens]], np.int32), "streaming": np.array([[stream]]),
+            **{name: np.asarray(value) for name, value in extra.items()}}
+
+
+def answer(service, request_inputs: dict, request_id: str = "r") -> list[dict]:
+    """The request's responses' tensors, once its final response came; an error response as {"error": ...}."""
+    sender = Sender()
+    service.handle(Request(request_id, sender, inputs=request_inputs))
+    assert sender.final.wait(WAIT_S)
+    return [{"error": response.error} if response.error else dict(response.tensors) for response, _ in sender.sent]
+
+
+def error_of(service, request_inputs: dict, request_id: str = "r"):
+    (response,) = answer(service, request_inputs, request_id)
+    return response["error"]
+
+
+def test_a_whole_answer_echoes_the_prompt_unless_the_request_or_the_model_excludes_it():
+    keeps = make_service(exclude_input_in_output=False)
+    try:
+        (echoed,) = answer(keeps, inputs(3))
+        (excluded,) = answer(keeps, inputs(3, exclude_input_in_output=[[True]]))
+    finally:
+        keeps.shutdown()
+    assert echoed["output_ids"].reshape(-1).tolist() == [*PROMPT, 13, 14, 15]
+    assert echoed["sequence_length"].tolist() == [[5]]
+    assert excluded["output_ids"].reshape(-1).tolist() == [13, 14, 15]
+
+
+def test_token_counts_and_log_probs_come_only_when_asked_for(service):
+    (plain,) = answer(service, inputs(3))
+    assert set(plain) == {"output_ids", "sequence_length"}
+    (counted,) = answer(service, inputs(3, return_num_input_tokens=[[True]], return_num_output_tokens=[[True]],
+                                        return_log_probs=[[True]]))
+    assert counted["num_input_tokens"].tolist() == [[len(PROMPT)]] and counted["num_output_tokens"].tolist() == [[3]]
+    assert counted["output_log_probs"].shape == (1, 1, 3) and counted["cum_log_probs"].shape == (1, 1)
+
+
+def test_each_streamed_response_counts_the_whole_prompt_and_its_own_tokens(service):
+    responses = answer(service, inputs(4, stream=True, return_num_input_tokens=[[True]],
+                                       return_num_output_tokens=[[True]]))
+    assert [r["num_input_tokens"].item() for r in responses] == [len(PROMPT)] * len(responses)
+    assert sum(r["num_output_tokens"].item() for r in responses) == 4
+
+
+def test_only_a_batched_requests_responses_carry_their_rows_batch_index(service):
+    (single,) = answer(service, inputs(2))
+    assert "batch_index" not in single
+    batched = inputs(2)
+    batched.update(input_ids=np.array([PROMPT, PROMPT], np.int32), input_lengths=np.array([[2], [2]], np.int32),
+                   request_output_len=np.array([[2], [2]], np.int32), streaming=np.array([[False], [False]]))
+    assert sorted(r["batch_index"].item() for r in answer(service, batched)) == [0, 1]
+
+
+def test_a_model_deployed_not_decoupled_refuses_streaming_and_batched_requests():
+    service = make_service(decoupled=False)
+    try:
+        streaming = error_of(service, inputs(2, stream=True))
+        batched = inputs(2)
+        batched.update(input_ids=np.array([PROMPT, PROMPT], np.int32), input_lengths=np.array([[2], [2]], np.int32),
+                       request_output_len=np.array([[2], [2]], np.int32), streaming=np.array([[False], [False]]))
+        batch = error_of(service, batched)
+    finally:
+        service.shutdown()
+    assert streaming.code == batch.code == "INVALID_ARG"
+    assert streaming.message.startswith("stream: ") and batch.message.startswith("input_ids: ")
+
+
+class _RequestingOutputs(Request):
+    def __init__(self, sender, outputs):
+        super().__init__("r", sender, inputs=inputs(2))
+        self._outputs = outputs
+
+    def requested_output_names(self):
+        return self._outputs
+
+
+def test_a_request_that_does_not_ask_for_output_ids_and_sequence_length_is_refused(service):
+    sender = Sender()
+    service.handle(_RequestingOutputs(sender, ["output_ids"]))
+    assert sender.final.wait(WAIT_S)
+    (response, _), = sender.sent
+    assert response.error.code == "INVALID_ARG" and response.error.message.startswith("outputs: ")
+
+
+def test_a_stop_without_a_request_id_is_refused_rather_than_stopping_others(service):
+    error = error_of(service, stop_request_inputs(), request_id="")
+    assert error.code == "INVALID_ARG" and error.message.startswith("stop: ")
+
+
+def test_rows_cut_short_by_a_stopping_server_end_unavailable_and_at_once():
+    service = make_service(max_seq_len=100_000)  # a row that would stream for minutes
+    sender = Sender()
+    try:
+        service.handle(Request("long", sender, inputs=inputs(90_000, stream=True)))
+        service.drain(time.monotonic())  # no time left for open requests
+        assert sender.final.is_set()  # drain returned because the row ended, not because it gave up waiting
+    finally:
+        service.shutdown()
+    last, _ = sender.sent[-1]
+    assert last.error is not None and last.error.code == "UNAVAILABLE"
+    assert len(sender.sent) < 90_000

@@ -1,0 +1,135 @@
+"""How the OpenAI gateway reads a request body: OpenAI's defaults and ranges, what it refuses, and what it asks
+the repository for; and how it counts a streamed answer's tokens."""
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from tritonforge.clients.openai_gateway import Generation, OpenAIError, TritonBackend, parse_request
+from tritonforge.spec.contract import (
+    NUM_INPUT_TOKENS,
+    NUM_OUTPUT_TOKENS,
+    PRESENCE_PENALTY,
+    RETURN_NUM_INPUT_TOKENS,
+    RETURN_NUM_OUTPUT_TOKENS,
+    STOP_WORDS,
+    TEMPERATURE,
+    TEXT_OUTPUT,
+)
+
+PROMPT = {"prompt": "Hello"}
+CHAT = {"messages": [{"role": "user", "content": "Hello"}]}
+
+
+def refused(body, kind="completions", served_model_name=None) -> OpenAIError:
+    with pytest.raises(OpenAIError) as error:
+        parse_request(body, kind, served_model_name)
+    return error.value
+
+
+def test_max_tokens_defaults_to_openais_16_for_completions_and_256_for_chat():
+    assert parse_request(PROMPT, "completions")[0].max_tokens == 16
+    assert parse_request(CHAT, "chat")[0].max_tokens == 256
+
+
+def test_max_completion_tokens_takes_precedence_over_the_deprecated_max_tokens():
+    request, _, _ = parse_request({**CHAT, "max_completion_tokens": 7, "max_tokens": 30}, "chat")
+    assert request.max_tokens == 7
+
+
+@pytest.mark.parametrize(("name", "value", "field"), [
+    ("temperature", 2.0, TEMPERATURE), ("temperature", 0, TEMPERATURE),
+    ("presence_penalty", -2.0, PRESENCE_PENALTY), ("presence_penalty", 2.0, PRESENCE_PENALTY),
+])
+def test_openais_range_ends_are_accepted(name, value, field):
+    assert parse_request({**PROMPT, name: value}, "completions")[0].parameters[field] == value
+
+
+@pytest.mark.parametrize(("name", "value"), [("temperature", 2.01), ("temperature", -0.1), ("presence_penalty", -2.1),
+                                             ("top_p", 1.1), ("max_tokens", 0), ("max_tokens", 2.5),
+                                             ("max_tokens", True), ("temperature", "1")])
+def test_a_value_out_of_range_or_of_the_wrong_type_is_400_naming_it(name, value):
+    error = refused({**PROMPT, name: value})
+    assert (error.status, error.param) == (400, name)
+
+
+def test_up_to_four_stop_strings_are_sent_as_stop_words_and_a_fifth_is_refused():
+    stops = ["a", "b", "c", "d"]
+    assert parse_request({**PROMPT, "stop": stops}, "completions")[0].parameters[STOP_WORDS] == stops
+    assert parse_request({**PROMPT, "stop": "end"}, "completions")[0].parameters[STOP_WORDS] == ["end"]
+    assert refused({**PROMPT, "stop": [*stops, "e"]}).param == "stop"
+
+
+def test_n_and_best_of_of_one_are_served_and_more_refused():
+    parse_request({**PROMPT, "n": 1, "best_of": 1}, "completions")
+    assert refused({**PROMPT, "n": 2}).param == "n"
+    assert refused({**PROMPT, "best_of": 3}).param == "best_of"
+
+
+def test_echo_is_refused():
+    assert refused({**PROMPT, "echo": True}).param == "echo"
+
+
+def test_a_prompt_given_as_a_list_of_one_string_is_that_prompt():
+    assert parse_request({"prompt": ["Hello"]}, "completions")[0].text_input == "Hello"
+    assert refused({"prompt": ["Hello", "again"]}).param == "prompt"
+
+
+def test_another_model_than_the_served_one_is_404_model_not_found():
+    error = refused({**PROMPT, "model": "gpt-4"}, served_model_name="tritonforge")
+    assert (error.status, error.code) == (404, "model_not_found")
+    parse_request({**PROMPT, "model": "tritonforge"}, "completions", "tritonforge")
+
+
+def test_token_counts_are_always_asked_for_since_usage_and_finish_reason_come_from_them():
+    parameters = parse_request(PROMPT, "completions")[0].parameters
+    assert parameters[RETURN_NUM_INPUT_TOKENS] is True and parameters[RETURN_NUM_OUTPUT_TOKENS] is True
+
+
+def test_stream_and_include_usage_are_read_from_the_body():
+    assert parse_request(PROMPT, "completions")[1:] == (False, False)
+    body = {**PROMPT, "stream": True, "stream_options": {"include_usage": True}}
+    assert parse_request(body, "completions")[1:] == (True, True)
+
+
+def test_an_answer_of_exactly_max_tokens_finished_by_length_and_a_shorter_one_by_stop():
+    assert Generation(max_tokens=4, completion_tokens=4).finish_reason == "length"
+    assert Generation(max_tokens=4, completion_tokens=3).finish_reason == "stop"
+
+
+def _response(**outputs):
+    """One streamed gRPC response as the gateway reads it: named outputs, each as raw tensor bytes."""
+    def raw(value):
+        if isinstance(value, str):
+            return len(value.encode()).to_bytes(4, "little") + value.encode()
+        return value.to_bytes(4, "little", signed=True)
+
+    names = list(outputs)
+    response = SimpleNamespace(outputs=[SimpleNamespace(name=name) for name in names],
+                               raw_output_contents=[raw(outputs[name]) for name in names])
+    return SimpleNamespace(get_response=lambda: response)
+
+
+class _StreamingClient:
+    def __init__(self, responses):
+        self._responses = responses
+
+    async def responses(self, request, outputs):
+        for response in self._responses:
+            yield response
+
+
+def test_a_streamed_answers_completion_tokens_add_up_over_its_responses():
+    backend = TritonBackend.__new__(TritonBackend)
+    backend.client = _StreamingClient([
+        _response(**{TEXT_OUTPUT: "Hel", NUM_INPUT_TOKENS: 5, NUM_OUTPUT_TOKENS: 2}),
+        _response(**{TEXT_OUTPUT: "lo", NUM_INPUT_TOKENS: 5, NUM_OUTPUT_TOKENS: 1})])
+    generation = Generation(max_tokens=3)
+
+    async def collect():
+        return [text async for text in backend.generate(parse_request(PROMPT, "completions")[0], generation)]
+
+    assert "".join(asyncio.run(collect())) == "Hello"
+    assert generation.usage() == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    assert generation.finish_reason == "length"
