@@ -5,6 +5,7 @@ The 2.51 stub drops unrequested outputs without holding the GIL, which kills it 
 a BLS call that requests a subset of the engine's outputs), so the adapter must never send them.
 """
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -100,6 +101,15 @@ def test_an_exception_of_no_kind_of_ours_is_internal_and_shows_no_internals():
 STUB_EXIT_S = 30  # the stub checks its server every heartbeat (1 s); the rest absorbs a loaded machine
 
 
+def _alive(pid: int) -> bool:
+    """Whether `pid` still runs: an exited process that its adopter has not reaped yet (a zombie) does not."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # the state follows the parenthesised command name
+
+
 def test_a_stub_whose_server_and_folder_are_gone_exits(tmp_path):
     """The server (here a parent process) is killed and its work folder removed: the stub must not live on."""
     import os
@@ -129,11 +139,11 @@ def test_a_stub_whose_server_and_folder_are_gone_exits(tmp_path):
         parent.kill()  # ... then the server dies
         parent.wait()
         deadline = time.monotonic() + STUB_EXIT_S
-        while os.path.exists(f"/proc/{stub_pid}") and time.monotonic() < deadline:
+        while _alive(stub_pid) and time.monotonic() < deadline:
             time.sleep(0.1)  # polling: the stub is no child of ours to wait for
-        assert not os.path.exists(f"/proc/{stub_pid}"), "the stub outlived its server"
+        assert not _alive(stub_pid), "the stub outlived its server"
     finally:
-        if os.path.exists(f"/proc/{stub_pid}"):
+        if _alive(stub_pid):
             os.kill(stub_pid, 9)
 
 
