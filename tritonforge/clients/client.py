@@ -203,6 +203,7 @@ def stop_engine_request(url: str, request_id: str, engine_model: str = ENGINE_MO
     import tritonclient.grpc as grpcclient
 
     answered: queue.Queue = queue.Queue()
+    got_answer = False
     try:
         client = grpcclient.InferenceServerClient(url)
         try:
@@ -210,10 +211,12 @@ def stop_engine_request(url: str, request_id: str, engine_model: str = ENGINE_MO
             client.async_stream_infer(engine_model, grpc_tensors(grpcclient, stop_request_inputs()),
                                       request_id=request_id, enable_empty_final_response=True)
             error = answered.get(timeout=STOP_TIMEOUT_S)
+            got_answer = True
             if error is not None:
                 logger.warning("stopping request %s on %s failed: %s", request_id, engine_model, error)
         finally:
-            client.stop_stream(cancel_requests=True)  # else it waits for the stop's stream to end
+            # An answered stop's stream just closes; one left unanswered is cancelled (a close would wait for it).
+            client.stop_stream(cancel_requests=not got_answer)
             client.close()
     except queue.Empty:
         logger.warning("stopping request %s on %s: no answer in %.0f s", request_id, engine_model, STOP_TIMEOUT_S)
@@ -313,7 +316,9 @@ class GrpcClient:
         finally:
             if not finished and needs_engine_stop(self.model, self.engine_model):
                 stop_engine_request(self.url, request_id, self.engine_model)
-            self.client.stop_stream(cancel_requests=True)
+            # A finished stream is closed, not cancelled: Triton 2.51 can lose track of a stream cancelled just
+            # after its final response, and then never unloads its models at a stop (the stop ends in a kill).
+            self.client.stop_stream(cancel_requests=not finished)
 
     def stream(self, prompt: str | GenerateRequest, **parameters) -> Iterator[str]:
         """Text as it is generated: each piece holds complete characters."""

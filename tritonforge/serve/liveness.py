@@ -91,15 +91,19 @@ def probe(url: str, model: str, timeout_s: float) -> None:
                     raise ProbeTimeout(model) from None
             return
         answered: queue.Queue = queue.Queue()
+        got_answer = False
         client.start_stream(callback=lambda result, error: answered.put(True))
         try:
             client.async_stream_infer(model, inputs, request_id=f"liveness-{uuid.uuid4().hex}",
                                       enable_empty_final_response=True)
-            answered.get(timeout=timeout_s)
+            answered.get(timeout=timeout_s)  # each probe's one answer is its final response
+            got_answer = True
         except queue.Empty:
             raise ProbeTimeout(model) from None
         finally:
-            client.stop_stream(cancel_requests=True)
+            # Cancelled only when unanswered: a stream cancelled just after its final response can keep Triton
+            # 2.51 from unloading the model at a stop (clients/client.py, GrpcClient.stream_bytes).
+            client.stop_stream(cancel_requests=not got_answer)
     finally:
         client.close()
 

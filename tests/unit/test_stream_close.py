@@ -1,0 +1,64 @@
+"""A stream that got its final response is closed, never cancelled: Triton 2.51 can lose track of a stream
+cancelled just after its final response, and then never unloads its models when it stops (the stop of
+`tritonforge serve` under streams ended in a kill about one time in five). The server here is a test double of
+Triton's streaming endpoint that answers each request with a final response and records how the client ended
+the stream. (A stream given up before its final response is still cancelled; tritonclient half-closes it
+first, so this double cannot tell that case apart.)"""
+
+import queue
+import threading
+
+import pytest
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from tritonforge.clients.client import GenerateRequest, GrpcClient, stop_engine_request
+from tritonforge.spec.contract import FINAL_RESPONSE_PARAMETER
+
+from ..conftest import serving_grpc
+
+WAIT_S = 30
+
+
+class AnsweringTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Answers each streamed request with one final response; `ends` gets "closed" when the client half-closed
+    the stream, "cancelled" when it cancelled it."""
+
+    def __init__(self):
+        self.ends: queue.Queue = queue.Queue()
+
+    def ModelStreamInfer(self, request_iterator, context):  # noqa: N802 - the gRPC method's name
+        ended = threading.Event()
+        context.add_callback(lambda: (self.ends.put("cancelled"), ended.set()) if not ended.is_set() else None)
+        try:
+            for request in request_iterator:
+                response = service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
+                response.parameters[FINAL_RESPONSE_PARAMETER].bool_param = True
+                yield service_pb2.ModelStreamInferResponse(infer_response=response)
+            if context.is_active():  # the client's side ended by a half-close: the call ends well
+                ended.set()
+                self.ends.put("closed")
+        except Exception:  # noqa: BLE001 - a cancelled call's iterator raises: the callback records it
+            pass
+
+
+@pytest.fixture()
+def answering():
+    servicer = AnsweringTriton()
+    with serving_grpc(servicer) as url:
+        yield servicer, url
+
+
+def test_a_stream_that_got_its_final_response_is_closed_not_cancelled(answering):
+    servicer, url = answering
+    client = GrpcClient(url)
+    try:
+        assert list(client.stream_bytes(GenerateRequest(text_input="hi", max_tokens=1))) == []
+    finally:
+        client.client.close()
+    assert servicer.ends.get(timeout=WAIT_S) == "closed"
+
+
+def test_an_answered_stop_is_closed_not_cancelled(answering):
+    servicer, url = answering
+    stop_engine_request(url, "a-request")
+    assert servicer.ends.get(timeout=WAIT_S) == "closed"
