@@ -5,13 +5,14 @@ Triton's streaming endpoint that answers each request with a final response and 
 the stream. (A stream given up before its final response is still cancelled; tritonclient half-closes it
 first, so this double cannot tell that case apart.)"""
 
+import asyncio
 import queue
 import threading
 
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tritonforge.clients.client import GenerateRequest, GrpcClient, stop_engine_request
+from tritonforge.clients.client import AsyncGrpcClient, GenerateRequest, GrpcClient, stop_engine_request
 from tritonforge.spec.contract import FINAL_RESPONSE_PARAMETER
 
 from ..conftest import serving_grpc
@@ -61,4 +62,19 @@ def test_a_stream_that_got_its_final_response_is_closed_not_cancelled(answering)
 def test_an_answered_stop_is_closed_not_cancelled(answering):
     servicer, url = answering
     stop_engine_request(url, "a-request")
+    assert servicer.ends.get(timeout=WAIT_S) == "closed"
+
+
+def test_an_asyncio_stream_that_got_its_final_response_is_closed_not_cancelled(answering):
+    """tritonclient's asyncio stream ends its call when the server does: nothing to cancel after the final."""
+    servicer, url = answering
+
+    async def run():
+        client = AsyncGrpcClient(url)
+        try:
+            return [chunk async for chunk in client.stream_bytes(GenerateRequest(text_input="hi", max_tokens=1))]
+        finally:
+            await client.close()
+
+    assert asyncio.run(run()) == []
     assert servicer.ends.get(timeout=WAIT_S) == "closed"
