@@ -204,12 +204,13 @@ class _RowSink:
         """The row's end: its last response, after every one sent before it."""
         if result is not None and result.token_ids[self.streamed:]:
             self._token_times()
-        self.post(lambda: self._finish(result, error))
+        cut_short = self.server_stopping.is_set()  # as the engine ended the row, not when its lane sends
+        self.post(lambda: self._finish(result, error, cut_short))
 
-    def _finish(self, result: GenerationResult | None, error: Exception | None) -> None:
+    def _finish(self, result: GenerationResult | None, error: Exception | None, cut_short: bool) -> None:
         if error is None and self.send_failed:  # the client missed a chunk: end with an error, not a gap
             error = ResponseSendError()
-        if error is None and self.server_stopping.is_set():  # cut short: not a whole answer
+        if error is None and cut_short:  # the server was stopping: not a whole answer
             error = ServerStopping()
         if error is not None:
             self.state.send(self.state.error_response(error), row_done=True)
