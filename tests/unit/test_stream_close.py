@@ -66,7 +66,8 @@ def test_an_answered_stop_is_closed_not_cancelled(answering):
 
 
 def test_an_asyncio_stream_that_got_its_final_response_is_closed_not_cancelled(answering):
-    """tritonclient's asyncio stream ends its call when the server does: nothing to cancel after the final."""
+    """The asyncio client waits for the server to end the call after the final response: dropping the call
+    there cancelled it about one time in six."""
     servicer, url = answering
 
     async def run():

@@ -177,6 +177,9 @@ def _grpc_inputs(request: GenerateRequest, stream: bool) -> list:
 
 
 STOP_TIMEOUT_S = 5.0
+# After a stream's final response the server ends the call; a client waits this long for that end instead of
+# dropping the call, which cancels it (GrpcClient.stream_bytes says why that matters).
+STREAM_END_S = 5.0
 _TRITON_DTYPE_OF = {np.dtype(numpy_dtype): triton for triton, numpy_dtype in NUMPY_DTYPES.items()}
 
 
@@ -365,6 +368,16 @@ class _SilenceWatch:
         self._timer.cancel()
 
 
+async def _call_ended(stream) -> None:
+    """Wait (up to STREAM_END_S) for the server to end a call whose final response came, rather than drop it."""
+    try:
+        async with asyncio.timeout(STREAM_END_S):
+            async for _ in stream:
+                pass
+    except Exception:  # noqa: BLE001 - the answer is complete: how its call ends (or a timeout) is not its error
+        pass
+
+
 class AsyncGrpcClient:
     """asyncio gRPC client: many concurrent streams on one connection."""
 
@@ -415,6 +428,7 @@ class AsyncGrpcClient:
                 yield result
                 if is_final(result):
                     finished = True
+                    await _call_ended(stream)
                     return
         except InferenceServerException as error:
             raise _callback_error(self.url, error) from None
