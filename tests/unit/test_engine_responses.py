@@ -2,13 +2,17 @@
 replay engine (its tokens: a slice of the replayed ids starting at the prompt's sum): which outputs a response
 carries, the prompt echoed or not, the requests a deployment refuses, and rows cut short by a stopping server."""
 
+import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from tritonforge.runtime.engine_service import EngineService, EngineSettings
+from tritonforge.runtime.engine_service import EngineService, EngineSettings, _RowSink
+from tritonforge.runtime.generation import GenerationResult
 from tritonforge.runtime.replay_engine import ReplayEngine
+from tritonforge.runtime.triton_adapter import RequestRows
 from tritonforge.spec.contract import stop_request_inputs
 from tritonforge.spec.limits import EngineLimits
 
@@ -137,3 +141,65 @@ def test_rows_cut_short_by_a_stopping_server_end_unavailable_and_at_once():
     last, _ = sender.sent[-1]
     assert last.error is not None and last.error.code == "UNAVAILABLE"
     assert len(sender.sent) < 90_000
+
+
+class HeldLane:
+    """A response lane that runs nothing until told: the sends a busy server has not taken yet."""
+
+    def __init__(self):
+        self.held = []
+
+    def post(self, send):
+        self.held.append(send)
+
+    def run(self):
+        held, self.held = self.held, []
+        for send in held:
+            send()
+
+
+def streaming_sink(lane: HeldLane, sender: Sender, *, stream_interval: int = 1) -> _RowSink:
+    row = SimpleNamespace(stream=True, exclude_input=True, prompt_ids=PROMPT, return_log_probs=True,
+                          return_num_input_tokens=False, return_num_output_tokens=False, return_perf_metrics=False)
+    state = RequestRows(PB_UTILS_STAND_IN, sender, 1, None, check_period_s=1.0)
+    return _RowSink(state, row, 0, threading.Event(), stream_interval, lane.post)
+
+
+def streamed(sender: Sender) -> list[tuple[list[int], list[float], bool]]:
+    def tensors(response):
+        return dict(response.tensors)
+
+    return [(tensors(r)["output_ids"].reshape(-1).tolist(), tensors(r)["output_log_probs"].reshape(-1).tolist(),
+             flags == 1) for r, flags in sender.sent]
+
+
+def test_tokens_that_come_while_a_rows_send_waits_on_its_lane_join_that_send():
+    lane, sender = HeldLane(), Sender()
+    sink = streaming_sink(lane, sender)
+    for token in (13, 14, 15):
+        sink.tokens([token], [-0.5])
+    assert len(lane.held) == 1  # one send queued for the three tokens
+    lane.run()
+    sink.tokens([16], [-0.25])  # the lane is free again: this token goes out on its own
+    lane.run()
+    sink.tokens([17], [-0.5])
+    sink.finish(GenerationResult([13, 14, 15, 16, 17, 18], [-0.5] * 6, "length"), None)
+    lane.run()
+    assert streamed(sender) == [([13, 14, 15], [-0.5] * 3, False), ([16], [-0.25], False),
+                                ([17], [-0.5], False), ([18], [-0.5], True)]
+
+
+def test_a_stream_interval_still_waits_for_its_tokens_and_the_last_response_takes_the_rest():
+    lane, sender = HeldLane(), Sender()
+    sink = streaming_sink(lane, sender, stream_interval=3)
+    sink.tokens([13], [0.0])  # the first token at once
+    lane.run()
+    sink.tokens([14], [0.0])
+    sink.tokens([15], [0.0])
+    assert lane.held == []  # two of three: nothing queued yet
+    sink.tokens([16], [0.0])
+    sink.tokens([17], [0.0])  # joins the queued send
+    sink.finish(GenerationResult([13, 14, 15, 16, 17], [0.0] * 5, "length"), None)
+    lane.run()
+    assert [(ids, final) for ids, _, final in streamed(sender)] == [([13], False), ([14, 15, 16, 17], False),
+                                                                   ([], True)]

@@ -139,8 +139,13 @@ class _RowSink:
         self.row = row
         self.batch_index = batch_index
         self.stream_interval = stream_interval
-        self.pending: tuple[list[int], list[float]] = ([], [])  # streamed tokens not yet sent
-        self.streamed = 0  # tokens already sent by a streaming row
+        # Streamed tokens not yet sent, whether a send for them is queued on the lane, and how many were sent:
+        # written by the engine's thread and the lane's, under `pending_lock`.
+        self.pending_lock = threading.Lock()
+        self.pending: tuple[list[int], list[float]] = ([], [])
+        self.send_queued = False
+        self.streamed = 0
+        self.delivered = 0  # tokens the engine gave this row (the engine's thread alone)
         self.send_failed = False  # a streamed response could not be sent: the engine drops the row
         self.arrival_ns = _now_ns()
         self.scheduled_ns = self.first_token_ns = self.last_token_ns = 0
@@ -185,24 +190,32 @@ class _RowSink:
 
     def tokens(self, token_ids: list[int], log_probs: list[float]) -> None:
         """New tokens of a streaming row: sent at once when they are its first, else once `stream_interval`
-        of them wait (the rest go out with `finish`)."""
+        of them wait (the rest go out with `finish`). Tokens that come while the row's last send still waits
+        on its lane join that send: a server slower than the engine gets fewer, longer responses instead of a
+        backlog, and an idle one gets every token as it comes."""
         self._token_times()
-        pending_ids, pending_log_probs = self.pending
-        pending_ids.extend(token_ids)
-        pending_log_probs.extend(log_probs)
-        if self.streamed and len(pending_ids) < self.stream_interval:
-            return
-        self.pending = ([], [])
-        self.streamed += len(pending_ids)
-        self.post(lambda: self._send_tokens(pending_ids, pending_log_probs))
+        self.delivered += len(token_ids)
+        with self.pending_lock:
+            pending_ids, pending_log_probs = self.pending
+            pending_ids.extend(token_ids)
+            pending_log_probs.extend(log_probs)
+            if self.send_queued or (self.streamed and len(pending_ids) < self.stream_interval):
+                return
+            self.send_queued = True
+        self.post(self._send_pending)
 
-    def _send_tokens(self, token_ids: list[int], log_probs: list[float]) -> None:
+    def _send_pending(self) -> None:
+        with self.pending_lock:
+            (token_ids, log_probs), self.pending = self.pending, ([], [])
+            self.send_queued = False
+            self.streamed += len(token_ids)
         if not self.send_failed and not self.state.send(self._response(token_ids, log_probs), row_done=False):
             self.send_failed = True
 
     def finish(self, result: GenerationResult | None, error: Exception | None) -> None:
-        """The row's end: its last response, after every one sent before it."""
-        if result is not None and result.token_ids[self.streamed:]:
+        """The row's end: its last response, after every one sent before it (which may have taken tokens
+        given after it was queued: the tokens not yet streamed are counted when the last response is made)."""
+        if result is not None and result.token_ids[self.delivered:]:
             self._token_times()
         cut_short = self.server_stopping.is_set()  # as the engine ended the row, not when its lane sends
         self.post(lambda: self._finish(result, error, cut_short))
