@@ -118,17 +118,22 @@ class SlotCache(Cache):
         self.generation = 0  # counts the reallocations of the buffers (a captured step reads their addresses)
         self._all_rows: torch.Tensor | None = None
 
-    def store(self, slot: int, cache: DynamicCache, row: int = 0, length: int | None = None) -> None:
-        """Copy the first `length` columns (all by default) of row `row` of a prefilled DynamicCache into
-        `slot`."""
-        length = cache.layers[0].keys.shape[2] if length is None else length
+    def store(self, slots: list[int], cache: DynamicCache) -> None:
+        """Copy row r of a prefilled DynamicCache into slot `slots[r]`, every column: two copies a layer for
+        the whole group (one a row cost more than the prefill itself at 128 rows). A padded row's columns
+        past its prompt are never read: its mask hides them until its decode steps write them."""
+        length = cache.layers[0].keys.shape[2]
         for layer, source in zip(self.layers, cache.layers, strict=True):  # every layer first, then the room
             if not layer.is_initialized:
                 layer.allocate(source.keys, source.values, self.slots, min(self.max_len, CACHE_LENGTH_STEP))
         self.reserve(length)
+        if len(slots) == 1:
+            rows = slice(slots[0], slots[0] + 1)
+        else:
+            rows = torch.tensor(slots, device=self.layers[0].keys.device)
         for layer, source in zip(self.layers, cache.layers, strict=True):
-            layer.keys[slot, :, :length] = source.keys[row, :, :length]
-            layer.values[slot, :, :length] = source.values[row, :, :length]
+            layer.keys[rows, :, :length] = source.keys
+            layer.values[rows, :, :length] = source.values
 
     def reserve(self, length: int) -> None:
         """Room for `length` columns in every layer: grow by doubling (rarely; each growth copies the cache
@@ -394,8 +399,8 @@ class InflightBatchingEngine(EngineThread):
             logits = output.logits[:, -1]
         else:
             logits = output.logits[torch.arange(len(group)), torch.tensor(lengths) - 1]
-        for row, (sequence, length) in enumerate(zip(sequences, lengths)):
-            self._cache.store(sequence.slot, cache, row, length)
+        self._cache.store([sequence.slot for sequence in sequences], cache)
+        for sequence, length in zip(sequences, lengths):
             self._state[:, sequence.slot] = (sequence.tokens[-1], length, 0)
         del cache, output
         if len(group) == 1:
