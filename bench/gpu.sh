@@ -4,7 +4,7 @@
 # it sends each response from C++, so the cores it leaves are the pipeline's), one batch of 128 slots:
 #   8.5 ms a step  ~15k tokens/s at 128 streams (the rate the pipeline was first tuned for)
 #   4.25 ms a step ~29k tokens/s (Llama-3.1-8B FP8 on one H200, trtllm-bench)
-# with the Python instances the build plans at 128 streams and above (4 pre, 8 post, 8 BLS). Each point is
+# with the Python instances the build plans at 128 streams and above (8 pre, 8 post, 8 BLS). Each point is
 # profiled (CPU by process, Triton's statistics). The build's default (postprocessing keeps each stream's
 # order); with --unordered, postprocessing without preserve_ordering (NVIDIA's setting) instead.
 # Needs tritonserver, perf_analyzer and g++ on PATH and this tree importable by the server's Python stub.
@@ -19,7 +19,7 @@ step_ms=8.5
 if [ "${1:-}" = "--step-ms" ]; then step_ms=$2; shift 2; fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 run=(python3 -u bench/pipeline.py --engines replay --replay-native --replay-step-ms "$step_ms" --tool perf_analyzer
-     --engine-max-batch-size 128 --duration-s 6 --preprocessing-instances 4 --postprocessing-instances 8
+     --engine-max-batch-size 128 --duration-s 6 --preprocessing-instances 8 --postprocessing-instances 8
      --bls-instances 8 --results-dir "$results")
 if [ "${1:-}" = "--gateway" ]; then
   shift

@@ -53,11 +53,12 @@ class ServingConfig:
     max_queue_delay_microseconds: int = setting(0, "preprocessing and engine queue delay",
                                                 flag="--max-queue-delay-us")
     # Postprocessing's own: a short delay gathers more streamed chunks into one execution. With ordering kept,
-    # fewer executions also mean fewer turns at Triton's ordered-send lock; 3 ms had the better worst case of
-    # the delays measured (bench/results/gpu-postprocessing-variants/). A chunk waits at most this long, against
-    # an engine step of several milliseconds.
+    # fewer executions also mean fewer turns at Triton's ordered-send lock, but a stream's first and last
+    # chunks wait it too, and the last one holds back the stream's next request: 1 ms kept as much as 3 ms at
+    # one response a token, and 3 ms lost 0.08 of the engine at three tokens a response
+    # (bench/results/gpu-postprocessing-variants/, bench/results/gpu-ensemble-defaults/).
     postprocessing_delay_microseconds: int = setting(
-        3000, "postprocessing queue delay: gathers streamed chunks into fewer executions",
+        1000, "postprocessing queue delay: gathers streamed chunks into fewer executions",
         flag="--postprocessing-delay-us")
     # Responses in arrival order across postprocessing instances, so a stream's chunks can never swap.
     # Triton sends such responses one at a time under one lock for the whole model (README, Performance: the
