@@ -127,13 +127,10 @@ class SlotCache(Cache):
             if not layer.is_initialized:
                 layer.allocate(source.keys, source.values, self.slots, min(self.max_len, CACHE_LENGTH_STEP))
         self.reserve(length)
-        if len(slots) == 1:
-            rows = slice(slots[0], slots[0] + 1)
-        else:
-            rows = torch.tensor(slots, device=self.layers[0].keys.device)
+        rows = torch.tensor(slots, device=self.layers[0].keys.device)
         for layer, source in zip(self.layers, cache.layers, strict=True):
-            layer.keys[rows, :, :length] = source.keys
-            layer.values[rows, :, :length] = source.values
+            layer.keys[:, :, :length].index_copy_(0, rows, source.keys)
+            layer.values[:, :, :length].index_copy_(0, rows, source.values)
 
     def reserve(self, length: int) -> None:
         """Room for `length` columns in every layer: grow by doubling (rarely; each growth copies the cache
