@@ -127,8 +127,13 @@ def test_a_stub_that_is_alive_but_answers_nothing_is_found_by_its_probe_and_the_
         client.close()
 
 
-def test_a_clean_shutdown_ends_open_streams_with_an_error_within_the_exit_timeout(supervised, tmp_path):
-    server = TritonServer(supervised.server.repository, exit_timeout_s=2).start()
+def test_a_clean_shutdown_ends_open_streams_with_an_error_within_the_exit_timeout(tiny_models, tmp_path):
+    # The replay engine at 20 ms a token: a 900-token stream lasts 18 s whatever the machine's speed, far past
+    # the exit timeout (the transformers engine can finish such a stream within it on a fast machine).
+    repository = build(BuildOptions(model=tiny_models["bpe"], output=tmp_path / "repo", engine="replay",
+                                    replay_step_ms=20, max_input_len=64, max_seq_len=1024,
+                                    max_batch_size=STREAMS))
+    server = TritonServer(repository, exit_timeout_s=2).start()
     first_chunk = threading.Barrier(STREAMS + 1)
     outcomes = open_streams(server.grpc_url, "ensemble", first_chunk)
     first_chunk.wait(timeout=120)
