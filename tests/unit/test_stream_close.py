@@ -79,3 +79,22 @@ def test_an_asyncio_stream_that_got_its_final_response_is_closed_not_cancelled(a
 
     assert asyncio.run(run()) == []
     assert servicer.ends.get(timeout=WAIT_S) == "closed"
+
+
+def test_a_benchmark_stream_that_got_its_final_response_is_closed_not_cancelled(answering):
+    """A benchmark point's asyncio requests end their calls as the clients do: a dropped call is cancelled."""
+    import tritonclient.grpc.aio as aioclient
+
+    from tritonforge.tools.benchmark import _one_request, request_arrays
+
+    servicer, url = answering
+
+    async def run():
+        client = aioclient.InferenceServerClient(url)
+        try:
+            return await _one_request(client, "ensemble", request_arrays("ensemble", ("hi", [1]), 1), 1, aioclient)
+        finally:
+            await client.close()
+
+    assert asyncio.run(run()).error is None
+    assert servicer.ends.get(timeout=WAIT_S) == "closed"

@@ -368,7 +368,7 @@ class _SilenceWatch:
         self._timer.cancel()
 
 
-async def _call_ended(stream) -> None:
+async def wait_call_ended(stream) -> None:
     """Wait (up to STREAM_END_S) for the server to end a call whose final response came, rather than drop it."""
     try:
         async with asyncio.timeout(STREAM_END_S):
@@ -428,7 +428,7 @@ class AsyncGrpcClient:
                 yield result
                 if is_final(result):
                     finished = True
-                    await _call_ended(stream)
+                    await wait_call_ended(stream)
                     return
         except InferenceServerException as error:
             raise _callback_error(self.url, error) from None

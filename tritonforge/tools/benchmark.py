@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..clients.client import first_string, response_outputs
+from ..clients.client import first_string, response_outputs, wait_call_ended
 from ..runtime.tokenization import load_tokenizer
 from ..spec.contract import (
     BLS_MODEL,
@@ -145,7 +145,8 @@ async def _one_request(client, model: str, arrays: dict[str, np.ndarray], output
     received_tokens = 0
     try:
         # A stream that stops answering is an error of the run, not a hang of the benchmark.
-        async for result, error in client.stream_infer(requests(), stream_timeout=REQUEST_TIMEOUT_S):
+        stream = client.stream_infer(requests(), stream_timeout=REQUEST_TIMEOUT_S)
+        async for result, error in stream:
             now = time.perf_counter()
             if error is not None:
                 timing.error = str(error)
@@ -160,6 +161,7 @@ async def _one_request(client, model: str, arrays: dict[str, np.ndarray], output
                     received_tokens += len(raw[OUTPUT_IDS]) // TOKEN_BYTES
             final = response.parameters.get(FINAL_RESPONSE_PARAMETER)
             if final is not None and final.bool_param:
+                await wait_call_ended(stream)  # not dropped: a dropped call is cancelled (docs/design/faults.md)
                 break
     except grpc.aio.AioRpcError as error:  # e.g. DEADLINE_EXCEEDED: counted, and the run goes on
         timing.error = f"{error.code().name}: {error.details()}"
