@@ -62,6 +62,7 @@ logger = logging.getLogger(__name__)
 REQUIRED_OUTPUTS = frozenset({OUTPUT_IDS, SEQUENCE_LENGTH})
 DRAIN_END_S = 5.0  # how long `drain` waits for the engine to end the rows it was told to end
 LANE_CLOSE_S = 5.0  # how long shutdown waits for each response lane to send what it holds
+LANE_DEPTH = 128  # sends a lane holds before the engine waits for it (a 128-row step's worth)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,7 +78,6 @@ class EngineSettings:
     decoupled: bool = True
     stream_interval: int = 1  # streamed tokens per response after the first (model_parameters.EngineParameters)
     response_lanes: int = EngineParameters.response_lanes  # threads sending responses off the engine's thread
-    response_lane_depth: int = 128  # sends a lane holds before the engine waits for it (a 128-row step each)
 
     @classmethod
     def from_parameters(cls, parameters: EngineParameters, *, decoupled: bool, max_queue_size: int,
@@ -252,7 +252,7 @@ class EngineService:
 
             engine = InflightBatchingEngine(load_model(settings), settings.limits)
         self.engine = engine
-        self.lanes = (ResponseLanes(settings.response_lanes, settings.response_lane_depth)
+        self.lanes = (ResponseLanes(settings.response_lanes, LANE_DEPTH)
                       if settings.response_lanes else None)
         self.metrics = None
         # Set when the stopping server's time for open requests is up (`drain`): the engine stops every row,
