@@ -199,27 +199,38 @@ def needs_engine_stop(model: str, engine_model: str = ENGINE_MODEL) -> bool:
     return model not in (BLS_MODEL, engine_model)
 
 
+def one_streamed_answer(client, model: str, inputs: list, request_id: str, timeout_s: float):
+    """Send one request whose one answer is its final response on a new stream of `client` (a tritonclient
+    gRPC client) and wait up to `timeout_s` for it: returns the error it carries (None for a good answer),
+    raises queue.Empty when none came. An answered stream is closed, an unanswered one cancelled (a close would
+    wait for it): Triton 2.51 can lose track of a stream cancelled just after its final response, and then
+    never unloads its models at a stop (GrpcClient.stream_bytes)."""
+    answered: queue.Queue = queue.Queue()
+    got_answer = False
+    client.start_stream(callback=lambda result, error: answered.put(error))
+    try:
+        client.async_stream_infer(model, inputs, request_id=request_id, enable_empty_final_response=True)
+        error = answered.get(timeout=timeout_s)
+        got_answer = True
+        return error
+    finally:
+        client.stop_stream(cancel_requests=not got_answer)
+
+
 def stop_engine_request(url: str, request_id: str, engine_model: str = ENGINE_MODEL) -> None:
     """End the engine's running request with this id (nothing happens when none runs); waits for the engine's
     answer so that the stop is not cancelled in the queue, but no longer than STOP_TIMEOUT_S: an engine that
     answers nothing (frozen) must not hold the caller."""
     import tritonclient.grpc as grpcclient
 
-    answered: queue.Queue = queue.Queue()
-    got_answer = False
     try:
         client = grpcclient.InferenceServerClient(url)
         try:
-            client.start_stream(callback=lambda result, error: answered.put(error))
-            client.async_stream_infer(engine_model, grpc_tensors(grpcclient, stop_request_inputs()),
-                                      request_id=request_id, enable_empty_final_response=True)
-            error = answered.get(timeout=STOP_TIMEOUT_S)
-            got_answer = True
+            error = one_streamed_answer(client, engine_model, grpc_tensors(grpcclient, stop_request_inputs()),
+                                        request_id, STOP_TIMEOUT_S)
             if error is not None:
                 logger.warning("stopping request %s on %s failed: %s", request_id, engine_model, error)
         finally:
-            # An answered stop's stream just closes; one left unanswered is cancelled (a close would wait for it).
-            client.stop_stream(cancel_requests=not got_answer)
             client.close()
     except queue.Empty:
         logger.warning("stopping request %s on %s: no answer in %.0f s", request_id, engine_model, STOP_TIMEOUT_S)

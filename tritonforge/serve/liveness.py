@@ -26,7 +26,7 @@ import numpy as np
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..clients.client import grpc_tensors
+from ..clients.client import grpc_tensors, one_streamed_answer
 from ..spec.contract import (
     BLS_MODEL,
     ENGINE_MODEL,
@@ -90,20 +90,10 @@ def probe(url: str, model: str, timeout_s: float) -> None:
                 if "Deadline" in str(error):
                     raise ProbeTimeout(model) from None
             return
-        answered: queue.Queue = queue.Queue()
-        got_answer = False
-        client.start_stream(callback=lambda result, error: answered.put(True))
-        try:
-            client.async_stream_infer(model, inputs, request_id=f"liveness-{uuid.uuid4().hex}",
-                                      enable_empty_final_response=True)
-            answered.get(timeout=timeout_s)  # each probe's one answer is its final response
-            got_answer = True
+        try:  # each probe's one answer is its final response; an error answer is an answer too
+            one_streamed_answer(client, model, inputs, f"liveness-{uuid.uuid4().hex}", timeout_s)
         except queue.Empty:
             raise ProbeTimeout(model) from None
-        finally:
-            # Cancelled only when unanswered: a stream cancelled just after its final response can keep Triton
-            # 2.51 from unloading the model at a stop (clients/client.py, GrpcClient.stream_bytes).
-            client.stop_stream(cancel_requests=not got_answer)
     finally:
         client.close()
 
