@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from tritonforge.build import model_configs as configs
@@ -121,3 +122,10 @@ def test_the_build_copies_the_checkpoints_tokenizer_files_as_they_are(tiny_model
         assert (copied / name).read_bytes() == (tiny_models["sentencepiece"] / name).read_bytes()
     # transformers 4.x (NVIDIA's containers) does not know transformers 5's TokenizersBackend class.
     assert "TokenizersBackend" not in (copied / "tokenizer_config.json").read_text()
+
+
+@pytest.mark.parametrize("name", ["max_queue_delay_microseconds", "postprocessing_delay_microseconds",
+                                  "max_queue_size"])
+def test_a_negative_queue_setting_is_refused_naming_it(name):
+    with pytest.raises(ValueError, match=f"^{name} must be >= 0, got -5$"):
+        configs.ServingConfig(**{name: -5})

@@ -82,8 +82,9 @@ class ServingConfig:
                      "engine_instances", "bls_max_concurrency"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if min(self.max_queue_delay_microseconds, self.postprocessing_delay_microseconds, self.max_queue_size) < 0:
-            raise ValueError("queue delay and queue size must be >= 0")
+        for name in ("max_queue_delay_microseconds", "postprocessing_delay_microseconds", "max_queue_size"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
 def _add_tensors(container, tensors: list[Tensor], *, is_input: bool) -> None:
