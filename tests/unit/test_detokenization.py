@@ -5,6 +5,7 @@ import random
 import pytest
 
 from tritonforge.runtime.detokenization import BYTE_LEVEL, SENTENCEPIECE, IncrementalDetokenizer, TokenBytes
+from tritonforge.runtime.engine_service import streamed_responses
 from tritonforge.runtime.tokenization import load_tokenizer
 
 MULTILINGUAL = ["Hello world, the server", "你好，世界。模型正在生成文本。", "café naïve Ångström",
@@ -76,3 +77,17 @@ def test_a_sentencepiece_completion_keeps_its_leading_space_and_a_whole_sequence
     ids = tokenizer("the server", add_special_tokens=False).input_ids
     assert table.decode_text(ids) == " the server"
     assert table.decode_text([tokenizer.bos_token_id, *ids]) == "the server"
+
+
+def test_a_stream_with_generated_bos_tokens_decodes_response_by_response_to_its_whole_completion(tiny_models):
+    """As the postprocessing step decodes a stream: each response alone, with the prefix-space rule of a whole
+    sequence. The engine's responses (`streamed_responses`) keep a generated BOS from heading a longer one."""
+    tokenizer = load_tokenizer(tiny_models["sentencepiece"])
+    table, bos = TokenBytes(tokenizer), tokenizer.bos_token_id
+    words = tokenizer("the server streams text", add_special_tokens=False).input_ids
+    rng = random.Random(7)
+    for _ in range(200):
+        completion = [words[0], *(rng.choice([*words, bos, bos]) for _ in range(12))]
+        responses = [ids for chunk in random_chunks(rng, completion)
+                     for ids, _ in streamed_responses(chunk, [0.0] * len(chunk), bos)]
+        assert "".join(table.decode_text(ids) for ids in responses) == table.decode_text(completion)

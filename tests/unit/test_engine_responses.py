@@ -9,9 +9,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tritonforge.runtime.engine_service import EngineService, EngineSettings, _RowSink
+from tritonforge.runtime.engine_service import EngineService, EngineSettings, _RowSink, checkpoint_bos_token_id
 from tritonforge.runtime.generation import GenerationResult
 from tritonforge.runtime.replay_engine import ReplayEngine
+from tritonforge.runtime.tokenization import load_tokenizer
 from tritonforge.runtime.triton_adapter import RequestRows
 from tritonforge.spec.contract import stop_request_inputs
 from tritonforge.spec.limits import EngineLimits
@@ -158,11 +159,12 @@ class HeldLane:
             send()
 
 
-def streaming_sink(lane: HeldLane, sender: Sender, *, stream_interval: int = 1) -> _RowSink:
+def streaming_sink(lane: HeldLane, sender: Sender, *, stream_interval: int = 1,
+                   bos_token_id: int | None = None) -> _RowSink:
     row = SimpleNamespace(stream=True, exclude_input=True, prompt_ids=PROMPT, return_log_probs=True,
                           return_num_input_tokens=False, return_num_output_tokens=False, return_perf_metrics=False)
     state = RequestRows(PB_UTILS_STAND_IN, sender, 1, None, check_period_s=1.0)
-    return _RowSink(state, row, 0, threading.Event(), stream_interval, lane.post)
+    return _RowSink(state, row, 0, threading.Event(), stream_interval, lane.post, bos_token_id)
 
 
 def streamed(sender: Sender) -> list[tuple[list[int], list[float], bool]]:
@@ -203,3 +205,26 @@ def test_a_stream_interval_still_waits_for_its_tokens_and_the_last_response_take
     lane.run()
     assert [(ids, final) for ids, _, final in streamed(sender)] == [([13], False), ([14, 15, 16, 17], False),
                                                                    ([], True)]
+
+
+def test_a_generated_bos_heading_a_streamed_chunk_goes_alone_so_postprocessing_keeps_the_next_words_space():
+    lane, sender = HeldLane(), Sender()
+    sink = streaming_sink(lane, sender, bos_token_id=1)
+    sink.tokens([13], [-0.5])
+    lane.run()
+    for token in (1, 1, 5, 1):  # joined in one send: the BOS run heads it, the last BOS does not
+        sink.tokens([token], [-0.25])
+    lane.run()
+    sink.tokens([1], [-0.5])
+    sink.finish(GenerationResult([13, 1, 1, 5, 1, 1, 7], [-0.5, *[-0.25] * 4, -0.5, -0.5], "length"), None)
+    lane.run()
+    assert [(ids, final) for ids, _, final in streamed(sender)] == [
+        ([13], False), ([1], False), ([1], False), ([5, 1], False), ([1], False), ([7], True)]
+    assert [log_probs for _, log_probs, _ in streamed(sender)][1:4] == [[-0.25], [-0.25], [-0.25, -0.25]]
+
+
+def test_the_engine_takes_its_bos_from_the_checkpoint_postprocessing_reads(tiny_models, tmp_path):
+    model = tiny_models["sentencepiece"]
+    assert checkpoint_bos_token_id(model) == load_tokenizer(model).bos_token_id is not None
+    (tmp_path / "config.json").write_text('{"bos_token_id": null}')
+    assert checkpoint_bos_token_id(str(tmp_path)) is None

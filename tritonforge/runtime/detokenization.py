@@ -96,7 +96,10 @@ class TokenBytes:
         # SentencePiece adds a space before the first word; a whole sequence (one starting with BOS) drops it.
         # The postprocessing step sees only the engine's tokens (Triton refuses an ensemble step fed by both
         # a decoupled step and the client), so BOS is how it tells an echoed prompt from a completion; a
-        # completion whose FIRST token is a generated BOS therefore loses its leading space when not streamed.
+        # completion whose FIRST token is a generated BOS therefore loses its leading space. Streamed
+        # responses never carry the prompt, and this project's engines send a generated BOS that heads a
+        # longer chunk alone (`engine_service.streamed_responses`), so a stream decodes chunk by chunk to its
+        # whole text.
         self._strip_first_space = self.family == SENTENCEPIECE
 
     def __len__(self) -> int:

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -78,6 +79,7 @@ class EngineSettings:
     decoupled: bool = True
     stream_interval: int = 1  # streamed tokens per response after the first (model_parameters.EngineParameters)
     response_lanes: int = EngineParameters.response_lanes  # threads sending responses off the engine's thread
+    bos_token_id: int | None = None  # the checkpoint's (config.json): see `streamed_responses`
 
     @classmethod
     def from_parameters(cls, parameters: EngineParameters, *, decoupled: bool, max_queue_size: int,
@@ -94,6 +96,7 @@ class EngineSettings:
             decoupled=decoupled,
             stream_interval=parameters.stream_interval,
             response_lanes=parameters.response_lanes,
+            bos_token_id=checkpoint_bos_token_id(model_path) if model_path else None,
         )
 
     @classmethod
@@ -107,6 +110,13 @@ class EngineSettings:
                                    model_path=resolve_path(args, model_path) if model_path else "")
 
 
+def checkpoint_bos_token_id(model_path: str) -> int | None:
+    """The BOS id in a Hugging Face checkpoint's config.json; None where it names none."""
+    config = Path(model_path) / "config.json"
+    bos = json.loads(config.read_text()).get("bos_token_id") if config.is_file() else None
+    return bos if isinstance(bos, int) else None
+
+
 def load_model(settings: EngineSettings):
     import torch
     from transformers import AutoModelForCausalLM
@@ -117,6 +127,19 @@ def load_model(settings: EngineSettings):
     dtype = "auto" if settings.dtype == "auto" else getattr(torch, settings.dtype)
     model = AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=dtype, trust_remote_code=False)
     return model.to(device).eval()
+
+
+def streamed_responses(token_ids: list[int], log_probs: list[float],
+                       bos_token_id: int | None) -> list[tuple[list[int], list[float]]]:
+    """A row's streamed tokens of one send, as the responses that carry them: a BOS heading more tokens goes
+    alone. Postprocessing decodes each response by itself and reads one that starts with BOS as a whole text
+    (an echoed prompt, whose SentencePiece prefix space `TokenBytes.decode_sequence` drops); a generated BOS
+    heading a longer chunk would take the next word's space with it. Alone, it decodes to nothing."""
+    lead = 0
+    while lead < len(token_ids) - 1 and token_ids[lead] == bos_token_id:
+        lead += 1
+    heads = [(token_ids[index:index + 1], log_probs[index:index + 1]) for index in range(lead)]
+    return [*heads, (token_ids[lead:], log_probs[lead:])]
 
 
 def _now_ns() -> int:
@@ -132,8 +155,9 @@ class _RowSink:
     """
 
     def __init__(self, state: RequestRows, row: EngineRow, batch_index: int, server_stopping: threading.Event,
-                 stream_interval: int = 1, post: Post = run_here):
+                 stream_interval: int = 1, post: Post = run_here, bos_token_id: int | None = None):
         self.state = state
+        self.bos_token_id = bos_token_id
         self.post = post  # runs this row's sends in order: on a response lane, or here
         self.server_stopping = server_stopping  # set: every open row ends now, with ServerStopping
         self.row = row
@@ -209,8 +233,11 @@ class _RowSink:
             (token_ids, log_probs), self.pending = self.pending, ([], [])
             self.send_queued = False
             self.streamed += len(token_ids)
-        if not self.send_failed and not self.state.send(self._response(token_ids, log_probs), row_done=False):
-            self.send_failed = True
+        for chunk_ids, chunk_log_probs in streamed_responses(token_ids, log_probs, self.bos_token_id):
+            if self.send_failed:
+                return
+            if not self.state.send(self._response(chunk_ids, chunk_log_probs), row_done=False):
+                self.send_failed = True
 
     def finish(self, result: GenerationResult | None, error: Exception | None) -> None:
         """The row's end: its last response, after every one sent before it (which may have taken tokens
@@ -228,8 +255,13 @@ class _RowSink:
         if error is not None:
             self.state.send(self.state.error_response(error), row_done=True)
             return
-        if self.row.stream:  # the tokens not yet streamed (none after an end id), flagged final
-            tokens, log_probs = result.token_ids[self.streamed:], result.log_probs[self.streamed:]
+        if self.row.stream:  # the tokens not yet streamed (none after an end id), the last flagged final
+            *heads, (tokens, log_probs) = streamed_responses(result.token_ids[self.streamed:],
+                                                             result.log_probs[self.streamed:], self.bos_token_id)
+            for head_ids, head_log_probs in heads:
+                if not self.state.send(self._response(head_ids, head_log_probs), row_done=False):
+                    self.state.send(self.state.error_response(ResponseSendError()), row_done=True)
+                    return
         elif self.row.exclude_input:
             tokens, log_probs = result.token_ids, result.log_probs
         else:
@@ -323,7 +355,7 @@ class EngineService:
                     stop_sequences=row.stop_sequences, bad_sequences=row.bad_sequences, stream=row.stream,
                     return_log_probs=row.return_log_probs, embedding_bias=row.embedding_bias,
                     sink=_RowSink(state, row, index, self.server_stopping, self.settings.stream_interval,
-                                  self.lanes.lane() if self.lanes else run_here))
+                                  self.lanes.lane() if self.lanes else run_here, self.settings.bos_token_id))
                 self.engine.validate(generation)
                 requests.append(generation)
         except Exception as error:  # noqa: BLE001 - every failure becomes this request's error response
