@@ -130,9 +130,8 @@ def test_a_stub_whose_server_and_folder_are_gone_exits(tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", server, stub], stdout=subprocess.PIPE, text=True, env=env)
     stub_pid = int(parent.stdout.readline())
     try:
-        for name in os.listdir(folder):  # the folder goes first (a sweep, a cleanup) ...
-            os.unlink(folder / name)
-        folder.rmdir()
+        # the folder goes first (a sweep, a cleanup), in one step: the stub writes into it all the while ...
+        folder.rename(tmp_path / "swept")
         # ... and the stub beats into nothing for a while: not a synchronisation (a shorter wait only lets the
         # test miss a stub that gives up watching once its folder is gone, never fail a correct one)
         time.sleep(3 * HEARTBEAT_PERIOD_S)
