@@ -151,7 +151,7 @@ def test_serve_stops_on_ctrl_c_and_a_second_one_leaves_nothing_behind(supervised
     http_port = free_port()
     serve = subprocess.Popen([sys.executable, "-m", "tritonforge.cli", "serve", str(supervised.server.repository),
                               "--http-port", str(http_port), "--grpc-port", str(free_port()),
-                              "--metrics-port", str(free_port())], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                              "--metrics-port", str(free_port())], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert serve.stdout.readline().startswith(b"serving"), "serve did not start"  # and handles signals now
         server_pid = next(pid for pid in children(serve.pid))
@@ -159,7 +159,11 @@ def test_serve_stops_on_ctrl_c_and_a_second_one_leaves_nothing_behind(supervised
         shm_prefix = next(part.rsplit("=", 1)[1] for part in command if "shm-region-prefix-name=" in part)
         work_dir = Path(next(part.split("=", 1)[1] for part in command if part.startswith("--backend-directory")))
         serve.send_signal(signal.SIGINT)
-        time.sleep(0.2)
+        for line in serve.stderr:  # the first signal is handled once serve says it is stopping
+            if line.startswith(b"stopping tritonserver"):
+                break
+        else:
+            pytest.fail("serve never said it was stopping")
         serve.send_signal(signal.SIGINT)
         assert serve.wait(timeout=30) == 0
     finally:
