@@ -233,10 +233,14 @@ class _RowSink:
             (token_ids, log_probs), self.pending = self.pending, ([], [])
             self.send_queued = False
             self.streamed += len(token_ids)
-        for chunk_ids, chunk_log_probs in streamed_responses(token_ids, log_probs, self.bos_token_id):
+        self._send_streamed(streamed_responses(token_ids, log_probs, self.bos_token_id))
+
+    def _send_streamed(self, responses: list[tuple[list[int], list[float]]]) -> None:
+        """Streamed responses, none flagged final; the first that cannot be sent ends the sending."""
+        for token_ids, log_probs in responses:
             if self.send_failed:
                 return
-            if not self.state.send(self._response(chunk_ids, chunk_log_probs), row_done=False):
+            if not self.state.send(self._response(token_ids, log_probs), row_done=False):
                 self.send_failed = True
 
     def finish(self, result: GenerationResult | None, error: Exception | None) -> None:
@@ -258,10 +262,10 @@ class _RowSink:
         if self.row.stream:  # the tokens not yet streamed (none after an end id), the last flagged final
             *heads, (tokens, log_probs) = streamed_responses(result.token_ids[self.streamed:],
                                                              result.log_probs[self.streamed:], self.bos_token_id)
-            for head_ids, head_log_probs in heads:
-                if not self.state.send(self._response(head_ids, head_log_probs), row_done=False):
-                    self.state.send(self.state.error_response(ResponseSendError()), row_done=True)
-                    return
+            self._send_streamed(heads)
+            if self.send_failed:
+                self.state.send(self.state.error_response(ResponseSendError()), row_done=True)
+                return
         elif self.row.exclude_input:
             tokens, log_probs = result.token_ids, result.log_probs
         else:
