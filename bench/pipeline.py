@@ -72,7 +72,7 @@ def measure_engine(args, model_dir: Path, engine: str, work: Path, rows: list[di
     prompts = make_prompts(tokenizer_dir(repository), 256, args.max_prompt_tokens)
     progress(f"{engine}: starting tritonserver")
     # Open APIs: perf_analyzer reads the model config and statistics; the ports are local to this run.
-    server = TritonServer(repository, ready_timeout_s=300, restricted_apis="").start()
+    server = TritonServer(repository, ready_timeout_s=300, restricted_apis="", extra_args=trace_args(args)).start()
     progress(f"{engine}: server ready, warming up")
     try:
         def on_row(row: dict) -> None:
@@ -92,6 +92,20 @@ def measure_engine(args, model_dir: Path, engine: str, work: Path, rows: list[di
         raise
     finally:
         server.stop()
+
+
+# Triton writes traces in files of this many (FILE.0, FILE.1, ...) and drops the last, partial file (with 0,
+# "one file at shutdown", 2.51 wrote none when the bench stopped it).
+TRACES_PER_FILE = 100
+
+
+def trace_args(args) -> list[str]:
+    """tritonserver's per-request trace (timestamps of every step of one request in N), for bench/trace.py."""
+    if args.trace_file is None:
+        return []
+    return ["--trace-config", f"triton,file={args.trace_file}", "--trace-config", "level=TIMESTAMPS",
+            "--trace-config", f"rate={args.trace_rate}", "--trace-config", "count=-1",
+            "--trace-config", f"triton,log-frequency={TRACES_PER_FILE}"]
 
 
 def path_list(text: str) -> tuple[str, ...]:
@@ -155,6 +169,9 @@ def main() -> int:
                         help="postprocessing without preserve_ordering (NVIDIA's setting)")
     parser.add_argument("--bls-max-concurrency", type=int, default=configs.ServingConfig.bls_max_concurrency,
                         help="requests one BLS instance runs (default: the build's)")
+    parser.add_argument("--trace-file", type=Path, default=None,
+                        help="write Triton's per-request trace as FILE.0, FILE.1, ... (bench/trace.py reads them)")
+    parser.add_argument("--trace-rate", type=int, default=8, help="with --trace-file: trace one request in N")
     parser.add_argument("--stacks-dir", type=Path, default=None,
                         help="with py-spy installed: record one stub of each model at the largest concurrency")
     parser.add_argument("--name", default="pipeline", help="results file stem under bench/results/")
