@@ -11,8 +11,8 @@ import time
 import pytest
 from tritonclient.grpc import service_pb2_grpc
 
+from tritonforge.clients import client as client_module
 from tritonforge.clients.client import (
-    STOP_TIMEOUT_S,
     AsyncGrpcClient,
     GenerateRequest,
     GrpcClient,
@@ -22,6 +22,7 @@ from tritonforge.clients.client import (
 
 from ..conftest import serving_grpc
 
+STOP_TIMEOUT_S = 0.5  # the clients' limit for a stop's answer, shortened here: what is checked is that it ends
 GIVE_UP_S = STOP_TIMEOUT_S + 10  # the client's limits plus a margin: beyond it the client hangs
 
 
@@ -37,7 +38,8 @@ class SilentTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 
 @pytest.fixture()
-def silent_url():
+def silent_url(monkeypatch):
+    monkeypatch.setattr(client_module, "STOP_TIMEOUT_S", STOP_TIMEOUT_S)
     with serving_grpc(SilentTriton()) as url:
         yield url
 
