@@ -30,10 +30,11 @@ EXIT_TIMEOUT_S = 10  # TritonServer's default: the wait for in-flight requests, 
 # A clean stop takes at most the server's two waits and the stubs' exit; more means it had to be killed.
 STOP_WITHIN_S = 2 * EXIT_TIMEOUT_S + 15
 STREAMS = 2  # per model, ensemble and BLS
-# Streams that finish within the exit timeout (~1 s for four on the CI machine): streams cut at that deadline
-# can leave Triton 2.51 counting ensemble requests in flight, which ends the stop in a kill (the edge
-# docs/design/faults.md describes); and streams that outlive any stop's deadline.
-SHORT_STREAM_TOKENS = 120
+# Streams that finish well within the exit timeout (~0.3 s for four on an idle CI machine, and so still
+# within it on one that runs two test processes): streams cut at that deadline can leave Triton 2.51 counting
+# ensemble requests in flight, which ends the stop in a kill (the edge docs/design/faults.md describes); and
+# streams that outlive any stop's deadline.
+SHORT_STREAM_TOKENS = 40
 LONG_STREAM_TOKENS = 900
 
 
