@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..spec.settings import positive_int
+from ..spec.settings import add_arguments, given, positive_int
 
 
 def eval_command(args: argparse.Namespace) -> int:
@@ -14,9 +14,7 @@ def eval_command(args: argparse.Namespace) -> int:
 
     from ..tools.accuracy import Thresholds, run_eval
 
-    thresholds = Thresholds(min_greedy_agreement=args.min_greedy_agreement, max_logprob_mae=args.max_logprob_mae,
-                            logprob_tolerance=args.logprob_tolerance, max_logprob_off_share=args.max_logprob_off_share,
-                            max_task_accuracy_drop=args.max_task_accuracy_drop)
+    thresholds = Thresholds(**given(args, Thresholds))
     report = run_eval(args.url, args.reference, args.tokenizer or args.reference, prompts_path=args.prompts,
                       tokens=args.tokens, thresholds=thresholds, choices_path=args.choices)
     print(report.table())
@@ -39,15 +37,6 @@ def add_parser(command) -> None:
     evaluation.add_argument("--choices", type=Path, default=None,
                             help="multiple-choice JSONL of {\"question\", \"choices\", \"answer\"}")
     evaluation.add_argument("--tokens", type=positive_int, default=32, help="greedy tokens compared per prompt")
-    evaluation.add_argument("--min-greedy-agreement", type=float, default=Thresholds.min_greedy_agreement,
-                            help="least share of prompts whose greedy tokens all agree")
-    evaluation.add_argument("--max-logprob-mae", type=float, default=Thresholds.max_logprob_mae,
-                            help="largest mean |served - reference| log-probability")
-    evaluation.add_argument("--logprob-tolerance", type=float, default=Thresholds.logprob_tolerance,
-                            help="a token's log-probability off by more than this (nats) counts as off")
-    evaluation.add_argument("--max-logprob-off-share", type=float, default=Thresholds.max_logprob_off_share,
-                            help="largest share of tokens off")
-    evaluation.add_argument("--max-task-accuracy-drop", type=float, default=Thresholds.max_task_accuracy_drop,
-                            help="largest drop of task accuracy against the reference (--choices)")
+    add_arguments(evaluation, Thresholds)
     evaluation.add_argument("--json", type=Path, default=None, help="write the figures here")
     evaluation.set_defaults(func=eval_command)

@@ -4,18 +4,23 @@ missing tool or a repository in use, progress lines, and a built repository's to
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..build.repository import tokenizer_dir
 from ..spec.contract import DEFAULT_MAX_TOKENS
-from ..spec.settings import positive_int, positive_seconds
+from ..spec.settings import positive_int, positive_seconds, setting
 
 
-def add_load_arguments(parser, *, tokens_help: str, tool_help: str) -> None:
+@dataclass(frozen=True, kw_only=True)
+class LoadOptions:
     """What `bench` and `tune` both load a server with: tokens a request, time a point, the load generator."""
-    parser.add_argument("--output-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS, help=tokens_help)
-    parser.add_argument("--duration-s", type=positive_seconds, default=10.0, help="measurement time per point")
-    parser.add_argument("--tool", choices=("asyncio", "perf_analyzer"), default="asyncio", help=tool_help)
+
+    output_tokens: int = setting(DEFAULT_MAX_TOKENS, "tokens each request generates (min_tokens = max_tokens)",
+                                 parse=positive_int)
+    duration_s: float = setting(10.0, "measurement time per point", parse=positive_seconds)
+    tool: str = setting("asyncio", "load generator (perf_analyzer reads the server's model configs and statistics: "
+                                   "`tritonforge serve --open-apis`)", choices=("asyncio", "perf_analyzer"))
 
 
 def say(message: str) -> None:

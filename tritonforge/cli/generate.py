@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 from ..spec.contract import (
     BLS_MODEL,
@@ -16,52 +17,55 @@ from ..spec.contract import (
     TOP_P,
 )
 from ..spec.ports import LOCAL_GRPC_URL, LOCAL_HTTP_URL
-from ..spec.settings import positive_int
+from ..spec.settings import add_arguments, given, positive_int, setting
 
 
-def _client(args: argparse.Namespace):
-    from ..clients.client import GrpcClient, HttpClient
+@dataclass(frozen=True, kw_only=True)
+class GenerateOptions:
+    """What `tritonforge generate` takes besides the prompt; the sampling fields carry the contract's names."""
 
-    if args.protocol == "http":
-        return HttpClient(args.url or LOCAL_HTTP_URL, model=args.model)
-    return GrpcClient(args.url or LOCAL_GRPC_URL, model=args.model)
+    stream: bool = setting(False, "print the text as it is generated")
+    protocol: str = setting("grpc", "how to reach the server", choices=("grpc", "http"))
+    url: str | None = setting(None, f"host:port (default {LOCAL_GRPC_URL} gRPC, {LOCAL_HTTP_URL} HTTP)", parse=str)
+    model: str = setting(ENSEMBLE_MODEL, "which model answers", choices=(ENSEMBLE_MODEL, BLS_MODEL))
+    max_tokens: int = setting(DEFAULT_MAX_TOKENS, "tokens to generate at most", parse=positive_int)
+    temperature: float | None = setting(None, "sampling temperature (default: greedy)", parse=float)
+    top_k: int | None = setting(None, "sample from the k likeliest tokens", parse=int)
+    top_p: float | None = setting(None, "sample from the smallest set of this mass", parse=float)
+    seed: int | None = setting(None, "sampling seed", parse=int)
+    stop: tuple[str, ...] = setting((), "stop phrase (repeatable)", repeat=True)
 
+    def client(self):
+        from ..clients.client import GrpcClient, HttpClient
 
-def _parameters(args: argparse.Namespace) -> dict:
-    parameters = {MAX_TOKENS: args.max_tokens}
-    for name in (TEMPERATURE, TOP_K, TOP_P, SEED):
-        if getattr(args, name) is not None:
-            parameters[name] = getattr(args, name)
-    if args.stop:
-        parameters[STOP_WORDS] = args.stop
-    return parameters
+        if self.protocol == "http":
+            return HttpClient(self.url or LOCAL_HTTP_URL, model=self.model)
+        return GrpcClient(self.url or LOCAL_GRPC_URL, model=self.model)
+
+    def parameters(self) -> dict:
+        parameters = {MAX_TOKENS: self.max_tokens}
+        for name in (TEMPERATURE, TOP_K, TOP_P, SEED):
+            if getattr(self, name) is not None:
+                parameters[name] = getattr(self, name)
+        if self.stop:
+            parameters[STOP_WORDS] = list(self.stop)
+        return parameters
 
 
 def generate_command(args: argparse.Namespace) -> int:
-    client = _client(args)
-    if args.stream:
-        for text in client.stream(args.prompt, **_parameters(args)):
+    options = GenerateOptions(**given(args, GenerateOptions))
+    client = options.client()
+    if options.stream:
+        for text in client.stream(args.prompt, **options.parameters()):
             print(text, end="", flush=True)
         print()
     else:
-        print(client.generate(args.prompt, **_parameters(args)))
+        print(client.generate(args.prompt, **options.parameters()))
     return 0
 
 
 def add_parser(command) -> None:
     generate = command("generate", "send a prompt to a running server and print the answer")
     generate.add_argument("prompt", help="the prompt text")
-    generate.add_argument("--stream", action="store_true", help="print the text as it is generated")
-    generate.add_argument("--protocol", choices=("grpc", "http"), default="grpc", help="how to reach the server")
-    generate.add_argument("--url", default=None,
-                          help=f"host:port (default {LOCAL_GRPC_URL} gRPC, {LOCAL_HTTP_URL} HTTP)")
-    generate.add_argument("--model", default=ENSEMBLE_MODEL, choices=(ENSEMBLE_MODEL, BLS_MODEL),
-                          help="which model answers")
-    generate.add_argument("--max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS,
-                          help="tokens to generate at most")
-    generate.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: greedy)")
-    generate.add_argument("--top-k", type=int, default=None, help="sample from the k likeliest tokens")
-    generate.add_argument("--top-p", type=float, default=None, help="sample from the smallest set of this mass")
-    generate.add_argument("--seed", type=int, default=None, help="sampling seed")
-    generate.add_argument("--stop", action="append", default=[], help="stop phrase (repeatable)")
+    add_arguments(generate, GenerateOptions)
     generate.set_defaults(func=generate_command)

@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
+
+from ..spec.settings import add_arguments, given, setting
+from ..tools.tiny_model import SHAPES, TOKENIZER_FAMILIES
+
+
+@dataclass(frozen=True, kw_only=True)
+class TinyModelOptions:
+    tokenizer: str = setting("bpe", "tokenizer family", choices=TOKENIZER_FAMILIES)
+    size: str = setting("tiny", "tiny: ~1M parameters for CPUs; 1b: a ~1B Llama body for GPU measurements",
+                        choices=tuple(SHAPES))
 
 
 def make_tiny_model_command(args: argparse.Namespace) -> int:
-    from ..tools.tiny_model import SHAPES, make_tiny_model
+    from ..tools.tiny_model import make_tiny_model
 
+    options = TinyModelOptions(**given(args, TinyModelOptions))
     if args.output.exists() and (not args.output.is_dir() or any(args.output.iterdir())):
         raise FileExistsError(f"{args.output} exists and is not an empty folder: the tiny model would overwrite "
                               f"what is there; choose a new folder")
-    path = make_tiny_model(args.output, tokenizer_family=args.tokenizer, shape=SHAPES[args.size])
+    path = make_tiny_model(args.output, tokenizer_family=options.tokenizer, shape=SHAPES[options.size])
     print(f"tiny model ready: {path}")
     return 0
 
@@ -20,7 +32,5 @@ def make_tiny_model_command(args: argparse.Namespace) -> int:
 def add_parser(command) -> None:
     tiny = command("make-tiny-model", "write a small random-weight Llama and tokenizer (its text is gibberish)")
     tiny.add_argument("output", type=Path, help="folder to write (a new or empty one)")
-    tiny.add_argument("--tokenizer", choices=("bpe", "sentencepiece"), default="bpe", help="tokenizer family")
-    tiny.add_argument("--size", choices=("tiny", "1b"), default="tiny",
-                      help="tiny: ~1M parameters for CPUs; 1b: a ~1B Llama body for GPU measurements")
+    add_arguments(tiny, TinyModelOptions)
     tiny.set_defaults(func=make_tiny_model_command)

@@ -5,10 +5,21 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 
+from ..clients.client import STOP_TIMEOUT_S
 from ..spec.contract import BLS_MODEL, ENSEMBLE_MODEL
 from ..spec.ports import LOCAL_GRPC_URL
-from ..spec.settings import positive_seconds
+from ..spec.settings import add_arguments, given, positive_seconds, setting
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeOptions:
+    url: str = setting(LOCAL_GRPC_URL, "gRPC host:port")
+    model: str = setting(ENSEMBLE_MODEL, "which model answers", choices=(ENSEMBLE_MODEL, BLS_MODEL))
+    timeout_s: float = setting(60.0, "how long a generation may take to answer, queueing included (a busy engine "
+                                     f"queues the probe too); a timed-out probe then spends up to "
+                                     f"{STOP_TIMEOUT_S:g} s stopping its request", parse=positive_seconds)
 
 
 def probe_command(args: argparse.Namespace) -> int:
@@ -17,9 +28,10 @@ def probe_command(args: argparse.Namespace) -> int:
     generation answers within --timeout-s, 1 otherwise."""
     from ..clients.client import GenerateRequest, GenerationError, GrpcClient
 
-    client = GrpcClient(args.url, model=args.model)
+    options = ProbeOptions(**given(args, ProbeOptions))
+    client = GrpcClient(options.url, model=options.model)
     try:
-        for _ in client.stream_bytes(GenerateRequest(text_input="ping", max_tokens=1), timeout_s=args.timeout_s):
+        for _ in client.stream_bytes(GenerateRequest(text_input="ping", max_tokens=1), timeout_s=options.timeout_s):
             pass
     except GenerationError as error:
         print(f"not live: {error}", file=sys.stderr)
@@ -31,10 +43,5 @@ def probe_command(args: argparse.Namespace) -> int:
 
 def add_parser(command) -> None:
     probe = command("probe", "liveness check: does a one-token generation answer in time? (exit 0: yes)")
-    probe.add_argument("--url", default=LOCAL_GRPC_URL, help="gRPC host:port")
-    probe.add_argument("--model", default=ENSEMBLE_MODEL, choices=(ENSEMBLE_MODEL, BLS_MODEL),
-                       help="which model answers")
-    probe.add_argument("--timeout-s", type=positive_seconds, default=60.0,
-                       help="how long a generation may take to answer, queueing included (a busy engine queues "
-                            "the probe too); a timed-out probe then spends up to 5 s stopping its request")
+    add_arguments(probe, ProbeOptions)
     probe.set_defaults(func=probe_command)

@@ -23,6 +23,7 @@ class Option:
     choices: tuple | None = None
     group: str | None = None  # an argument group's title
     metavar: str | None = None
+    repeat: bool = False  # the flag may be given again, each value one more element of the field's tuple
 
 
 def setting(default: Any = dataclasses.MISSING, help: str = "", **option) -> Any:
@@ -46,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str = "") -> Non
         if field.default is dataclasses.MISSING:
             target.add_argument(flag, required=True, type=option.parse, help=option.help, metavar=option.metavar,
                                 dest=prefix + field.name)
+        elif option.repeat:
+            target.add_argument(flag, action="append", type=option.parse or str, help=option.help,
+                                metavar=option.metavar or field.name.upper(), **common)
         elif isinstance(field.default, bool):
             target.add_argument(flag, action="store_false" if field.default else "store_true", help=option.help,
                                 **common)
@@ -57,10 +61,14 @@ def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str = "") -> Non
             target.add_argument(flag, type=parse, choices=option.choices, metavar=metavar, help=text, **common)
 
 
+_NOT_GIVEN = object()
+
+
 def given(args: argparse.Namespace, cls, prefix: str = "") -> dict[str, Any]:
-    """The options of `cls` that the user gave, by field name."""
-    return {field.name: getattr(args, prefix + field.name) for field, _ in _options(cls)
-            if hasattr(args, prefix + field.name)}
+    """The options of `cls` that the user gave, by field name (a repeated one as a tuple)."""
+    return {field.name: tuple(value) if option.repeat else value for field, option in _options(cls)
+            if (value := getattr(args, prefix + field.name, _NOT_GIVEN)) is not _NOT_GIVEN}
+
 
 
 def comma_list(text: str) -> tuple[str, ...]:
@@ -78,9 +86,9 @@ def version(text: str) -> tuple[int, int]:
 
 # argparse `type`s for the options' `parse`
 
-def _whole_numbers(text: str, minimum: int) -> list[int]:
+def _whole_numbers(text: str, minimum: int) -> tuple[int, ...]:
     try:
-        values = [int(part) for part in text.split(",") if part.strip()]
+        values = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
     if not values or min(values) < minimum:
@@ -88,12 +96,12 @@ def _whole_numbers(text: str, minimum: int) -> list[int]:
     return values
 
 
-def positive_ints(text: str) -> list[int]:
+def positive_ints(text: str) -> tuple[int, ...]:
     """An argparse `type` for lists like "1,8,32,128" (concurrencies, instance counts)."""
     return _whole_numbers(text, 1)
 
 
-def non_negative_ints(text: str) -> list[int]:
+def non_negative_ints(text: str) -> tuple[int, ...]:
     """An argparse `type` for lists like "0,200" (delays)."""
     return _whole_numbers(text, 0)
 

@@ -41,17 +41,20 @@ from ..spec.contract import (
     SEQUENCE_LENGTH,
     STREAMING,
 )
+from ..spec.settings import setting
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent / "data" / "accuracy_prompts.jsonl"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Thresholds:
-    min_greedy_agreement: float = 0.9
-    max_logprob_mae: float = 0.05
-    logprob_tolerance: float = 0.1  # a token's |served - reference| log-prob above this counts as off
-    max_logprob_off_share: float = 0.05
-    max_task_accuracy_drop: float = 0.02  # served accuracy may trail the reference's by this much
+    """What the served engine must reach against its checkpoint; each field is also `tritonforge eval`'s flag."""
+
+    min_greedy_agreement: float = setting(0.9, "least share of prompts whose greedy tokens all agree")
+    max_logprob_mae: float = setting(0.05, "largest mean |served - reference| log-probability")
+    logprob_tolerance: float = setting(0.1, "a token's log-probability off by more than this (nats) counts as off")
+    max_logprob_off_share: float = setting(0.05, "largest share of tokens off")
+    max_task_accuracy_drop: float = setting(0.02, "largest drop of task accuracy against the reference (--choices)")
 
 
 @dataclass

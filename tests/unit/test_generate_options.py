@@ -1,0 +1,34 @@
+"""`tritonforge generate`'s flags come from GenerateOptions' fields; what it sends follows from them."""
+
+import dataclasses
+
+import pytest
+
+from tritonforge.cli import make_parser
+from tritonforge.cli.generate import GenerateOptions
+from tritonforge.spec.contract import DEFAULT_MAX_TOKENS, MAX_TOKENS, STOP_WORDS, TEMPERATURE, TOP_K
+from tritonforge.spec.settings import given
+
+
+def options_of(*flags: str) -> GenerateOptions:
+    return GenerateOptions(**given(make_parser().parse_args(["generate", "hi", *flags]), GenerateOptions))
+
+
+def test_a_bare_generate_sends_only_the_default_max_tokens():
+    assert options_of() == GenerateOptions()
+    assert options_of().parameters() == {MAX_TOKENS: DEFAULT_MAX_TOKENS}
+
+
+def test_repeated_stop_phrases_are_all_sent_in_order_and_sampling_only_where_given():
+    options = options_of("--stop", "END", "--stop", "\n\n", "--temperature", "0.7", "--top-k", "5", "--stream")
+    assert options == dataclasses.replace(GenerateOptions(), stop=("END", "\n\n"), temperature=0.7, top_k=5,
+                                          stream=True)
+    assert options.parameters() == {MAX_TOKENS: DEFAULT_MAX_TOKENS, STOP_WORDS: ["END", "\n\n"], TEMPERATURE: 0.7,
+                                    TOP_K: 5}
+
+
+@pytest.mark.parametrize("flags", [["--max-tokens", "0"], ["--protocol", "udp"], ["--top-k", "many"]])
+def test_a_bad_generate_flag_is_refused_by_the_parser(flags, capsys):
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["generate", "hi", *flags])
+    assert flags[0] in capsys.readouterr().err
