@@ -5,8 +5,10 @@ start (nothing, once that start has swept). The supervisor gives up on a server 
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -220,23 +222,26 @@ def test_serve_killed_with_sigkill_takes_its_server_along_and_the_next_start_swe
         killed.stop()
 
 
-def test_the_supervisor_gives_up_on_a_server_that_does_not_come_back(repository, tmp_path):
+def test_the_supervisor_gives_up_on_a_server_that_does_not_come_back(repository, tmp_path, caplog):
     """A server that serves, then dies, then fails every start (its model broke on disk, say): a few attempts,
-    then one clear error instead of restarting for ever. The server loads the engine model alone, whose start
-    and failures take seconds, not the whole repository's."""
+    each after twice the wait of the one before, then one clear error instead of restarting for ever. The
+    server loads the engine model alone, whose start and failures take seconds, not the whole repository's."""
     server = TritonServer(repository, extra_args=only_models(ENGINE_MODEL))
-    supervisor = Supervisor(server, wedged_after_s=0, period_s=0.2, max_backoff_s=0.5, max_failed_starts=2)
+    supervisor = Supervisor(server, wedged_after_s=0, period_s=0.2, max_backoff_s=2, max_failed_starts=3)
     supervisor.start()
     config = repository / ENGINE_MODEL / "config.pbtxt"
     original = config.read_text()
     config.write_text("this is not a model config")
     try:
         server.kill()
-        with pytest.raises(Exception, match="did not come back in 2 attempts in a row; giving up"):
-            supervisor.run(threading.Event())
+        with caplog.at_level(logging.ERROR, logger="tritonforge.serve.supervisor"):
+            with pytest.raises(Exception, match="did not come back in 3 attempts in a row; giving up"):
+                supervisor.run(threading.Event())
     finally:
         config.write_text(original)
     assert not server.is_running()
+    waits = re.findall(r"next attempt in (\d+) s", caplog.text)
+    assert waits == ["1", "2"], caplog.text
 
 
 def test_streams_still_open_when_the_stop_deadline_comes_end_unavailable_and_nothing_is_left(repository):

@@ -65,8 +65,12 @@ def test_sentencepiece_word_spaces_survive_token_by_token_streaming(tiny_models)
 
 
 def test_padding_ids_decode_to_nothing(tiny_models):
-    table = TokenBytes(load_tokenizer(tiny_models["bpe"]))
+    """-1 (NVIDIA's padding) and ids past the vocabulary (a pad id beyond it) add nothing between real tokens."""
+    tokenizer = load_tokenizer(tiny_models["bpe"])
+    table = TokenBytes(tokenizer)
+    ids = tokenizer.encode("padded text", add_special_tokens=False)
     assert table.decode([-1, -1]) == b""
+    assert table.decode([ids[0], len(table), *ids[1:], len(table) + 7, -1]) == table.decode(ids)
 
 
 def test_a_sentencepiece_completion_keeps_its_leading_space_and_a_whole_sequence_drops_it(tiny_models):
