@@ -114,6 +114,20 @@ def test_streams_waiting_for_the_engine_do_not_stall_the_running_ones(queue_serv
     assert max(asyncio.run(longest_gaps())) < LONGEST_GAP_S
 
 
+def test_a_streamed_request_is_answered_in_chunks_as_it_generates_and_a_whole_one_in_one_response(queue_served):
+    """At 20 ms a token the engine gives the BLS each token apart: a streamed request gets them in several
+    chunks, and the same request unstreamed gets one response with all of it."""
+    bls = GrpcClient(queue_served.grpc_url, "tensorrt_llm_bls")
+    request = GenerateRequest(text_input="The server reads a request", max_tokens=10)
+    try:
+        chunks = list(bls.stream_bytes(request))
+        whole = list(bls.stream_bytes(request, stream=False))
+    finally:
+        bls.close()
+    assert len(chunks) >= 2, chunks
+    assert len(whole) == 1 and whole[0] == b"".join(chunks)
+
+
 def test_stop_phrase_split_across_tokens_is_never_emitted(clients):
     bls, ensemble = clients
     prompt = MULTILINGUAL[0]

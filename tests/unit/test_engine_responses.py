@@ -207,6 +207,21 @@ def test_a_stream_interval_still_waits_for_its_tokens_and_the_last_response_take
                                                                    ([], True)]
 
 
+def test_a_streamed_chunk_that_could_not_be_sent_ends_the_row_with_an_error_not_a_stream_with_a_gap():
+    lane, sender = HeldLane(), Sender(fail_at=2)
+    sink = streaming_sink(lane, sender)
+    sink.tokens([13], [0.0])
+    lane.run()
+    sink.tokens([14], [0.0])  # its send raises: the client would miss token 14
+    lane.run()
+    assert sink.cancelled()  # the engine stops the row
+    sink.finish(GenerationResult([13, 14, 15], [0.0] * 3, "length"), None)
+    lane.run()
+    (first, _), (last, flags) = sender.sent
+    assert dict(first.tensors)["output_ids"].reshape(-1).tolist() == [13]
+    assert flags == 1 and last.error is not None and "could not be sent" in last.error.message
+
+
 def test_a_generated_bos_heading_a_streamed_chunk_goes_alone_so_postprocessing_keeps_the_next_words_space():
     lane, sender = HeldLane(), Sender()
     sink = streaming_sink(lane, sender, bos_token_id=1)
