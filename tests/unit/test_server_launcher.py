@@ -86,6 +86,18 @@ def test_a_failure_summary_puts_the_model_that_failed_to_load_first(server, tmp_
     assert server.failure_summary() == "E1 some error"
 
 
+def test_a_server_not_ready_in_time_names_the_models_still_loading(server, tmp_path):
+    """Triton's own lifecycle lines: a model whose load began and neither succeeded nor failed is still loading."""
+    server.log_path = tmp_path / "log"
+    server.log_path.write_text(
+        'I1202 model_lifecycle.cc:472] "loading: postprocessing:1"\n'
+        'I1202 model_lifecycle.cc:472] "loading: tensorrt_llm:1"\n'
+        'I1202 model_lifecycle.cc:472] "loading: tensorrt_llm_bls:1"\n'
+        'I1202 model_lifecycle.cc:839] "successfully loaded \'postprocessing\'"\n'
+        'E1202 model_lifecycle.cc:638] "failed to load \'tensorrt_llm_bls\' version 1: bad config"\n')
+    assert server.models_loading() == ["tensorrt_llm"]
+
+
 def test_each_server_names_its_stubs_shared_memory_and_removes_only_its_own(tmp_path, monkeypatch):
     monkeypatch.setattr(launcher, "SHARED_MEMORY_DIR", tmp_path)
     ours, other = TritonServer(tmp_path / "repo"), TritonServer(tmp_path / "repo")

@@ -446,7 +446,10 @@ class TritonServer:
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.25)
-        raise ServerError(f"tritonserver not ready after {self.ready_timeout_s:.0f} s:\n{self.failure_summary()}")
+        loading = self.models_loading()
+        still = f" ({', '.join(loading)} still loading)" if loading else ""
+        raise ServerError(f"tritonserver not ready after {self.ready_timeout_s:.0f} s{still}:\n"
+                          f"{self.failure_summary()}")
 
     def log_text(self) -> str:
         if self.log_path and self.log_path.exists():
@@ -460,6 +463,14 @@ class TritonServer:
         errors = [line for line in lines if re.search(r"\bE\d{4}|error|Error|Traceback", line)]
         chosen = (failing or errors or lines)[-max_lines:]
         return "\n".join(line if len(line) <= max_chars else line[:max_chars] + " ..." for line in chosen)
+
+    def models_loading(self) -> list[str]:
+        """The models whose load the log shows begun and not finished: what a server that is not ready waits on
+        (a Python model's initialize that never returns, say)."""
+        log = self.log_text()
+        begun = re.findall(r'"loading: ([^:"]+):\d+"', log)
+        done = set(re.findall(r"(?:successfully loaded|failed to load) '([^']+)'", log))
+        return sorted(set(begun) - done)
 
     def is_running(self) -> bool:
         return self._process is not None and self._process.poll() is None
