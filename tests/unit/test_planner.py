@@ -3,6 +3,7 @@
 import pytest
 
 from tritonforge.build.planner import GIB, ModelShape, PlanRefused, plan_memory
+from tritonforge.spec.release import TOKENS_PER_BLOCK
 
 LLAMA_3_1_8B = ModelShape(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
                           num_heads=32, num_kv_heads=8, head_dim=128, tied_embeddings=False)
@@ -55,6 +56,16 @@ def test_llama_70b_fp8_on_four_gpus():
     assert plan.weight_bytes_per_gpu == weights
     assert plan.kv_bytes_per_token == 2 * 80 * 2 * 128 * 2 == 81_920  # 8 KV heads over tp=4
     assert (plan.kv_tokens, plan.max_sequences) == expected_sequences(weights, 81_920, 80, 8192)
+
+
+def test_a_sequence_takes_whole_kv_blocks_so_one_token_past_a_block_costs_a_block():
+    """TensorRT-LLM pages the KV cache in blocks of TOKENS_PER_BLOCK tokens: a sequence of k blocks and one
+    token holds k + 1 of them, so fewer such sequences fit than of k blocks exactly."""
+    exact = plan_memory(LLAMA_3_1_8B, gpu_memory_gib=80, max_seq_len=8 * TOKENS_PER_BLOCK, max_batch_size=4096)
+    one_more = plan_memory(LLAMA_3_1_8B, gpu_memory_gib=80, max_seq_len=8 * TOKENS_PER_BLOCK + 1,
+                           max_batch_size=4096)
+    blocks = exact.kv_tokens // TOKENS_PER_BLOCK
+    assert (exact.max_sequences, one_more.max_sequences) == (blocks // 8, blocks // 9)
 
 
 def test_70b_in_fp16_on_one_gpu_is_refused_with_advice():
