@@ -35,8 +35,8 @@ STEP_NAMES = {"preprocessing": "pre", "tensorrt_llm": "engine", "postprocessing"
 
 
 def load(trace_file: Path) -> tuple[dict, dict]:
-    """Each trace's model and parent, and its timestamps by name (first occurrence; every GRPC_SEND_START
-    kept as a list, a decoupled request sends many)."""
+    """Each trace's model and parent, and its timestamps by name, every occurrence kept (a decoupled request
+    sends many responses)."""
     files = sorted(trace_file.parent.glob(trace_file.name + ".*")) or [trace_file]
     meta, stamps = {}, collections.defaultdict(lambda: collections.defaultdict(list))
     for file in files:

@@ -61,13 +61,14 @@ def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str = "") -> Non
             target.add_argument(flag, type=parse, choices=option.choices, metavar=metavar, help=text, **common)
 
 
-_NOT_GIVEN = object()
-
-
 def given(args: argparse.Namespace, cls, prefix: str = "") -> dict[str, Any]:
     """The options of `cls` that the user gave, by field name (a repeated one as a tuple)."""
-    return {field.name: tuple(value) if option.repeat else value for field, option in _options(cls)
-            if (value := getattr(args, prefix + field.name, _NOT_GIVEN)) is not _NOT_GIVEN}
+    values = {}
+    for field, option in _options(cls):
+        if hasattr(args, prefix + field.name):
+            value = getattr(args, prefix + field.name)
+            values[field.name] = tuple(value) if option.repeat else value
+    return values
 
 
 
