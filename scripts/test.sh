@@ -19,15 +19,15 @@ PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider)
 if [ $# -gt 0 ]; then
   exec "${PYTEST[@]}" "$@"
 fi
-# The suite in TEST_WORKERS processes (2 by default; 1: this process alone), a test module per process at a
-# time (a module's servers stay in its process). Most of the suite waits on servers (starts, stops, deadlines
-# under test): on the 2-core CI machine two processes took it from about 11 to 8.1 min, three to 7.7.
-# The fault-injection module then runs alone: beside another module, a supervised restart after a killed
-# stub once took more than the supervisor's 300 s to come up (it came back on its next attempt), beyond
-# that test's limit. `bash scripts/test.sh tests/...` runs what it names, in one process.
+# TEST_WORKERS=N: the suite in N processes, a test module per process at a time (a module's servers stay in
+# its process), then the fault-injection module alone. One by default: on the 2-core CI machine two processes
+# took the suite from about 11 to 8 min, but in two of six clean-clone runs a server beside another module's
+# never finished loading its Python models (300 s; once a supervised restart in test_faults, once
+# postprocessing and the BLS in test_tensorrtllm_repository): the cause is not found yet.
+# `bash scripts/test.sh tests/...` runs what it names, in one process.
 WORKERS=()
-if [ "${TEST_WORKERS:-2}" -gt 1 ]; then
-  WORKERS=(-n "${TEST_WORKERS:-2}" --dist loadfile)
+if [ "${TEST_WORKERS:-1}" -gt 1 ]; then
+  WORKERS=(-n "$TEST_WORKERS" --dist loadfile)
   FAULTS=tests/integration/test_faults.py
   "${PYTEST[@]}" "${WORKERS[@]}" --ignore="$FAULTS"
   "${PYTEST[@]}" "$FAULTS"
