@@ -15,6 +15,7 @@ Stateless: streamed chunks may go to any instance. One response per request.
 import triton_python_backend_utils as pb_utils
 
 from tritonforge.runtime.postprocess import Postprocessor
+from tritonforge.runtime.tokenization import tokenizer_only_process
 from tritonforge.runtime.triton_adapter import answer_each, resolve_path, start_heartbeat
 from tritonforge.spec.contract import POST_OUTPUT, POST_SEQUENCE_LENGTH, POST_TOKENS_BATCH
 from tritonforge.spec.model_parameters import PostprocessingParameters
@@ -22,6 +23,7 @@ from tritonforge.spec.model_parameters import PostprocessingParameters
 
 class TritonPythonModel:
     def initialize(self, args):
+        tokenizer_only_process()
         start_heartbeat()
         parameters = PostprocessingParameters.from_model_args(args)
         self.postprocessor = Postprocessor(resolve_path(args, parameters.tokenizer_dir))

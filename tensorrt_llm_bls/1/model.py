@@ -12,6 +12,7 @@ import os
 import triton_python_backend_utils as pb_utils
 
 from tritonforge.runtime.bls import BlsOrchestrator, BlsSettings
+from tritonforge.runtime.tokenization import tokenizer_only_process
 from tritonforge.runtime.triton_adapter import is_decoupled, resolve_path, start_heartbeat
 from tritonforge.spec.environment import ENGINE_GRPC_URL_ENV
 from tritonforge.spec.limits import EngineLimits
@@ -20,6 +21,7 @@ from tritonforge.spec.model_parameters import BlsParameters
 
 class TritonPythonModel:
     def initialize(self, args):
+        tokenizer_only_process()
         start_heartbeat()
         parameters = BlsParameters.from_model_args(args)
         self.orchestrator = BlsOrchestrator(pb_utils, BlsSettings(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from tritonforge.clients.client import GenerateRequest, GenerationError, GrpcCli
 from tritonforge.runtime.detokenization import TokenBytes
 from tritonforge.runtime.tokenization import load_tokenizer, phrase_token_variants
 from tritonforge.spec.errors import ErrorKind, answered_kind
+from tritonforge.tools.profiling import all_stub_pids
 
 from .conftest import MAX_INPUT_LEN, ascii_only, engine_stream, stream_concurrently
 
@@ -262,3 +264,16 @@ def test_probe_says_a_serving_server_is_live(served):
 
     server, _ = served
     assert main(["probe", "--url", server.grpc_url, "--timeout-s", "30"]) == 0
+
+
+def test_the_tokenizer_stubs_never_load_torch_and_the_engine_stub_does(served):
+    """Preprocessing, postprocessing and the BLS only tokenize: their stubs load transformers without torch
+    (tokenization.tokenizer_only_process), where the transformers engine's stub runs the model on it."""
+    server, _ = served
+
+    def maps_torch(pid: int) -> bool:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+    loaded = {model: maps_torch(pid) for pid, model in all_stub_pids(server.pid).items()}
+    assert {"preprocessing", "postprocessing", "tensorrt_llm_bls", "tensorrt_llm"} <= set(loaded), loaded
+    assert {model: torch for model, torch in loaded.items() if torch} == {"tensorrt_llm": True}
