@@ -20,7 +20,7 @@ from tritonforge.tools.tiny_model import make_tiny_model
 
 # One stub's start, timed inside a fresh process; prints its seconds and peak memory as JSON.
 SAMPLE = """
-import json, resource, sys, time
+import json, sys, time
 start = time.perf_counter()
 if sys.argv[2] == "tokenizer-only":
     from tritonforge.runtime.tokenization import tokenizer_only_process
@@ -30,8 +30,10 @@ from tritonforge.runtime.preprocess import Preprocessor
 from tritonforge.spec.limits import EngineLimits
 Preprocessor(sys.argv[1], EngineLimits(max_input_len=64, max_seq_len=256))
 Postprocessor(sys.argv[1])
+# VmHWM: this program's peak resident memory (getrusage's would count the parent's, kept across exec).
+peak_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 print(json.dumps({"seconds": time.perf_counter() - start, "torch": sys.modules.get("torch") is not None,
-                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_mb": peak_kb / 1024}))
 """
 SETTINGS = ("with-torch", "tokenizer-only")
 
