@@ -31,10 +31,10 @@ from tritonforge.build import model_configs as configs
 from tritonforge.build.builder import BuildOptions, build
 from tritonforge.build.repository import tokenizer_dir
 from tritonforge.serve.server import TritonServer
+from tritonforge.spec.paths import PATHS, path_list
 from tritonforge.spec.settings import positive_ints
 from tritonforge.tools.benchmark import (
     DEFAULT_MS_PER_TOKEN,
-    PATHS,
     add_efficiency,
     machine_description,
     make_prompts,
@@ -106,16 +106,6 @@ def trace_args(args) -> list[str]:
     return ["--trace-config", f"triton,file={args.trace_file}", "--trace-config", "level=TIMESTAMPS",
             "--trace-config", f"rate={args.trace_rate}", "--trace-config", "count=-1",
             "--trace-config", f"triton,log-frequency={TRACES_PER_FILE}"]
-
-
-def path_list(text: str) -> tuple[str, ...]:
-    """An argparse `type` for --paths, e.g. "direct,ensemble"."""
-    chosen = tuple(path.strip() for path in text.split(",") if path.strip())
-    unknown = set(chosen) - set(PATHS)
-    if unknown or not chosen:
-        found = f"unknown {sorted(unknown)}" if unknown else "none given"
-        raise argparse.ArgumentTypeError(f"{found}; choose from {', '.join(PATHS)}")
-    return chosen
 
 
 def progress(message: str) -> None:

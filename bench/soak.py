@@ -26,12 +26,14 @@ from tritonforge.build import model_configs as configs
 from tritonforge.build.builder import BuildOptions, build
 from tritonforge.build.repository import tokenizer_dir
 from tritonforge.serve.server import TritonServer
+from tritonforge.spec.paths import PATH_MODELS
 from tritonforge.tools.benchmark import _one_request, machine_description, make_prompts, request_arrays, with_extension
 from tritonforge.tools.profiling import all_stub_pids
 from tritonforge.tools.tiny_model import make_tiny_model
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-PATH_MODELS = {"ensemble": "ensemble", "bls": "tensorrt_llm_bls"}
+# The two paths through the Python models, soaked side by side.
+SOAKED_PATHS = ("ensemble", "bls")
 
 
 def rss_mib(pid: int) -> float:
@@ -54,10 +56,10 @@ async def soak(url: str, prompts, streams: int, seconds: float, output_tokens: i
 
     client = grpc_aio.InferenceServerClient(url)
     deadline = time.perf_counter() + seconds
-    timings: dict[str, list] = {path: [] for path in PATH_MODELS}
+    timings: dict[str, list] = {path: [] for path in SOAKED_PATHS}
 
     async def user(index: int) -> None:
-        path = "ensemble" if index % 2 == 0 else "bls"
+        path = SOAKED_PATHS[index % 2]
         sent = 0
         while time.perf_counter() < deadline:
             prompt = prompts[(index + sent * streams) % len(prompts)]

@@ -6,16 +6,17 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..spec.paths import PATH_MODELS, PATHS, path_list
 from ..spec.ports import LOCAL_GRPC_URL
-from ..spec.settings import add_arguments, comma_list, given, positive_int, positive_ints, setting
+from ..spec.settings import add_arguments, given, positive_int, positive_ints, setting
 from .arguments import LoadOptions, repository_tokenizer, require_tool, say
 
 
 @dataclass(frozen=True, kw_only=True)
 class BenchOptions(LoadOptions):
     url: str = setting(LOCAL_GRPC_URL, "gRPC host:port")
-    paths: tuple[str, ...] = setting(("direct", "ensemble", "bls"), "comma-separated: direct (tensorrt_llm), "
-                                     "ensemble, bls", parse=comma_list)
+    paths: tuple[str, ...] = setting(PATHS, "comma-separated: direct (tensorrt_llm), ensemble, bls",
+                                     parse=path_list)
     concurrency: tuple[int, ...] = setting((1, 8, 32, 128), "concurrent streams per point, comma-separated",
                                            parse=positive_ints)
     max_prompt_tokens: int = setting(32, "prompt length at most", parse=positive_int)
@@ -31,7 +32,6 @@ def bench_command(args: argparse.Namespace) -> int:
     from ..clients.client import check_serving
     from ..tools.benchmark import (
         DEFINITIONS,
-        PATH_MODELS,
         add_efficiency,
         machine_description,
         make_prompts,
@@ -41,9 +41,6 @@ def bench_command(args: argparse.Namespace) -> int:
 
     options = BenchOptions(**given(args, BenchOptions))
     paths = options.paths
-    unknown = set(paths) - set(PATH_MODELS)
-    if unknown or not paths:
-        raise ValueError(f"--paths: unknown {sorted(unknown)}; known: {sorted(PATH_MODELS)}")
     if options.tool == "perf_analyzer":
         require_tool("perf_analyzer")
     prompts = make_prompts(repository_tokenizer(args.repository), 256, options.max_prompt_tokens)

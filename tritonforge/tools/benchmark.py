@@ -30,7 +30,6 @@ from ..runtime.tokenization import load_tokenizer
 from ..spec.contract import (
     BLS_MODEL,
     ENGINE_MODEL,
-    ENSEMBLE_MODEL,
     EXCLUDE_INPUT_IN_OUTPUT,
     FINAL_RESPONSE_PARAMETER,
     INPUT_IDS,
@@ -47,13 +46,12 @@ from ..spec.contract import (
     TEXT_INPUT,
     TEXT_OUTPUT,
 )
+from ..spec.paths import PATH_MODELS, PATHS
 from .profiling import cpu_cores, cpu_snapshot, model_statistics, record_stubs, statistics_delta
 from .tiny_model import corpus_lines
 
 logger = logging.getLogger(__name__)
 
-PATHS = ("direct", "ensemble", "bls")
-PATH_MODELS = {"direct": ENGINE_MODEL, "ensemble": ENSEMBLE_MODEL, "bls": BLS_MODEL}
 DEFINITIONS = [
     "output tokens/s: tokens of the completed requests / wall time of the run (first send to last response)",
     "TTFT: time to first token, from sending a request to its first streamed response",
