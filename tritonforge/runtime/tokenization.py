@@ -25,9 +25,10 @@ logger = logging.getLogger(__name__)
 def tokenizer_only_process() -> None:
     """Called first by a process that tokenizes and runs no model (preprocessing, postprocessing, the BLS).
 
-    transformers imports torch whenever it is installed, as it is in NVIDIA's container: ~6 s and ~230 MB a
-    process for nothing a tokenizer uses. Marked absent before transformers loads, torch is not imported and
-    transformers runs as a tokenizers-only install. Where torch is already loaded this changes nothing.
+    transformers imports torch whenever it is installed, as it is in NVIDIA's container: 2-6 s and 230-580 MB
+    a process for nothing a tokenizer uses (bench/tokenizer_process.py). Marked absent before transformers
+    loads, torch is not imported and transformers runs as a tokenizers-only install. Where torch is already
+    loaded this changes nothing.
     """
     sys.modules.setdefault("torch", None)  # find_spec("torch") is None, `import torch` fails: not installed
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # its "PyTorch was not found" line
