@@ -16,6 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tritonforge.spec.settings import positive_int
 from tritonforge.tools.tiny_model import make_tiny_model
 
 # One stub's start, timed inside a fresh process; prints its seconds and peak memory as JSON.
@@ -46,7 +47,7 @@ def sample(model_dir: Path, setting: str) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5, help="processes per setting (default 5)")
+    parser.add_argument("--repeats", type=positive_int, default=5, help="processes per setting (default 5)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         model_dir = make_tiny_model(Path(work) / "tiny", tokenizer_family="sentencepiece")

@@ -276,4 +276,4 @@ def test_the_tokenizer_stubs_never_load_torch_and_the_engine_stub_does(served):
 
     loaded = {model: maps_torch(pid) for pid, model in all_stub_pids(server.pid).items()}
     assert {"preprocessing", "postprocessing", "tensorrt_llm_bls", "tensorrt_llm"} <= set(loaded), loaded
-    assert {model: torch for model, torch in loaded.items() if torch} == {"tensorrt_llm": True}
+    assert {model: maps for model, maps in loaded.items() if maps} == {"tensorrt_llm": True}

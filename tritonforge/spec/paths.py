@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from .contract import BLS_MODEL, ENGINE_MODEL, ENSEMBLE_MODEL
+from .settings import comma_list
 
 PATH_MODELS = {"direct": ENGINE_MODEL, "ensemble": ENSEMBLE_MODEL, "bls": BLS_MODEL}
 PATHS = tuple(PATH_MODELS)
@@ -13,7 +14,7 @@ PATHS = tuple(PATH_MODELS)
 
 def path_list(text: str) -> tuple[str, ...]:
     """An argparse `type` for --paths, e.g. "direct,ensemble": the paths named, in their order."""
-    chosen = tuple(path.strip() for path in text.split(",") if path.strip())
+    chosen = comma_list(text)
     unknown = sorted(set(chosen) - set(PATHS))
     if unknown or not chosen:
         found = f"unknown {unknown}" if unknown else "none given"
