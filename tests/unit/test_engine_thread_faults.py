@@ -23,7 +23,7 @@ import pytest
 from tritonforge.runtime.engine_service import EngineService, EngineSettings
 from tritonforge.runtime.replay_engine import ReplayEngine
 from tritonforge.runtime.response_lanes import ResponseLanes
-from tritonforge.spec.contract import stop_request_inputs
+from tritonforge.spec.contract import OUTPUT_IDS, stop_request_inputs
 from tritonforge.spec.limits import EngineLimits
 
 FINAL = 1
@@ -61,8 +61,9 @@ class Sender:
         return False
 
 
-def streamed_token_count(response) -> int:
-    return int(dict(response.tensors)["output_ids"].shape[-1])
+def streamed_ids(sender: Sender) -> list[int]:
+    """The token ids of every response a sender got, in order."""
+    return [int(token) for response, _ in sender.sent for token in dict(response.tensors)[OUTPUT_IDS].ravel()]
 
 
 class BlockingSender(Sender):
@@ -123,10 +124,17 @@ def test_a_failed_send_ends_its_request_with_an_error_and_the_engine_serves_on(s
     assert last.error is not None and last.error.code == "INTERNAL"
     assert "could not be sent" in last.error.message
     assert len(failing.sent) < 20  # stopped after the failure, not run to the end
-    # Every token of the healthy request arrives, none in error (under load, tokens that come while a send
-    # waits on its lane join that send: fewer responses, the same tokens).
+    # The healthy request gets, without an error, the tokens it gets alone, in order (under load, tokens that
+    # come while a send waits on its lane join that send: fewer responses, the same tokens).
     assert [response.error for response, _ in healthy.sent] == [None] * len(healthy.sent)
-    assert sum(streamed_token_count(response) for response, _ in healthy.sent) == 20
+    alone = make_service(lanes=0)
+    try:
+        reference = Sender()
+        alone.handle(Request("healthy", reference, tokens=20))
+        assert reference.final.wait(WAIT_S)
+    finally:
+        alone.shutdown()
+    assert len(streamed_ids(reference)) == 20 and streamed_ids(healthy) == streamed_ids(reference)
 
     later = Sender()  # the engine's thread is still alive
     service.handle(Request("later", later, tokens=3))
