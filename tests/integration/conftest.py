@@ -118,13 +118,14 @@ def engine_stream(url: str, inputs: dict[str, np.ndarray], request_id: str = "",
     return tokens, errors
 
 
-def stream_concurrently(url: str, model: str, prompts: list[str], max_tokens: int) -> list[str]:
+def stream_concurrently(url: str, model: str, prompts: list[str], max_tokens: int, **parameters) -> list[str]:
     """Stream every prompt at once over one asyncio gRPC connection; return each stream's whole text."""
     async def run():
         client = AsyncGrpcClient(url, model)
         try:
             async def one(prompt):
-                return "".join([piece async for piece in client.stream(prompt, max_tokens=max_tokens)])
+                pieces = client.stream(prompt, max_tokens=max_tokens, **parameters)
+                return "".join([piece async for piece in pieces])
             return await asyncio.gather(*(one(prompt) for prompt in prompts))
         finally:
             await client.close()

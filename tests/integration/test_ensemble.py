@@ -239,24 +239,34 @@ def test_the_engine_publishes_the_tensorrtllm_backend_metric_families(served):
 
     idle = scrape()
     assert idle["nv_trt_llm_request_metrics:max"] >= 1 and idle["nv_trt_llm_kv_cache_block_metrics:tokens_per"] == 32
-    seen: list[dict] = []
-    done = threading.Event()
+
+    def under_load(sample: dict[str, float]) -> bool:
+        return (sample["nv_trt_llm_request_metrics:scheduled"] >= 1
+                and sample["nv_trt_llm_kv_cache_block_metrics:used"] >= 1
+                and sample["nv_trt_llm_kv_cache_block_metrics:fraction"] > 0)
+
+    # The gauges move every stats_check_period_ms (100 ms): the streams run to their full length (min_tokens:
+    # no end at EOS) over many periods, and the watcher scrapes until it sees them loaded or they are all done.
+    loaded = threading.Event()
+    streams_done = threading.Event()
 
     def watch():
-        while not done.is_set():
-            seen.append(scrape())
-            done.wait(0.05)
+        while not streams_done.is_set():
+            if under_load(scrape()):
+                loaded.set()
+                return
+            streams_done.wait(0.02)
 
     watcher = threading.Thread(target=watch)
     watcher.start()
+    tokens = 400  # about 20 stats periods on this machine
     try:
-        stream_concurrently(server.grpc_url, "ensemble", ["One", "Two", "Three"], max_tokens=200)
+        stream_concurrently(server.grpc_url, "ensemble", ["One", "Two", "Three"], max_tokens=tokens,
+                            min_tokens=tokens)
     finally:
-        done.set()
+        streams_done.set()
         watcher.join()
-    assert max(s["nv_trt_llm_request_metrics:scheduled"] for s in seen) >= 1
-    assert max(s["nv_trt_llm_kv_cache_block_metrics:used"] for s in seen) >= 1
-    assert max(s["nv_trt_llm_kv_cache_block_metrics:fraction"] for s in seen) > 0
+    assert loaded.is_set(), "no scrape during the streams showed a scheduled request and used KV-cache blocks"
 
 
 def test_probe_says_a_serving_server_is_live(served):
