@@ -122,3 +122,27 @@ def test_python_instances_follow_the_streams_as_measured_at_128():
     assert (plan.preprocessing_instances, plan.postprocessing_instances, plan.bls_instances) == (8, 8, 8)
     small = plan_memory(LLAMA_3_1_8B, gpu_memory_gib=140, max_seq_len=2048, max_batch_size=8)
     assert (small.preprocessing_instances, small.postprocessing_instances, small.bls_instances) == (2, 2, 1)
+
+
+def test_an_int8_kv_cache_takes_a_byte_per_element_as_fp8_does():
+    plan = plan_memory(LLAMA_3_1_8B, gpu_memory_gib=80, kv_cache_dtype="int8", max_seq_len=8192, max_batch_size=64)
+    assert plan.kv_bytes_per_token == 2 * 32 * 8 * 128 * 1 == 65_536
+
+
+def test_fewer_kv_heads_than_gpus_keeps_one_kv_head_per_gpu():
+    """8 KV heads over tp=16: each GPU holds a copy of one KV head, not a sixteenth of eight."""
+    plan = plan_memory(LLAMA_3_1_70B, gpu_memory_gib=80, tp_size=16, max_seq_len=8192, max_batch_size=64)
+    assert plan.kv_bytes_per_token == 2 * 80 * 1 * 128 * 2 == 40_960
+
+
+def test_pipeline_stages_split_the_layers_and_an_uneven_split_is_refused():
+    plan = plan_memory(LLAMA_3_1_8B, gpu_memory_gib=80, pp_size=2, max_seq_len=8192, max_batch_size=64)
+    assert plan.kv_bytes_per_token == 2 * 16 * 8 * 128 * 2
+    with pytest.raises(PlanRefused, match="^32 layers do not split into 3 pipeline stages$"):
+        plan_memory(LLAMA_3_1_8B, gpu_memory_gib=80, pp_size=3, max_seq_len=8192, max_batch_size=64)
+
+
+def test_the_serving_limits_follow_the_batch_size():
+    """The BLS takes twice the engine's batch at once, and the engine queues four batches before it refuses."""
+    plan = plan_memory(LLAMA_3_1_8B, gpu_memory_gib=80, max_seq_len=8192, max_batch_size=48)
+    assert (plan.bls_max_concurrency, plan.max_queue_size, plan.max_queue_delay_microseconds) == (96, 192, 0)
