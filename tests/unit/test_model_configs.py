@@ -129,3 +129,37 @@ def test_the_build_copies_the_checkpoints_tokenizer_files_as_they_are(tiny_model
 def test_a_negative_queue_setting_is_refused_naming_it(name):
     with pytest.raises(ValueError, match=f"^{name} must be >= 0, got -5$"):
         configs.ServingConfig(**{name: -5})
+
+
+def test_the_engine_queue_limit_is_written_and_the_engine_reads_it_back():
+    """`max_queue_size` goes to the engine's default queue policy, where the engine step reads it from the
+    model config Triton hands to `initialize` (as JSON with the proto's field names)."""
+    from google.protobuf import json_format
+
+    from tritonforge.runtime.engine_service import EngineSettings
+    from tritonforge.spec.model_parameters import EngineParameters
+
+    parameters = EngineParameters(max_batch_size=4, max_input_len=16, max_seq_len=32)
+
+    def written_and_read(serving):
+        config = configs.engine_config(serving, backend="python", parameters=parameters.to_config())
+        args = {"model_config": json_format.MessageToJson(config, preserving_proto_field_name=True)}
+        return config.dynamic_batching, EngineSettings.from_model_args(args, EngineParameters.from_model_args(args))
+
+    batching, settings = written_and_read(configs.ServingConfig(max_queue_size=8))
+    assert batching.default_queue_policy.max_queue_size == 8 and settings.limits.max_queue_size == 8
+    batching, settings = written_and_read(configs.ServingConfig())
+    assert not batching.HasField("default_queue_policy") and settings.limits.max_queue_size == 0
+
+
+@pytest.mark.parametrize("preserve", [True, False])
+def test_postprocessing_keeps_arrival_order_unless_told_not_to(preserve):
+    serving = configs.ServingConfig(postprocessing_preserve_ordering=preserve)
+    assert configs.postprocessing_config(serving, "tokenizer").dynamic_batching.preserve_ordering is preserve
+
+
+@pytest.mark.parametrize(("target", "limit"), [((2, 51), None), ((2, 62), None), ((2, 63), 64), ((3, 0), 64)])
+def test_the_ensemble_bounds_its_inflight_requests_from_triton_2_63(target, limit):
+    """2.63 added `max_inflight_requests` (backpressure between steps); 2.51's config parser refuses it."""
+    scheduling = configs.ensemble_config(configs.ServingConfig(target_triton=target)).ensemble_scheduling
+    assert (scheduling.max_inflight_requests or None) == limit
