@@ -13,6 +13,7 @@ from tritonforge.spec.contract import (
     PRESENCE_PENALTY,
     RETURN_NUM_INPUT_TOKENS,
     RETURN_NUM_OUTPUT_TOKENS,
+    SEED,
     STOP_WORDS,
     TEMPERATURE,
     TEXT_OUTPUT,
@@ -59,6 +60,32 @@ def test_up_to_four_stop_strings_are_sent_as_stop_words_and_a_fifth_is_refused()
     assert parse_request({**PROMPT, "stop": stops}, "completions")[0].parameters[STOP_WORDS] == stops
     assert parse_request({**PROMPT, "stop": "end"}, "completions")[0].parameters[STOP_WORDS] == ["end"]
     assert refused({**PROMPT, "stop": [*stops, "e"]}).param == "stop"
+
+
+@pytest.mark.parametrize("stop", ["", ["a", ""], [1]])
+def test_an_empty_or_non_string_stop_is_refused(stop):
+    assert refused({**PROMPT, "stop": stop}).param == "stop"
+
+
+def test_a_negative_seed_is_refused_and_zero_is_a_seed():
+    assert refused({**PROMPT, "seed": -1}).param == "seed"
+    assert parse_request({**PROMPT, "seed": 0}, "completions")[0].parameters[SEED] == 0
+
+
+@pytest.mark.parametrize("response_format", [{"type": "json_object"}, {"type": "json_schema", "json_schema": {}},
+                                             "text"])
+def test_a_response_format_other_than_text_is_refused(response_format):
+    assert refused({**PROMPT, "response_format": response_format}).param == "response_format"
+    assert parse_request({**PROMPT, "response_format": {"type": "text"}}, "completions")[0].text_input == "Hello"
+
+
+def test_text_content_parts_are_joined_as_one_content_and_an_image_part_is_refused():
+    parts = [{"type": "text", "text": "Hello, "}, {"type": "text", "text": "world"}]
+    request, _, _ = parse_request({"messages": [{"role": "user", "content": parts}]}, "chat")
+    assert request.messages == [{"role": "user", "content": "Hello, world"}]
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    error = refused({"messages": [{"role": "user", "content": [parts[0], image]}]}, "chat")
+    assert (error.param, str(error)) == ("messages", "messages[0]: only text content parts are supported")
 
 
 def test_n_and_best_of_of_one_are_served_and_more_refused():
