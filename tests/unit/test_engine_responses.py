@@ -243,3 +243,14 @@ def test_the_engine_takes_its_bos_from_the_checkpoint_postprocessing_reads(tiny_
     assert checkpoint_bos_token_id(model) == load_tokenizer(model).bos_token_id is not None
     (tmp_path / "config.json").write_text('{"bos_token_id": null}')
     assert checkpoint_bos_token_id(str(tmp_path)) is None
+
+
+def test_an_echoed_prompt_carries_log_probs_of_zero_before_the_generated_ones():
+    """The prompt's tokens were given, not generated: each carries 0, so the log probs line up with output_ids."""
+    sender = Sender()
+    row = SimpleNamespace(stream=False, exclude_input=False, prompt_ids=PROMPT, return_log_probs=True,
+                          return_num_input_tokens=False, return_num_output_tokens=False, return_perf_metrics=False)
+    state = RequestRows(PB_UTILS_STAND_IN, sender, 1, None, check_period_s=1.0)
+    sink = _RowSink(state, row, 0, threading.Event())
+    sink.finish(GenerationResult([13, 14, 15], [-0.5, -0.25, -0.125], "length"), None)
+    assert streamed(sender) == [([*PROMPT, 13, 14, 15], [0.0, 0.0, -0.5, -0.25, -0.125], True)]
