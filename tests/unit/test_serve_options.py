@@ -22,3 +22,15 @@ def test_a_bad_serve_flag_is_refused_by_the_parser(flags, capsys):
     with pytest.raises(SystemExit):
         make_parser().parse_args(["serve", "repo", *flags])
     assert flags[0] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("text", "port"), [("1", 1), ("65535", 65535)])
+def test_the_ends_of_the_port_range_are_ports(text, port):
+    assert make_parser().parse_args(["serve", "repo", "--http-port", text]).http_port == port
+
+
+@pytest.mark.parametrize("text", ["0", "65536", "-1"])
+def test_a_number_outside_the_port_range_is_refused_in_one_line(text, capsys):
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["serve", "repo", "--http-port", text])
+    assert f"--http-port: expected a port in 1..65535, got {text}" in capsys.readouterr().err
