@@ -65,6 +65,13 @@ OWNER_RECORD = "owner.json"  # in a work folder: the pids it belongs to
 # A shared-memory prefix names the process that started the server, so that a sweep can tell a dead run's.
 _SHM_PREFIX = re.compile(r"tritonforge_pid(\d+)_[0-9a-f]+_")
 _PR_SET_PDEATHSIG = 1
+# The Python backend of Triton < 2.61 (25.09; python_backend PR #408) can wedge a load for good: a stub that
+# misses its 1 s health check while its model initializes (a starved CPU is enough) is waited for with a plain
+# waitpid, and that stub, still alive, waits for its parent. A server thread in waitpid this long while
+# models load, with no stub having logged its own failure (STUB_FAILED, after which it exits and is reaped),
+# is that wedge: the start kills the server and tries once more.
+STUB_WEDGE_S = 3.0
+STUB_FAILED = "Failed to initialize Python stub"
 
 
 class ServerError(RuntimeError):
@@ -73,6 +80,25 @@ class ServerError(RuntimeError):
 
 class PortInUse(ServerError):
     """A port the server must listen on is taken: starting again cannot help."""
+
+
+class StubLaunchWedged(ServerError):
+    """The Python backend waits forever on a stub that failed its health check while loading (STUB_WEDGE_S)."""
+
+
+def threads_waiting_for_a_child(pid: int) -> bool:
+    """Whether a thread of process `pid` sits in waitpid (Linux: its wchan reads do_wait); False where unknown."""
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            if (task / "wchan").read_text().strip() == "do_wait":
+                return True
+        except OSError:
+            continue
+    return False
 
 
 class RepositoryError(ValueError):
@@ -386,7 +412,19 @@ class TritonServer:
 
     def start(self) -> TritonServer:
         """Start and wait until ready. Refuses a path that holds no model and ports already taken, before
-        anything runs; removes what killed runs of ours left first."""
+        anything runs; removes what killed runs of ours left first. A load wedged by the Python backend
+        (STUB_WEDGE_S) is killed and started once more, on new ports where they were picked here."""
+        picked = {name: getattr(self, name) == 0 for name in ("http_port", "grpc_port", "metrics_port")}
+        try:
+            return self._start()
+        except StubLaunchWedged as wedged:
+            logger.warning("%s; starting the server once more", wedged)
+            for name, was_picked in picked.items():
+                if was_picked:
+                    setattr(self, name, 0)
+            return self._start()
+
+    def _start(self) -> TritonServer:
         check_repository(self.repository)
         check_ports_free(self.address, {"HTTP port": self.http_port, "gRPC port": self.grpc_port,
                                         "metrics port": self.metrics_port})
@@ -417,6 +455,9 @@ class TritonServer:
             _write_whole(self.heartbeat_dir / SERVER_PID_FILE, str(self._process.pid))
         try:
             self._wait_ready()
+        except StubLaunchWedged:
+            self.kill()  # a wedged load never lets the server exit by itself
+            raise
         except BaseException:
             self.stop()
             raise
@@ -431,7 +472,19 @@ class TritonServer:
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout_s
         url = f"http://{self.http_url}/v2/health/ready"
+        waiting_for_a_stub_since = None
         while time.monotonic() < deadline:
+            # Under mpirun the launched process is not a tritonserver: no wedge to see there.
+            if (self.world_size == 1 and threads_waiting_for_a_child(self._process.pid)
+                    and STUB_FAILED not in self.log_text()):
+                waiting_for_a_stub_since = waiting_for_a_stub_since or time.monotonic()
+                if time.monotonic() - waiting_for_a_stub_since >= STUB_WEDGE_S:
+                    loading = ", ".join(self.models_loading()) or "a Python model"
+                    raise StubLaunchWedged(
+                        f"the load of {loading} is wedged: its stub missed the Python backend's health check "
+                        f"and Triton < 2.61 waits for it forever")
+            else:
+                waiting_for_a_stub_since = None
             if self._process.poll() is not None:
                 log = self.log_text()
                 if re.search(r"already in use|Address in use", log):
