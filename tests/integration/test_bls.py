@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import queue
 import time
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 
 from tritonforge.build import model_configs as configs
 from tritonforge.build.builder import BuildOptions, build
 from tritonforge.clients.client import AsyncGrpcClient, GenerateRequest, GenerationError, GrpcClient, HttpClient
 from tritonforge.runtime.tokenization import load_tokenizer
+from tritonforge.spec.contract import BATCH_INDEX, SEED, TEMPERATURE, TEXT_INPUT, TEXT_OUTPUT, TOP_K
+from tritonforge.spec.contract import MAX_TOKENS as MAX_TOKENS_INPUT
 from tritonforge.spec.errors import ErrorKind
 
 from .conftest import ascii_only, running, stream_concurrently
@@ -20,6 +25,7 @@ MULTILINGUAL = ["The server reads a request", "你好，世界。模型正在生
                 "Привет, мир!", "こんにちは"]
 MAX_TOKENS = 24
 STREAMS_ON_ONE_INSTANCE = 64
+DONE_S = 120  # generous upper bound for a short request on a shared CPU machine
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +147,63 @@ def test_stop_phrase_split_across_tokens_is_never_emitted(clients):
     streamed = "".join(bls.stream(prompt, max_tokens=MAX_TOKENS, stop_words=[phrase]))
     assert streamed == full[:start] and phrase not in streamed
     assert bls.generate(prompt, max_tokens=MAX_TOKENS, stop_words=[phrase]) == full[:start]
+
+
+def test_text_held_back_as_a_stop_phrases_start_is_sent_when_the_answer_ends(clients):
+    """The answer's last character starts a stop phrase that never completes: the BLS holds it back while a
+    phrase could follow, and must send it when the engine ends."""
+    bls, ensemble = clients
+    prompt = MULTILINGUAL[0]
+    full = ensemble.generate(prompt, max_tokens=MAX_TOKENS)
+    phrase = full[-1] + "\x01never"
+    assert "".join(bls.stream(prompt, max_tokens=MAX_TOKENS, stop_words=[phrase])) == full
+    assert bls.generate(prompt, max_tokens=MAX_TOKENS, stop_words=[phrase]) == full
+
+
+def test_a_whole_answer_echoes_the_prompt_when_asked_as_the_ensemble_does(clients):
+    bls, ensemble = clients
+    prompt = MULTILINGUAL[0]
+    answer = ensemble.generate(prompt, max_tokens=MAX_TOKENS)
+    echoed = bls.generate(prompt, max_tokens=MAX_TOKENS, exclude_input_in_output=False)
+    assert echoed == ensemble.generate(prompt, max_tokens=MAX_TOKENS, exclude_input_in_output=False)
+    assert echoed.startswith(prompt) and echoed.endswith(answer) and len(echoed) > len(answer)
+
+
+def test_a_batched_request_answers_each_row_with_its_own_inputs_and_batch_index(clients, served):
+    """Two rows with their own max_tokens and sampling seed: each row's text is what that row asks for,
+    marked with its row."""
+    _, ensemble = clients
+    rows = [(MULTILINGUAL[0], 4, 1), (MULTILINGUAL[3], MAX_TOKENS, 2)]  # prompt, max_tokens, seed
+    sampling = {TEMPERATURE: 1.0, TOP_K: 50}
+
+    def column(name, values, dtype, triton_dtype):
+        tensor = grpcclient.InferInput(name, [len(values), 1], triton_dtype)
+        tensor.set_data_from_numpy(np.array([[value] for value in values], dtype=dtype))
+        return tensor
+
+    inputs = [column(TEXT_INPUT, [prompt.encode() for prompt, _, _ in rows], object, "BYTES"),
+              column(MAX_TOKENS_INPUT, [n for _, n, _ in rows], np.int32, "INT32"),
+              column(SEED, [seed for _, _, seed in rows], np.uint64, "UINT64"),
+              column(TEMPERATURE, [sampling[TEMPERATURE]] * len(rows), np.float32, "FP32"),
+              column(TOP_K, [sampling[TOP_K]] * len(rows), np.int32, "INT32")]
+    client = grpcclient.InferenceServerClient(served[0].grpc_url)
+    responses: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    try:
+        client.async_stream_infer("tensorrt_llm_bls", inputs, enable_empty_final_response=True)
+        texts = {}
+        while True:
+            result, error = responses.get(timeout=DONE_S)
+            assert error is None
+            if result.as_numpy(TEXT_OUTPUT) is not None:
+                texts[int(result.as_numpy(BATCH_INDEX)[0, 0])] = result.as_numpy(TEXT_OUTPUT)[0].decode()
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+    assert texts == {row: ensemble.generate(prompt, max_tokens=n, seed=seed, **sampling)
+                     for row, (prompt, n, seed) in enumerate(rows)}
 
 
 def test_chat_messages_are_rendered_once_with_one_bos(clients, served):
