@@ -19,15 +19,15 @@ PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider)
 if [ $# -gt 0 ]; then
   exec "${PYTEST[@]}" "$@"
 fi
-# TEST_WORKERS=N: the suite in N processes, a test module per process at a time (a module's servers stay in
-# its process), then the fault-injection module alone. One by default: on the 2-core CI machine two processes
-# took the suite from about 11 to 8 min, but in two of six clean-clone runs a server beside another module's
-# never finished loading its Python models (300 s; once a supervised restart in test_faults, once
-# postprocessing and the BLS in test_tensorrtllm_repository): the cause is not found yet.
-# `bash scripts/test.sh tests/...` runs what it names, in one process.
+# The suite in TEST_WORKERS processes (4 by default; most of a test's time is spent waiting on servers, so
+# more processes than the 2 cores of the CI machine pay), a test module per process at a time (a module's
+# servers stay in its process), then the fault-injection module alone: its probes and restarts are timed
+# against heartbeats that a loaded machine delays. TEST_WORKERS=1 runs everything in one process.
+# A server start that Triton 2.51's Python backend wedges under such load is found and made again
+# (TritonServer.start, STUB_WEDGE_S). `bash scripts/test.sh tests/...` runs what it names, in one process.
 WORKERS=()
-if [ "${TEST_WORKERS:-1}" -gt 1 ]; then
-  WORKERS=(-n "$TEST_WORKERS" --dist loadfile)
+if [ "${TEST_WORKERS:-4}" -gt 1 ]; then
+  WORKERS=(-n "${TEST_WORKERS:-4}" --dist loadfile)
   FAULTS=tests/integration/test_faults.py
   "${PYTEST[@]}" "${WORKERS[@]}" --ignore="$FAULTS"
   "${PYTEST[@]}" "$FAULTS"
