@@ -256,3 +256,19 @@ def test_a_stop_phrase_is_listed_as_it_tokenizes_alone_and_after_a_space(tiny_mo
     tokenize = preprocessor.tokenizer
     assert sequences == [tokenize("server", add_special_tokens=False).input_ids,
                          tokenize(" server", add_special_tokens=False).input_ids]
+
+
+def test_prompt_ids_past_the_vocabulary_get_their_rows_prompt_table_extra_id(preprocessor, monkeypatch):
+    """Ids at or past the vocabulary stand for prompt-table rows (p-tuning, multimodal): each gets its row's
+    extra id, every other id 0, the rows padded to the longest. A tokenizer never yields such ids from text,
+    so the encoder here returns them."""
+    vocab = len(preprocessor.tokenizer)
+    prompts = {"first": [1, vocab, 5, vocab + 3], "second": [vocab - 1, vocab + 1]}
+    monkeypatch.setattr(type(preprocessor.encoder), "encode", lambda self, text, field: prompts[text])
+    out = preprocessor({"QUERY": np.array([[b"first"], [b"second"]], dtype=object),
+                        "REQUEST_OUTPUT_LEN": np.array([[4], [4]], dtype=np.int32),
+                        "PROMPT_TABLE_EXTRA_ID": np.array([[7], [9]], dtype=np.uint64)})
+    assert out["OUT_PROMPT_TABLE_EXTRA_IDS"].tolist() == [[0, 7, 0, 7], [0, 9, 0, 0]]
+    without = preprocessor({"QUERY": np.array([[b"first"]], dtype=object),
+                            "REQUEST_OUTPUT_LEN": np.array([[4]], dtype=np.int32)})
+    assert "OUT_PROMPT_TABLE_EXTRA_IDS" not in without
