@@ -55,12 +55,23 @@ def test_streamed_chat_equals_the_whole_answer_and_ends_with_usage(client):
     stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0,
                                             stream=True, stream_options={"include_usage": True})
     chunks = list(stream)
+    assert whole.choices[0].message.role == "assistant"
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
     finished = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finished == [whole.choices[0].finish_reason]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_a_streamed_completion_equals_the_whole_one_and_says_once_why_it_ended(client):
+    request = {"model": MODEL, "prompt": "The server", "max_tokens": 8, "temperature": 0,
+               "extra_body": {"min_tokens": 8}}
+    whole = client.completions.create(**request)
+    chunks = list(client.completions.create(**request, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    finished = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finished == [whole.choices[0].finish_reason] == ["length"]
 
 
 def test_async_client_runs_requests_concurrently(gateway):

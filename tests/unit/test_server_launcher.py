@@ -84,6 +84,11 @@ def test_a_failure_summary_puts_the_model_that_failed_to_load_first(server, tmp_
     assert server.failure_summary() == "E2 failed to load 'preprocessing': bad config"
     server.log_path.write_text("I1 starting\nE1 some error\nI2 end\n")
     assert server.failure_summary() == "E1 some error"
+    server.log_path.write_text("I1 starting\nterminate called after throwing an instance of 'std::bad_alloc'\n"
+                               "  what():  std::bad_alloc\nSignal (6) received.\n")
+    assert server.failure_summary().splitlines() == [
+        "terminate called after throwing an instance of 'std::bad_alloc'", "  what():  std::bad_alloc",
+        "Signal (6) received."]
 
 
 def test_a_server_not_ready_in_time_names_the_models_still_loading(server, tmp_path):

@@ -513,7 +513,9 @@ class TritonServer:
         """The log lines that say why (model load failures first, else errors, else the tail), shortened."""
         lines = self.log_text().splitlines()
         failing = [line for line in lines if re.search(r"failed to load|UNAVAILABLE", line)]
-        errors = [line for line in lines if re.search(r"\bE\d{4}|error|Error|Traceback", line)]
+        # A crash: C++'s uncaught-exception line with its what(), and Triton's "Signal (6) received."
+        errors = [line for line in lines
+                  if re.search(r"\bE\d{4}|error|Error|Traceback|terminate called|what\(\)|Signal \(\d+\)", line)]
         chosen = (failing or errors or lines)[-max_lines:]
         return "\n".join(line if len(line) <= max_chars else line[:max_chars] + " ..." for line in chosen)
 
