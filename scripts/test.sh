@@ -19,15 +19,17 @@ PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider)
 if [ $# -gt 0 ]; then
   exec "${PYTEST[@]}" "$@"
 fi
-# The suite in TEST_WORKERS processes (4 by default; most of a test's time is spent waiting on servers, so
-# more processes than the 2 cores of the CI machine pay), a test module per process at a time (a module's
-# servers stay in its process), then the fault-injection module alone: its probes and restarts are timed
-# against heartbeats that a loaded machine delays. TEST_WORKERS=1 runs everything in one process.
-# A server start that Triton 2.51's Python backend wedges under such load is found and made again
-# (TritonServer.start, STUB_WEDGE_S). `bash scripts/test.sh tests/...` runs what it names, in one process.
+# TEST_WORKERS=N: the suite in N processes, a test module per process at a time (a module's servers stay in
+# its process), then the fault-injection module alone (its probes and restarts are timed against heartbeats
+# that a loaded machine delays). One by default. On the 2-core CI machine TEST_WORKERS=4 took the suite from
+# 10-11 to 8 min, CPU-bound (about 800 CPU-s; 17% idle); server starts that Triton 2.51's Python backend
+# wedged under that load are now found and made again (TritonServer.start), but in two of four such runs a
+# server of test_serve_lifecycle aborted at its start (an uncaught boost::interprocess::lock_exception in
+# tritonserver), which no serial run has shown: the cause is not found yet.
+# `bash scripts/test.sh tests/...` runs what it names, in one process.
 WORKERS=()
-if [ "${TEST_WORKERS:-4}" -gt 1 ]; then
-  WORKERS=(-n "${TEST_WORKERS:-4}" --dist loadfile)
+if [ "${TEST_WORKERS:-1}" -gt 1 ]; then
+  WORKERS=(-n "$TEST_WORKERS" --dist loadfile)
   FAULTS=tests/integration/test_faults.py
   "${PYTEST[@]}" "${WORKERS[@]}" --ignore="$FAULTS"
   "${PYTEST[@]}" "$FAULTS"
