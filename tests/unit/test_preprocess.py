@@ -190,6 +190,8 @@ def test_a_requests_own_end_id_and_pad_id_are_sent_to_the_engine_and_pad_its_pro
                         "REQUEST_OUTPUT_LEN": np.array([[4], [4]], dtype=np.int32),
                         "END_ID": np.array([[5], [6]], dtype=np.int32), "PAD_ID": np.array([[3], [4]], dtype=np.int32)})
     assert out["OUT_END_ID"][:, 0].tolist() == [5, 6] and out["OUT_PAD_ID"][:, 0].tolist() == [3, 4]
+    # A decoder-only engine gets no decoder prompt: one pad id a row, of length 1, as NVIDIA's preprocessing.
+    assert out["DECODER_INPUT_ID"].tolist() == [[3], [4]] and out["REQUEST_DECODER_INPUT_LEN"].tolist() == [[1], [1]]
     short = out["REQUEST_INPUT_LEN"][0, 0]
     assert (out["INPUT_ID"][0, short:] == 3).all()
 
