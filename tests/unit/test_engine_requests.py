@@ -96,6 +96,22 @@ def test_each_row_of_a_batch_gets_its_own_prompt_without_the_padding():
     assert (second.prompt_ids, second.max_new_tokens) == ([8, 9], 6)
 
 
+def test_each_row_of_a_batch_gets_its_own_words_bias_and_seed():
+    words = {"stop_words_list": ([[11, 0], [1, -1]], [[12, 13], [2, -1]]),
+             "bad_words_list": ([[21, 22], [2, -1]], [[23, 0], [1, -1]])}
+    inputs = request(input_ids=np.array([[5, 6], [8, 9]], dtype=np.int32),
+                     input_lengths=np.array([[2], [2]], dtype=np.int32),
+                     request_output_len=np.array([[4], [4]], dtype=np.int32),
+                     embedding_bias=np.array([[0.0, 1.5, 0.0], [0.0, 0.0, -2.0]], dtype=np.float32),
+                     seed=np.array([[1], [2**32 + 1]], dtype=np.uint64),
+                     **{name: np.array(rows, dtype=np.int32) for name, rows in words.items()})
+    first, second = parse_engine_request(inputs, default_exclude_input=True)
+    assert (first.stop_sequences, first.bad_sequences) == ([[11]], [[21, 22]])
+    assert (second.stop_sequences, second.bad_sequences) == ([[12, 13]], [[23]])
+    assert first.embedding_bias.tolist() == [0.0, 1.5, 0.0] and second.embedding_bias.tolist() == [0.0, 0.0, -2.0]
+    assert (first.sampling.seed, second.sampling.seed) == (1, 2**32 + 1)
+
+
 def test_a_sampling_input_with_more_than_one_value_per_row_is_refused_naming_the_client_field():
     with pytest.raises(RequestError, match="^top_k: must hold one value per row"):
         parse_engine_request(request(runtime_top_k=np.array([[1, 2]], dtype=np.int32)), default_exclude_input=True)

@@ -73,7 +73,10 @@ def test_an_unsupported_answer_reads_as_the_clients_to_change():
     "unexpected inference input 'no_such_input' for model 'tensorrt_llm_bls'",
     "[request id: <id_unknown>] unexpected shape for input 'text_input' for model 'ensemble'. Expected [-1,1], "
     "got [1,2].",
-    "[request id: 7] inference request batch-size must be <= 64 for 'ensemble'"])
+    "[request id: 7] inference request batch-size must be <= 64 for 'ensemble'",
+    "[request id: <id_unknown>] expected 2 inputs but got 1 inputs for model 'tensorrt_llm'",
+    "[request id: <id_unknown>] expected number of inputs between 2 and 60 but got 1 inputs for model "
+    "'tensorrt_llm'"])
 def test_a_bad_request_reads_as_the_clients(message):
     assert answered_kind(message) is ErrorKind.CLIENT
 
@@ -85,7 +88,8 @@ def test_a_bad_request_reads_as_the_clients(message):
     "unavailable: the engine is shutting down",  # the C++ replay engine's
     "in ensemble 'ensemble', unavailable: the server is shutting down; the generation was stopped",
     "Server not ready: the server is stopping",
-    "failed to connect to all addresses"])
+    "failed to connect to all addresses",
+    "Socket closed"])  # gRPC's word for a connection lost mid-call
 def test_a_server_that_cannot_serve_now_reads_as_unavailable(message):
     assert answered_kind(message) is ErrorKind.UNAVAILABLE
 

@@ -8,6 +8,7 @@ import pytest
 
 from tritonforge.clients.openai_gateway import Generation, OpenAIError, TritonBackend, parse_request
 from tritonforge.spec.contract import (
+    FREQUENCY_PENALTY,
     NUM_INPUT_TOKENS,
     NUM_OUTPUT_TOKENS,
     PRESENCE_PENALTY,
@@ -17,6 +18,7 @@ from tritonforge.spec.contract import (
     STOP_WORDS,
     TEMPERATURE,
     TEXT_OUTPUT,
+    TOP_K,
 )
 
 PROMPT = {"prompt": "Hello"}
@@ -42,6 +44,8 @@ def test_max_completion_tokens_takes_precedence_over_the_deprecated_max_tokens()
 @pytest.mark.parametrize(("name", "value", "field"), [
     ("temperature", 2.0, TEMPERATURE), ("temperature", 0, TEMPERATURE),
     ("presence_penalty", -2.0, PRESENCE_PENALTY), ("presence_penalty", 2.0, PRESENCE_PENALTY),
+    ("frequency_penalty", -2.0, FREQUENCY_PENALTY), ("frequency_penalty", 2.0, FREQUENCY_PENALTY),
+    ("top_k", 0, TOP_K),  # 0: no top-k limit
 ])
 def test_openais_range_ends_are_accepted(name, value, field):
     assert parse_request({**PROMPT, name: value}, "completions")[0].parameters[field] == value
@@ -92,6 +96,12 @@ def test_n_and_best_of_of_one_are_served_and_more_refused():
     parse_request({**PROMPT, "n": 1, "best_of": 1}, "completions")
     assert refused({**PROMPT, "n": 2}).param == "n"
     assert refused({**PROMPT, "best_of": 3}).param == "best_of"
+
+
+@pytest.mark.parametrize("name", ["logit_bias", "tools", "logprobs"])
+def test_an_unsupported_field_sent_empty_asks_for_nothing_and_is_served(name):
+    empty = {"logit_bias": {}, "tools": [], "logprobs": False}[name]
+    assert parse_request({**PROMPT, name: empty}, "completions")[0].text_input == "Hello"
 
 
 def test_echo_is_refused():

@@ -82,3 +82,19 @@ def test_a_checkpoint_without_safetensors_is_refused_before_anything_is_written(
     with pytest.raises(FileNotFoundError, match="has no weights"):
         build(options(checkpoint, tmp_path / "repo"))
     assert not (tmp_path / "repo").exists()
+
+
+def test_a_sharded_and_quantized_checkpoint_keeps_its_index_and_quantization_config(tiny_models, tmp_path):
+    """The LLM API loads shards through their index and a ModelOpt checkpoint as quantized through
+    hf_quant_config.json: both go into the repository with the weights; files the LLM does not read do not."""
+    import shutil
+
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(tiny_models["bpe"], checkpoint)
+    extras = {"model.safetensors.index.json": '{"weight_map": {}}', "hf_quant_config.json": '{"quantization": {}}'}
+    for name, text in extras.items():
+        (checkpoint / name).write_text(text)
+    (checkpoint / "notes.txt").write_text("not the model's")
+    copied = build(options(checkpoint, tmp_path / "repo")) / configs.ENGINE_MODEL / "1" / "checkpoint"
+    assert {name: (copied / name).read_text() for name in extras} == extras
+    assert not (copied / "notes.txt").exists()

@@ -212,3 +212,19 @@ def test_each_penalty_alone_changes_the_logits_of_a_generated_token(penalty):
     expected = reference_logits(logits[0], params, [1, 7], [7], None)
     torch.testing.assert_close(processed[0], expected, atol=EXACT, rtol=EXACT)
     assert processed[0, 7] < 2.0
+
+
+def test_a_seed_decides_the_draws_with_all_its_64_bits_and_zero_is_a_seed():
+    """Rows that differ only in their seed's upper 32 bits draw differently; seed 0 draws the same each time,
+    as any given seed does, where no seed draws anew."""
+    logits = torch.zeros(1, VOCAB)  # every token equally likely: the seed alone picks
+
+    def draws(seed: int | None) -> list[int]:
+        sampler = SlotSampler(1, VOCAB, torch.device("cpu"))
+        sampler.admit(0, SamplingParams(top_k=VOCAB, seed=seed), [1], None)
+        return [int(sampler.choose(logits, slice(0, 1), torch.tensor([step]), sampling=True, top_k=True,
+                                   top_p=False)[0]) for step in range(16)]
+
+    assert draws(1) != draws(2**32 + 1)
+    assert draws(0) == draws(0) and draws(2**32 + 1) == draws(2**32 + 1)
+    assert draws(None) != draws(None)  # 16 draws from 64 tokens: equal by chance once in 2^96

@@ -67,10 +67,29 @@ def test_dry_run_writes_configs_with_every_backend_parameter(tiny_models, tmp_pa
     assert engine.parameters["gpt_model_path"].string_value.endswith("/tensorrt_llm/1/engine")
     # Unset: the cache takes all that kv_cache_free_gpu_mem_fraction gives, not the plan's smaller estimate.
     assert engine.parameters["max_tokens_in_paged_kv_cache"].string_value == ""
+    # Attention over the whole sequence (prompt and generation), and prefix reuse as the build was told.
+    assert engine.parameters["max_attention_window_size"].string_value == "256"
+    assert engine.parameters["enable_kv_cache_reuse"].string_value == "true"
     ensemble = configs.parse_text((out / "ensemble" / "config.pbtxt").read_text())
     assert ensemble.ensemble_scheduling.max_inflight_requests > 0  # the pinned image's Triton has it
     manifest = json.loads((out / "tritonforge.json").read_text())
     assert manifest["dry_run"] and manifest["commands"][1][0] == "trtllm-build"
+
+
+def test_no_kv_cache_reuse_reaches_the_backend_parameter(tiny_models, tmp_path):
+    out = build(options(tiny_models["bpe"], tmp_path / "repo", dry_run=True, enable_kv_cache_reuse=False))
+    engine = configs.parse_text((out / "tensorrt_llm" / "config.pbtxt").read_text())
+    assert engine.parameters["enable_kv_cache_reuse"].string_value == "false"
+
+
+@pytest.mark.parametrize(("key", "value", "dtype"), [("torch_dtype", "bfloat16", "bfloat16"),
+                                                     ("dtype", "bfloat16", "bfloat16"),  # transformers 5's key
+                                                     ("torch_dtype", "float32", "float16"), (None, None, "float16")])
+def test_the_engine_dtype_follows_the_checkpoints_16_bit_type(tmp_path, key, value, dtype):
+    from tritonforge.build.builder import trt_build_spec
+
+    checkpoint_config = {key: value} if key else {}
+    assert trt_build_spec(options(tmp_path / "model", tmp_path / "repo"), checkpoint_config).dtype == dtype
 
 
 def test_without_tensorrt_llm_the_build_exits_non_zero_naming_the_container(tiny_models, tmp_path, capsys):
