@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from tritonforge.runtime.detokenization import BYTE_LEVEL, SENTENCEPIECE, IncrementalDetokenizer, TokenBytes
+from tritonforge.runtime.detokenization import BYTE_LEVEL, OTHER, SENTENCEPIECE, IncrementalDetokenizer, TokenBytes
 from tritonforge.runtime.engine_service import streamed_responses
 from tritonforge.runtime.tokenization import load_tokenizer
 
@@ -95,3 +95,29 @@ def test_a_stream_with_generated_bos_tokens_decodes_response_by_response_to_its_
         responses = [ids for chunk in random_chunks(rng, completion)
                      for ids, _ in streamed_responses(chunk, [0.0] * len(chunk), bos)]
         assert "".join(table.decode_text(ids) for ids in responses) == table.decode_text(completion)
+
+
+def test_added_tokens_decode_to_their_text_and_added_special_ones_to_nothing(tiny_model):
+    """Tokens added to a tokenizer (a reasoning or tool marker) are text, unless added as special tokens."""
+    tokenizer = load_tokenizer(tiny_model)
+    tokenizer.add_tokens(["<think>"])
+    tokenizer.add_tokens(["<|tool|>"], special_tokens=True)
+    ids = tokenizer("Hello <think>world<|tool|>").input_ids
+    decoded = TokenBytes(tokenizer).decode_sequence(ids).decode()
+    assert decoded == tokenizer.decode(ids, skip_special_tokens=True)
+    assert "<think>" in decoded and "<|tool|>" not in decoded
+
+
+@pytest.mark.parametrize(("decoder", "family"), [
+    ({"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always"}, SENTENCEPIECE),  # Mistral v3, T5
+    ({"type": "Sequence", "decoders": [{"type": "ByteFallback"}, {"type": "Fuse"}]}, SENTENCEPIECE),
+    ({"type": "ByteLevel"}, BYTE_LEVEL),
+    ({"type": "WordPiece", "prefix": "##"}, OTHER)])
+def test_the_family_is_read_from_the_tokenizers_decoder(decoder, family):
+    import json
+    from types import SimpleNamespace
+
+    from tritonforge.runtime.detokenization import tokenizer_family
+
+    tokenizer = SimpleNamespace(backend_tokenizer=SimpleNamespace(to_str=lambda: json.dumps({"decoder": decoder})))
+    assert tokenizer_family(tokenizer) == family

@@ -75,7 +75,7 @@ class TokenBytes:
         for index, token in enumerate(tokens):
             if index in special_ids or (index in added and added[index].special):
                 table.append(b"")
-            elif index in added:
+            elif index in added and self.family != SENTENCEPIECE:
                 table.append(added[index].content.encode("utf-8"))
             elif token is None:
                 table.append(b"")
@@ -83,6 +83,8 @@ class TokenBytes:
                 table.append(bytes(byte_of[char] for char in token) if all(c in byte_of for c in token)
                              else token.encode("utf-8"))
             elif self.family == SENTENCEPIECE:
+                # An added token too: one added as normalized text is held with the word boundary the
+                # normalizer gave it ("▁<think>"), which decodes to a space as in any other token.
                 if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
                     table.append(bytes([int(token[3:5], 16)]))
                 else:
