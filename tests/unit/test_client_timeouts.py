@@ -114,3 +114,91 @@ def test_a_benchmark_against_a_server_that_is_not_there_fails_at_once(tmp_path):
     with pytest.raises(ServerUnavailable, match=url):
         measure_server(url, [("hi", [1, 2])], paths=("ensemble",), concurrencies=(1,), duration_s=30, work=tmp_path)
     assert time.monotonic() - started < 10
+
+
+@pytest.fixture()
+def silent_http_url():
+    """An HTTP endpoint that reads each request and answers nothing until the client goes."""
+    import socketserver
+
+    class Silent(socketserver.BaseRequestHandler):
+        def handle(self):
+            while self.request.recv(65536):  # b"": the client closed its side
+                pass
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Silent)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_http_request_to_a_silent_server_ends_with_a_timeout_error(silent_http_url):
+    from tritonforge.clients.client import HttpClient
+
+    outcome = {}
+
+    def generate():
+        try:
+            HttpClient(silent_http_url, timeout_s=1).generate("The server", max_tokens=4)
+        except ResponseTimeout as error:
+            outcome["error"] = str(error)
+
+    assert finishes(generate), "the HTTP request waited for ever"
+    assert outcome["error"] == "no response from ensemble in 1 s: the server may be stalled"
+
+
+def test_an_http_url_without_a_port_means_tritons_http_port():
+    from tritonforge.clients.client import HttpClient
+    from tritonforge.spec.ports import HTTP_PORT
+
+    assert (HttpClient("localhost").port, HttpClient("http://10.0.0.7").port) == (HTTP_PORT, HTTP_PORT)
+    assert HttpClient("localhost:8123").port == 8123
+
+
+class ManualClock:
+    """An event loop's clock and timers, moved by hand: the silence watch's schedule checked without waiting."""
+
+    def __init__(self):
+        self.now, self.timers = 0.0, []
+
+    def time(self):
+        return self.now
+
+    def call_at(self, when, callback):
+        self.timers.append((when, callback))
+        return threading.Timer(0, lambda: None)  # a handle with cancel()
+
+    def call_later(self, delay, callback):
+        return self.call_at(self.now + delay, callback)
+
+    def run_due(self):
+        """Advance to the next timer and run it."""
+        self.timers.sort(key=lambda timer: timer[0])
+        when, callback = self.timers.pop(0)
+        self.now = when
+        callback()
+
+
+def test_the_silence_watch_expires_one_timeout_after_the_wait_began_not_after_its_next_check(monkeypatch):
+    clock = ManualClock()
+    monkeypatch.setattr(client_module.asyncio, "get_running_loop", lambda: clock)
+    expired = []
+    watch = client_module._SilenceWatch(1.0, lambda: expired.append(clock.now))
+    clock.now = 0.9
+    watch.wait_begins()  # just before the first check, at 1.0
+    clock.run_due()
+    assert not expired
+    clock.run_due()
+    assert expired == [1.9]
+    # A response heard meanwhile: the watch waits a whole timeout from the next wait's start again.
+    expired.clear()
+    watch = client_module._SilenceWatch(1.0, lambda: expired.append(clock.now))
+    watch.wait_begins()
+    clock.now += 0.5
+    watch.heard()
+    clock.run_due()
+    assert not expired and clock.timers[-1][0] == clock.now + 1.0

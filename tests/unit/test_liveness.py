@@ -52,3 +52,16 @@ def test_a_negative_wedge_limit_is_refused_naming_the_flag(tmp_path):
     with pytest.raises(ValueError, match="--wedged-after-s"):
         Supervisor(TritonServer(tmp_path), wedged_after_s=-1)
     Supervisor(TritonServer(tmp_path), wedged_after_s=0)  # 0 turns the checks off
+
+
+def test_a_probe_is_wedged_exactly_when_it_is_as_old_as_the_limit(monkeypatch):
+    """The edge of `wedged()` on a scripted clock: a probe sent at 10 s with a 2 s limit is wedged from 12 s."""
+    from tritonforge.serve import liveness
+
+    clock = [0.0]
+    monkeypatch.setattr(liveness.time, "monotonic", lambda: clock[0])
+    probes = LivenessProbes("127.0.0.1:1", ["preprocessing", "tensorrt_llm_bls"], period_s=0.1, wedged_after_s=2)
+    probes._asked["preprocessing"] = 10.0  # its probe went out at 10 s and is unanswered; the other's was answered
+    for now, wedged in [(11.9, []), (12.0, ["preprocessing"]), (30.0, ["preprocessing"])]:
+        clock[0] = now
+        assert probes.wedged() == wedged, now

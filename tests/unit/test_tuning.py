@@ -55,3 +55,33 @@ def test_apply_rewrites_counts_and_the_postprocessing_delay(tiny_models, tmp_pat
                                     max_seq_len=256))
     apply(repository, Candidate(3, 5, 2, 250))
     assert current(repository) == Candidate(3, 5, 2, 250)
+
+
+def test_equal_instances_are_separated_by_their_slowest_paths_ttft_p99():
+    """SMALL's ensemble answers first sooner than SLOW's, but its BLS later than either of SLOW's paths."""
+    rows = rows_for(SMALL, 0.97, 0.97) + rows_for(SLOW, 0.97, 0.97, ttft_p99=60.0)
+    for row in rows[:3]:
+        row["ttft_ms_p99"] = {"direct": 10.0, "ensemble": 40.0, "bls": 90.0}[row["path"]]
+    assert choose(rows, [SMALL, SLOW], 0.95) == (SLOW, True)
+
+
+def test_a_ctrl_c_during_a_measurement_puts_the_configs_back(tiny_models, tmp_path, monkeypatch):
+    import pytest
+
+    from tritonforge.build import tuning
+
+    repository = build(BuildOptions(model=tiny_models["bpe"], output=tmp_path / "repo", max_input_len=64,
+                                    max_seq_len=256))
+    before = {path: path.read_text() for path in repository.glob("*/config.pbtxt")}
+
+    class Interrupted:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def start(self):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(tuning, "TritonServer", Interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tuning.tune(repository, [LARGE], prompts=4)
+    assert {path: path.read_text() for path in repository.glob("*/config.pbtxt")} == before
