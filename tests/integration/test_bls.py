@@ -206,6 +206,26 @@ def test_a_batched_request_answers_each_row_with_its_own_inputs_and_batch_index(
                      for row, (prompt, n, seed) in enumerate(rows)}
 
 
+def test_a_whole_bls_answer_carries_the_engines_last_perf_metrics(served):
+    """The BLS forwards the statistics of the engine's last response: the last token came after the first."""
+    from tritonforge.spec.contract import FIRST_TOKEN_TIME_NS, LAST_TOKEN_TIME_NS, RETURN_PERF_METRICS
+
+    async def whole():
+        client = AsyncGrpcClient(served[0].grpc_url, "tensorrt_llm_bls")
+        request = GenerateRequest(text_input=MULTILINGUAL[0], max_tokens=MAX_TOKENS,
+                                  parameters={RETURN_PERF_METRICS: True, "min_tokens": MAX_TOKENS})
+        try:
+            return [result async for result in client.responses(request, stream=False)]
+        finally:
+            await client.close()
+
+    answered = [result for result in asyncio.run(whole()) if result.as_numpy(TEXT_OUTPUT) is not None]
+    assert len(answered) == 1
+    first, last = (int(answered[0].as_numpy(name).reshape(-1)[0]) for name in (FIRST_TOKEN_TIME_NS,
+                                                                                  LAST_TOKEN_TIME_NS))
+    assert 0 < first < last
+
+
 def test_chat_messages_are_rendered_once_with_one_bos(clients, served):
     bls, ensemble = clients
     tokenizer = load_tokenizer(served[1])

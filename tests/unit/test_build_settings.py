@@ -54,6 +54,8 @@ def test_triton_batch_limit_is_at_least_the_engine_batch():
     (["--engine", "tensorrtllm", "--max-num-tokens", "512"], "--max-num-tokens"),
     (["--engine", "tensorrtllm", "--tp-size", "0"], "--tp-size"),
     (["--max-input-len", "2048"], "--max-seq-len"),
+    (["--engine-instances", "2"], "--engine-instances > 1 is for the replay engine only"),
+    (["--engine", "tensorrtllm", "--engine-instances", "2"], "--engine-instances > 1 is for the replay engine"),
 ])
 def test_settings_are_validated_where_they_are_declared(flags, message):
     with pytest.raises(ValueError, match=message):
@@ -95,3 +97,27 @@ def test_the_library_keeps_tritons_batch_limit_at_least_the_engines_as_the_cli_d
     kept = BuildOptions(model=Path("ckpt"), output=Path("out"), max_batch_size=8,
                         serving=configs.ServingConfig(max_batch_size=512))
     assert kept.serving.max_batch_size == 512
+
+
+def test_a_max_seq_len_past_the_models_positions_is_refused_before_anything_is_written(tiny_models, tmp_path):
+    import json
+    import shutil
+
+    from tritonforge.build.builder import build
+
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(tiny_models["bpe"], checkpoint)
+    positions = json.loads((checkpoint / "config.json").read_text())["max_position_embeddings"]
+    with pytest.raises(ValueError, match=f"^--max-seq-len {positions + 1} exceeds the model's "
+                                         f"max_position_embeddings {positions}$"):
+        build(BuildOptions(model=checkpoint, output=tmp_path / "repo", max_input_len=64, max_seq_len=positions + 1))
+    assert not (tmp_path / "repo").exists()
+    build(BuildOptions(model=checkpoint, output=tmp_path / "repo", max_input_len=64, max_seq_len=positions))
+
+
+
+def test_a_comma_list_may_have_spaces_after_its_commas():
+    from tritonforge.spec.paths import path_list
+
+    assert options_of("--frontends", "ensemble, bls").frontends == ("ensemble", "bls")
+    assert path_list(" direct , bls,") == ("direct", "bls")

@@ -254,3 +254,29 @@ def test_an_echoed_prompt_carries_log_probs_of_zero_before_the_generated_ones():
     sink = _RowSink(state, row, 0, threading.Event())
     sink.finish(GenerationResult([13, 14, 15], [-0.5, -0.25, -0.125], "length"), None)
     assert streamed(sender) == [([*PROMPT, 13, 14, 15], [0.0, 0.0, -0.5, -0.25, -0.125], True)]
+    assert dict(sender.sent[0][0].tensors)["cum_log_probs"].item() == -0.875  # the generated tokens' sum
+
+
+def test_a_rows_perf_metrics_are_the_moments_of_its_own_events(monkeypatch):
+    """Arrival, scheduling, first and last token each at their own moment (a scripted clock; the last tokens
+    come with the finish)."""
+    from tritonforge.runtime import engine_service
+
+    clock = iter(range(100, 200))
+    monkeypatch.setattr(engine_service, "_now_ns", lambda: next(clock))
+    lane, sender = HeldLane(), Sender()
+    row = SimpleNamespace(stream=True, exclude_input=True, prompt_ids=PROMPT, return_log_probs=True,
+                          return_num_input_tokens=False, return_num_output_tokens=False, return_perf_metrics=True)
+    state = RequestRows(PB_UTILS_STAND_IN, sender, 1, None, check_period_s=1.0)
+    sink = _RowSink(state, row, 0, threading.Event(), 1, lane.post)  # arrives at 100
+    sink.scheduled()  # 101
+    sink.tokens([13], [-0.5])  # 102
+    lane.run()
+    sink.tokens([14], [-0.25])  # 103
+    lane.run()
+    sink.finish(GenerationResult([13, 14, 15, 16], [-0.5, -0.25, -0.125, -0.0625], "length"), None)  # 104
+    lane.run()
+    last = dict(sender.sent[-1][0].tensors)
+    times = [last[name].item() for name in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
+                                            "last_token_time_ns")]
+    assert times == [100, 101, 102, 104]

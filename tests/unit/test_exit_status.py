@@ -41,3 +41,21 @@ def test_a_model_the_command_line_names_and_the_server_does_not_serve_is_a_usage
         with pytest.raises(GenerationError, match="^--paths bls: the server at .* does not serve") as refused:
             check_serving(url, {"tensorrt_llm_bls": "--paths bls"})
     assert _exit_status(refused.value) == 2
+
+
+@pytest.mark.parametrize(("errors", "status"), [((0, 0), 0), ((0, 3), 1)])
+def test_bench_exits_1_when_any_point_had_failed_requests(tiny_models, tmp_path, monkeypatch, capsys, errors,
+                                                          status):
+    from tritonforge.build.builder import BuildOptions, build
+    from tritonforge.cli import main
+    from tritonforge.clients import client as client_module
+    from tritonforge.tools import benchmark
+
+    repository = build(BuildOptions(model=tiny_models["bpe"], output=tmp_path / "repo", max_input_len=64,
+                                    max_seq_len=256))
+    rows = [{"engine": "repo", "concurrency": 1, "path": path, "errors": failed, "output_tokens_per_s": 100.0}
+            for path, failed in zip(("direct", "ensemble"), errors)]
+    monkeypatch.setattr(client_module, "check_serving", lambda url, models: None)  # the server: a stand-in
+    monkeypatch.setattr(benchmark, "measure_server", lambda *args, **kwargs: rows)
+    monkeypatch.setattr(benchmark, "markdown", lambda result: "the table")
+    assert main(["bench", str(repository), "--paths", "direct,ensemble", "--concurrency", "1"]) == status

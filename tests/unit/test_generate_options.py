@@ -6,7 +6,7 @@ import pytest
 
 from tritonforge.cli import make_parser
 from tritonforge.cli.generate import GenerateOptions
-from tritonforge.spec.contract import DEFAULT_MAX_TOKENS, MAX_TOKENS, STOP_WORDS, TEMPERATURE, TOP_K
+from tritonforge.spec.contract import DEFAULT_MAX_TOKENS, MAX_TOKENS, SEED, STOP_WORDS, TEMPERATURE, TOP_K, TOP_P
 from tritonforge.spec.settings import given
 
 
@@ -25,6 +25,11 @@ def test_repeated_stop_phrases_are_all_sent_in_order_and_sampling_only_where_giv
                                           stream=True)
     assert options.parameters() == {MAX_TOKENS: DEFAULT_MAX_TOKENS, STOP_WORDS: ["END", "\n\n"], TEMPERATURE: 0.7,
                                     TOP_K: 5}
+
+
+def test_every_sampling_flag_is_sent():
+    options = options_of("--temperature", "0.7", "--top-k", "5", "--top-p", "0.9", "--seed", "42")
+    assert options.parameters() == {MAX_TOKENS: DEFAULT_MAX_TOKENS, TEMPERATURE: 0.7, TOP_K: 5, TOP_P: 0.9, SEED: 42}
 
 
 @pytest.mark.parametrize("flags", [["--max-tokens", "0"], ["--protocol", "udp"], ["--top-k", "many"]])

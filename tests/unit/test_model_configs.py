@@ -163,3 +163,16 @@ def test_the_ensemble_bounds_its_inflight_requests_from_triton_2_63(target, limi
     """2.63 added `max_inflight_requests` (backpressure between steps); 2.51's config parser refuses it."""
     scheduling = configs.ensemble_config(configs.ServingConfig(target_triton=target)).ensemble_scheduling
     assert (scheduling.max_inflight_requests or None) == limit
+
+
+def test_the_engine_step_takes_its_dtype_device_and_echo_from_its_parameters():
+    """What `--dtype`, `--device` and `--include-input-in-output` wrote is what the transformers engine runs."""
+    from tritonforge.runtime.engine_service import EngineSettings
+    from tritonforge.spec.model_parameters import TransformersEngineParameters
+
+    parameters = TransformersEngineParameters(model_path="", max_batch_size=4, max_input_len=16, max_seq_len=32,
+                                              dtype="bfloat16", device="cpu", exclude_input_in_output=False)
+    settings = EngineSettings.from_parameters(parameters, decoupled=False, max_queue_size=3)
+    assert (settings.dtype, settings.device, settings.exclude_input_in_output, settings.decoupled) == (
+        "bfloat16", "cpu", False, False)
+    assert (settings.limits.max_batch_size, settings.limits.max_queue_size) == (4, 3)

@@ -221,6 +221,13 @@ def test_embedding_bias_words_and_weights_come_together(preprocessor, given):
         preprocessor(request(**{given: value}))
 
 
+def test_embedding_bias_words_need_one_weight_each(preprocessor):
+    with pytest.raises(RequestError, match=r"^embedding_bias_weights: must have one weight per word, got shape "
+                                           r"\[1, 1\] for words \[1, 2\]$"):
+        preprocessor(request(EMBEDDING_BIAS_WORDS=strings("server", "model"),
+                             EMBEDDING_BIAS_WEIGHTS=np.array([[1.0]], dtype=np.float32)))
+
+
 def test_a_decoder_prompt_is_unsupported_and_an_empty_one_is_ignored(preprocessor):
     with pytest.raises(UnsupportedError, match="^decoder_text_input"):
         preprocessor(request(DECODER_QUERY=strings("translate this")))

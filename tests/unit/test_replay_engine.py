@@ -128,3 +128,20 @@ def test_requests_open_when_the_engine_shuts_down_end_unavailable():
     engine.shutdown()
     assert ended.wait(WAIT_S)
     assert all(error.kind is ErrorKind.UNAVAILABLE for error in errors), errors
+
+
+def test_the_engine_stats_count_a_running_sequence_with_its_prompt(engine):
+    """What the metrics gauges read (EngineMetrics): after the first step of a request of 3 prompt tokens,
+    4 tokens are in its KV cache and it runs."""
+    seen = []
+
+    class Watching(Sink):
+        def tokens(self, ids, log_probs):
+            super().tokens(ids, log_probs)
+            if len(self.streamed) == 2:  # in step 2, on the engine's thread: the stats step 1 left
+                seen.append(engine.stats)
+
+    sink = Watching("a", [])
+    engine.submit(GenerationRequest(request_id="a", prompt_ids=[1, 2, 3], max_new_tokens=5, sink=sink, stream=True))
+    assert sink.done.wait(WAIT_S)
+    assert (seen[0].kv_tokens, seen[0].scheduled, seen[0].waiting) == (4, 1, 0)

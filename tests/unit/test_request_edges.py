@@ -90,3 +90,11 @@ def test_limits_must_leave_room_for_one_generated_token():
     assert EngineLimits(max_input_len=32, max_seq_len=33).max_output_len == 32
     with pytest.raises(ValueError, match="must exceed max_input_len"):
         EngineLimits(max_input_len=32, max_seq_len=32)
+
+
+@pytest.mark.parametrize("batch", [0, -1])
+def test_engine_limits_refuse_a_batch_of_no_sequence(batch):
+    from tritonforge.spec.limits import EngineLimits
+
+    with pytest.raises(ValueError, match=f"^max_batch_size must be >= 1, got {batch}$"):
+        EngineLimits(max_input_len=8, max_seq_len=16, max_batch_size=batch)

@@ -33,3 +33,25 @@ def test_a_run_too_short_for_a_steady_window_has_none():
     short = closed_loop([0.5] * 8, deadline_s=0.4)
     assert steady_tokens_per_s(short, 8) is None
     assert summarize(short, wall_s=0.5, concurrency=8)["steady_output_tokens_per_s"] is None
+
+
+def test_the_summary_figures_are_the_percentiles_of_first_token_and_inter_token_times():
+    """100 requests of 5 tokens: the i-th answers first after i ms, then a token every 2 ms (4 gaps)."""
+    timings = [Timing(sent=0.0, arrivals=[i / 1000 + gap * 0.002 for gap in range(5)], tokens=5)
+               for i in range(1, 101)]
+    timings.append(Timing(sent=0.0, arrivals=[], tokens=0, error="UNAVAILABLE"))
+    summary = summarize(timings, wall_s=2.0)
+    assert (summary["requests"], summary["errors"], summary["first_error"]) == (100, 1, "UNAVAILABLE")
+    assert summary["output_tokens_per_s"] == 250.0  # 500 tokens in 2 s
+    assert (summary["ttft_ms_p50"], summary["ttft_ms_p99"]) == (50.5, 99.01)
+    assert summary["itl_ms_p50"] == summary["itl_ms_p99"] == 2.0
+
+
+def test_a_paths_efficiency_is_its_throughput_over_the_engine_called_directly():
+    from tritonforge.tools.benchmark import add_efficiency
+
+    rows = [{"engine": "replay", "concurrency": 128, "path": path, "output_tokens_per_s": rate,
+             "steady_output_tokens_per_s": steady} for path, rate, steady in
+            [("direct", 1000.0, 1100.0), ("ensemble", 950.0, 1078.0), ("bls", 900.0, None)]]
+    add_efficiency(rows)
+    assert [(row["efficiency"], row["steady_efficiency"]) for row in rows] == [(1.0, 1.0), (0.95, 0.98), (0.9, None)]

@@ -235,3 +235,17 @@ def test_target_triton_takes_a_version_or_a_container(text, expected):
 def test_target_triton_refuses_an_unknown_container_or_a_word(text):
     with pytest.raises(argparse.ArgumentTypeError, match=text):
         parse_target_triton(text)
+
+
+@pytest.mark.parametrize(("tp", "pp", "ranks"), [(1, 1, 1), (2, 1, 2), (2, 2, 4), (1, 4, 4)])
+def test_serve_runs_one_rank_per_gpu_of_the_engines_tensor_and_pipeline_split(tmp_path, monkeypatch, tp, pp, ranks):
+    from tritonforge.build import trtllm
+    from tritonforge.build.repository import MANIFEST
+    from tritonforge.cli.serve import check_repository_engine
+
+    (tmp_path / MANIFEST).write_text(json.dumps({"tritonforge_build": {"engine": "tensorrtllm", "tp_size": tp,
+                                                                       "pp_size": pp}}))
+    checked = []
+    monkeypatch.setattr(trtllm, "runtime_facts", lambda: {})
+    monkeypatch.setattr(trtllm, "check_engine", lambda engine, facts, world_size: checked.append(world_size))
+    assert check_repository_engine(tmp_path) == ranks and checked == [ranks]
