@@ -131,6 +131,22 @@ def test_bad_words_are_never_generated(setup):
     assert sink.done.wait(WAIT_S) and expected[0] not in sink.result.token_ids
 
 
+def test_a_bad_word_of_several_tokens_bans_its_last_token_once_its_start_is_there():
+    from tritonforge.runtime.inflight_engine import _banned_tokens
+
+    assert _banned_tokens([5, 6, 7], [[7, 8], [6, 7, 9], [1, 2], [4], [5, 7, 3]]) == [8, 9, 4]
+    assert _banned_tokens([], [[1, 2], [3]]) == [3]
+
+
+def test_a_bad_word_of_two_tokens_is_never_generated(setup):
+    tokenizer, model, engine = setup
+    expected = reference(model, tokenizer, "The engine", 24)
+    sink = submit(engine, tokenizer, "The engine", Sink(), bad_sequences=[expected[2:4]])
+    assert sink.done.wait(WAIT_S)
+    generated = sink.result.token_ids
+    assert generated[:3] == expected[:3] and generated[3] != expected[3]  # banned right after its start
+
+
 def test_cancelled_request_stops_and_frees_its_slot(setup):
     tokenizer, _, engine = setup
     sink = submit(engine, tokenizer, "The engine", Sink(cancel_after=3), max_new_tokens=100)
