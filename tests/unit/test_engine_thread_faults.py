@@ -222,3 +222,14 @@ def test_closing_the_lanes_runs_what_they_hold_and_ends_their_threads():
     lanes.close(WAIT_S)
     assert sorted(ran) == list(range(6))
     assert [thread for thread in set(threading.enumerate()) - before if thread.is_alive()] == []
+
+
+@pytest.mark.parametrize(("lanes", "depth"), [(0, 4), (2, 0)])
+def test_response_lanes_need_a_lane_and_a_bounded_queue(lanes, depth):
+    """A queue of depth 0 would be unbounded: a slow server would pile responses up instead of slowing the
+    engine."""
+    from tritonforge.runtime.response_lanes import ResponseLanes
+
+    with pytest.raises(ValueError, match=f"^response lanes need lanes >= 1 and depth >= 1, got {lanes} and {depth}$"):
+        ResponseLanes(lanes, depth)
+

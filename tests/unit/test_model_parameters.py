@@ -38,3 +38,14 @@ def test_unreadable_values_are_refused_naming_the_key(key, value, message):
     config = {"tokenizer_dir": "t", "max_input_len": "8", "max_seq_len": "10", key: value}
     with pytest.raises(ParameterError, match=f"'{key}' {message}"):
         PreprocessingParameters.from_config(config)
+
+
+@pytest.mark.parametrize(("text", "value"), [("true", True), ("True", True), ("TRUE", True), ("1", True),
+                                             ("false", False), ("False", False), ("0", False)])
+def test_a_boolean_parameter_reads_as_hand_edited_configs_write_it(text, value):
+    """NVIDIA's configs and hand edits write booleans in several ways; each reads as what it says."""
+    from tritonforge.spec.model_parameters import PreprocessingParameters
+
+    parameters = PreprocessingParameters.from_config({"tokenizer_dir": "t", "max_input_len": "8", "max_seq_len": "16",
+                                                      "add_special_tokens": text})
+    assert parameters.add_special_tokens is value

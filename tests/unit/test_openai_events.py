@@ -45,3 +45,25 @@ def test_an_error_from_the_repository_gets_its_http_status(error, status):
 
 def test_a_server_that_cannot_be_reached_is_503():
     assert _triton_error(ServerUnavailable("127.0.0.1:1", "gRPC", "Connection refused")).status == 503
+
+
+@pytest.mark.parametrize(("kind", "obj"), [("completions", "text_completion"), ("chat", "chat.completion")])
+def test_a_whole_answer_is_openais_object_with_its_usage(kind, obj):
+    from tritonforge.clients.openai_gateway import Generation, _whole
+
+    generation = Generation(max_tokens=4, prompt_tokens=3, completion_tokens=2, chunks=["Hel", "lo"])
+    whole = _whole(kind, "id-1", 1700000000, "tiny", generation)
+    assert (whole["object"], whole["model"], whole["id"]) == (obj, "tiny", "id-1")
+    (choice,) = whole["choices"]
+    assert (choice["text"] if kind == "completions" else choice["message"]) == (
+        "Hello" if kind == "completions" else {"role": "assistant", "content": "Hello"})
+    assert choice["finish_reason"] == "stop"  # 2 of 4 tokens
+    assert whole["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+
+
+def test_a_streamed_chats_first_chunk_says_who_speaks_and_the_others_only_what():
+    first = _chunk("chat", "id-1", 1700000000, "tiny", "Hel", None, role=True)
+    later = _chunk("chat", "id-1", 1700000000, "tiny", "lo", None)
+    assert first["object"] == later["object"] == "chat.completion.chunk"
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": "Hel"}
+    assert later["choices"][0]["delta"] == {"content": "lo"}

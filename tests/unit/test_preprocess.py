@@ -53,6 +53,8 @@ def test_stop_words_become_word_list_with_mid_sentence_variant(preprocessor):
     out = preprocessor(request(STOP_WORDS_DICT=strings("server", "")))
     sequences = from_word_list(out["STOP_WORDS_IDS"][0], "stop_words")
     assert preprocessor.tokenizer("server", add_special_tokens=False).input_ids in sequences
+    # ... and as it comes mid-sentence, after a space (the one the engine meets in generated text)
+    assert preprocessor.tokenizer(" server", add_special_tokens=False).input_ids in sequences
 
 
 def test_no_stop_words_gives_empty_list(preprocessor):
@@ -281,3 +283,18 @@ def test_prompt_ids_past_the_vocabulary_get_their_rows_prompt_table_extra_id(pre
     without = preprocessor({"QUERY": np.array([[b"first"]], dtype=object),
                             "REQUEST_OUTPUT_LEN": np.array([[4]], dtype=np.int32)})
     assert "OUT_PROMPT_TABLE_EXTRA_IDS" not in without
+
+
+def test_a_checkpoints_tokenizer_code_is_never_run(tiny_models, monkeypatch):
+    """A checkpoint may ship Python for its tokenizer: loading never trusts it."""
+    import transformers
+
+    from tritonforge.runtime.tokenization import load_tokenizer
+
+    asked = []
+    real = transformers.AutoTokenizer.from_pretrained
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        lambda path, **kwargs: asked.append(kwargs) or real(path, **kwargs))
+    load_tokenizer(tiny_models["bpe"])
+    assert asked == [{"trust_remote_code": False}]
+

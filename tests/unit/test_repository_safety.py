@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +89,30 @@ def test_weights_are_copied_not_linked(checkpoint, tmp_path):
     output = build_to(checkpoint, tmp_path / "repo")
     weights = next((output / "tensorrt_llm" / "1" / "checkpoint").glob("*.safetensors"))
     assert os.stat(weights).st_nlink == 1
+
+
+def test_the_folder_of_all_homes_is_refused():
+    """Checked by the refusal itself: a build that got past it would write into /home."""
+    from tritonforge.build.repository import _refuse_dangerous_output
+
+    with pytest.raises(ValueError, match="^--output /home is a home directory"):
+        _refuse_dangerous_output(Path("/home"), None)
+
+
+def test_an_output_that_is_a_symbolic_link_is_refused_and_what_it_points_to_is_untouched(checkpoint, tmp_path):
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+    with pytest.raises(FileExistsError, match="is not a folder"):
+        build_to(checkpoint, tmp_path / "link")
+    assert list(target.iterdir()) == []
+
+
+def test_force_removes_the_model_folders_its_records_leave_empty(checkpoint, tmp_path):
+    """A rebuild without the BLS: the old build's BLS files go, and so does the folder they leave, which
+    Triton would otherwise meet as a model without a config."""
+    output = tmp_path / "repo"
+    build_to(checkpoint, output)
+    assert (output / "tensorrt_llm_bls" / "config.pbtxt").is_file()
+    build_to(checkpoint, output, force=True, frontends=("ensemble",))
+    assert not (output / "tensorrt_llm_bls").exists()

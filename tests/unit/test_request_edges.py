@@ -98,3 +98,9 @@ def test_engine_limits_refuse_a_batch_of_no_sequence(batch):
 
     with pytest.raises(ValueError, match=f"^max_batch_size must be >= 1, got {batch}$"):
         EngineLimits(max_input_len=8, max_seq_len=16, max_batch_size=batch)
+
+
+@pytest.mark.parametrize("token", [-1, 100])
+def test_the_engine_refuses_a_prompt_id_outside_the_vocabulary_naming_input_ids(token):
+    with pytest.raises(RequestError, match=r"^input_ids: token ids must be in \[0, 100\)$"):
+        check_limits(generation(4, prompt=[1, token]), LIMITS, vocab_size=100, pending=0)

@@ -177,3 +177,38 @@ def test_the_sweep_ends_the_stubs_still_running_from_a_dead_runs_folder(tmp_path
         for process in (stub, elsewhere):
             process.kill()
             process.wait()
+
+
+def test_the_model_control_and_repository_apis_are_behind_the_key(server, tmp_path):
+    """The load API uploads code: never open to a client without the operator's key."""
+    command = server.command(fake_binary(tmp_path, ""))
+    for flag in ("--http-restricted-api", "--grpc-restricted-protocol"):
+        apis = option(command, flag).split(":admin-key=", 1)[0].split(",")
+        assert {"model-repository", "model-config", "shared-memory", "logging"} <= set(apis)
+
+
+def test_a_folder_of_folders_without_model_configs_is_no_repository(tmp_path):
+    from tritonforge.serve.server import RepositoryError, check_repository
+
+    (tmp_path / "checkpoint" / "tokenizer").mkdir(parents=True)
+    with pytest.raises(RepositoryError, match="holds no model"):
+        check_repository(tmp_path / "checkpoint")
+    (tmp_path / "checkpoint" / "model").mkdir()
+    (tmp_path / "checkpoint" / "model" / "config.pbtxt").write_text("")
+    assert check_repository(tmp_path / "checkpoint") == ["model"]
+
+
+def test_the_runs_serving_a_repository_are_those_whose_record_names_it(tmp_path):
+    """Other live runs count only for the repository they serve; this process's own run never does."""
+    import json
+
+    from tritonforge.serve.server import OWNER_RECORD, WORK_DIR_PREFIX, serving_processes
+
+    live = os.getppid()  # a live process that is not this one
+    for name, repository, starter in [("a", tmp_path / "served", live), ("b", tmp_path / "other", live),
+                                      ("c", tmp_path / "served", os.getpid())]:
+        folder = tmp_path / f"{WORK_DIR_PREFIX}{name}"
+        folder.mkdir()
+        (folder / OWNER_RECORD).write_text(json.dumps({"pids": [starter], "repository": str(repository)}))
+    assert serving_processes(tmp_path / "served", temporary_dir=tmp_path) == [live]
+    assert serving_processes(tmp_path / "nothing", temporary_dir=tmp_path) == []
