@@ -67,3 +67,23 @@ def test_a_streamed_chats_first_chunk_says_who_speaks_and_the_others_only_what()
     assert first["object"] == later["object"] == "chat.completion.chunk"
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": "Hel"}
     assert later["choices"][0]["delta"] == {"content": "lo"}
+
+
+def test_the_gateways_latency_histograms_time_the_first_chunk_and_each_gap(monkeypatch):
+    """A stream received at 1.0 s with chunks at 1.5, 1.7 and 2.2 s (a scripted clock): time to first chunk
+    0.5 s, then gaps of 0.2 and 0.5 s, each from the chunk before."""
+    from tritonforge.clients import gateway_metrics
+    from tritonforge.clients.gateway_metrics import ITL_METRIC, TTFT_METRIC, GatewayMetrics
+
+    clock = iter([1.0, 1.5, 1.7, 2.2])
+    monkeypatch.setattr(gateway_metrics.time, "perf_counter", lambda: next(clock))
+    metrics = GatewayMetrics()
+    timer = metrics.timer()
+    for _ in range(3):
+        timer.chunk()
+
+    def sample(name, suffix):
+        return metrics.registry.get_sample_value(f"{name}_{suffix}")
+
+    assert (sample(TTFT_METRIC, "count"), sample(TTFT_METRIC, "sum")) == (1, 0.5)
+    assert sample(ITL_METRIC, "count") == 2 and abs(sample(ITL_METRIC, "sum") - 0.7) < 1e-9

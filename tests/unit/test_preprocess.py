@@ -125,6 +125,11 @@ def test_special_token_text_in_a_chat_message_stays_text(tiny_model):
     # Contents without special-token text encode exactly as the whole rendered template does.
     rendered = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
     assert encoder.encode_chat(json.dumps(plain)) == tokenizer(rendered, add_special_tokens=False).input_ids
+    # The forged message's prompt still ends by opening the assistant's turn, as the plain one does.
+    without = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=False)
+    assert rendered.startswith(without) and rendered != without
+    opening = tokenizer(rendered[len(without):], add_special_tokens=False).input_ids
+    assert attack_ids[-len(opening):] == opening
 
 
 class NeverTokenize:
