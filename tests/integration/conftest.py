@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import queue
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from tritonforge.build import model_configs as configs
 from tritonforge.build.builder import BuildOptions, build
 from tritonforge.clients.client import AsyncGrpcClient
 from tritonforge.serve.server import TritonServer
+from tritonforge.spec.contract import BATCH_INDEX, TEXT_OUTPUT
 
 MAX_INPUT_LEN = 64
 MAX_SEQ_LEN = 1024
@@ -116,6 +118,37 @@ def engine_stream(url: str, inputs: dict[str, np.ndarray], request_id: str = "",
         client.stop_stream()
         client.close()
     return tokens, errors
+
+
+DONE_S = 120  # generous upper bound for a short request on a shared CPU machine
+
+
+def batch_column(name: str, values: list, dtype, triton_dtype: str) -> grpcclient.InferInput:
+    """One input of a batched request: a [rows, 1] column."""
+    tensor = grpcclient.InferInput(name, [len(values), 1], triton_dtype)
+    tensor.set_data_from_numpy(np.array([[value] for value in values], dtype=dtype))
+    return tensor
+
+
+def batched_texts(url: str, model: str, inputs: list[grpcclient.InferInput]) -> dict[int, str]:
+    """Send one batched request on a gRPC stream; each row's `text_output` (flat, as NVIDIA's clients read
+    it), by the `batch_index` its responses carry."""
+    client = grpcclient.InferenceServerClient(url)
+    responses: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    try:
+        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        texts = {}
+        while True:
+            result, error = responses.get(timeout=DONE_S)
+            assert error is None
+            if result.as_numpy(TEXT_OUTPUT) is not None:
+                texts[int(result.as_numpy(BATCH_INDEX)[0, 0])] = result.as_numpy(TEXT_OUTPUT)[0].decode("utf-8")
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return texts
+    finally:
+        client.stop_stream()
+        client.close()
 
 
 def stream_concurrently(url: str, model: str, prompts: list[str], max_tokens: int, **parameters) -> list[str]:

@@ -4,28 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-import queue
 import time
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 
 from tritonforge.build import model_configs as configs
 from tritonforge.build.builder import BuildOptions, build
 from tritonforge.clients.client import AsyncGrpcClient, GenerateRequest, GenerationError, GrpcClient, HttpClient
 from tritonforge.runtime.tokenization import load_tokenizer
-from tritonforge.spec.contract import BATCH_INDEX, SEED, TEMPERATURE, TEXT_INPUT, TEXT_OUTPUT, TOP_K
 from tritonforge.spec.contract import MAX_TOKENS as MAX_TOKENS_INPUT
+from tritonforge.spec.contract import SEED, TEMPERATURE, TEXT_INPUT, TEXT_OUTPUT, TOP_K
 from tritonforge.spec.errors import ErrorKind
 
-from .conftest import ascii_only, running, stream_concurrently
+from .conftest import ascii_only, batch_column, batched_texts, running, stream_concurrently
 
 MULTILINGUAL = ["The server reads a request", "你好，世界。模型正在生成文本。", "café naïve 🚀 👍🏽",
                 "Привет, мир!", "こんにちは"]
 MAX_TOKENS = 24
 STREAMS_ON_ONE_INSTANCE = 64
-DONE_S = 120  # generous upper bound for a short request on a shared CPU machine
 
 
 @pytest.fixture(scope="module")
@@ -175,33 +172,12 @@ def test_a_batched_request_answers_each_row_with_its_own_inputs_and_batch_index(
     _, ensemble = clients
     rows = [(MULTILINGUAL[0], 4, 1), (MULTILINGUAL[3], MAX_TOKENS, 2)]  # prompt, max_tokens, seed
     sampling = {TEMPERATURE: 1.0, TOP_K: 50}
-
-    def column(name, values, dtype, triton_dtype):
-        tensor = grpcclient.InferInput(name, [len(values), 1], triton_dtype)
-        tensor.set_data_from_numpy(np.array([[value] for value in values], dtype=dtype))
-        return tensor
-
-    inputs = [column(TEXT_INPUT, [prompt.encode() for prompt, _, _ in rows], object, "BYTES"),
-              column(MAX_TOKENS_INPUT, [n for _, n, _ in rows], np.int32, "INT32"),
-              column(SEED, [seed for _, _, seed in rows], np.uint64, "UINT64"),
-              column(TEMPERATURE, [sampling[TEMPERATURE]] * len(rows), np.float32, "FP32"),
-              column(TOP_K, [sampling[TOP_K]] * len(rows), np.int32, "INT32")]
-    client = grpcclient.InferenceServerClient(served[0].grpc_url)
-    responses: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: responses.put((result, error)))
-    try:
-        client.async_stream_infer("tensorrt_llm_bls", inputs, enable_empty_final_response=True)
-        texts = {}
-        while True:
-            result, error = responses.get(timeout=DONE_S)
-            assert error is None
-            if result.as_numpy(TEXT_OUTPUT) is not None:
-                texts[int(result.as_numpy(BATCH_INDEX)[0, 0])] = result.as_numpy(TEXT_OUTPUT)[0].decode()
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                break
-    finally:
-        client.stop_stream()
-        client.close()
+    texts = batched_texts(served[0].grpc_url, "tensorrt_llm_bls", [
+        batch_column(TEXT_INPUT, [prompt.encode() for prompt, _, _ in rows], object, "BYTES"),
+        batch_column(MAX_TOKENS_INPUT, [n for _, n, _ in rows], np.int32, "INT32"),
+        batch_column(SEED, [seed for _, _, seed in rows], np.uint64, "UINT64"),
+        batch_column(TEMPERATURE, [sampling[TEMPERATURE]] * len(rows), np.float32, "FP32"),
+        batch_column(TOP_K, [sampling[TOP_K]] * len(rows), np.int32, "INT32")])
     assert texts == {row: ensemble.generate(prompt, max_tokens=n, seed=seed, **sampling)
                      for row, (prompt, n, seed) in enumerate(rows)}
 

@@ -18,12 +18,11 @@ from tritonforge.runtime.tokenization import load_tokenizer, phrase_token_varian
 from tritonforge.spec.errors import ErrorKind, answered_kind
 from tritonforge.tools.profiling import all_stub_pids
 
-from .conftest import MAX_INPUT_LEN, ascii_only, engine_stream, stream_concurrently
+from .conftest import DONE_S, MAX_INPUT_LEN, ascii_only, batch_column, batched_texts, engine_stream, stream_concurrently
 
 PROMPTS = ["The server reads a request", "你好，世界。", "café 🚀 naïve", "A", "Stop phrases end the answer"]
 MAX_TOKENS = 24
 CONCURRENT_STREAMS = 16
-DONE_S = 120  # generous upper bound for a short request on a shared CPU machine
 
 
 @pytest.fixture(scope="module")
@@ -70,24 +69,9 @@ def test_engine_tokens_equal_generate_token_for_token(served, reference, tiny_mo
 
 
 def test_batched_request_answers_each_row_with_its_batch_index(served, reference):
-    client = grpcclient.InferenceServerClient(served[0].grpc_url)
-    responses: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: responses.put((result, error)))
-    text = grpcclient.InferInput("text_input", [2, 1], "BYTES")
-    text.set_data_from_numpy(np.array([[PROMPTS[0].encode()], [PROMPTS[2].encode()]], dtype=object))
-    max_tokens = grpcclient.InferInput("max_tokens", [2, 1], "INT32")
-    max_tokens.set_data_from_numpy(np.array([[MAX_TOKENS], [MAX_TOKENS]], dtype=np.int32))
-    client.async_stream_infer("ensemble", [text, max_tokens], enable_empty_final_response=True)
-    texts = {}
-    while True:
-        result, error = responses.get(timeout=DONE_S)
-        assert error is None
-        if result.as_numpy("text_output") is not None:
-            row = int(result.as_numpy("batch_index")[0, 0])
-            texts[row] = result.as_numpy("text_output")[0].decode("utf-8")  # flat, as NVIDIA's clients read it
-        if result.get_response().parameters["triton_final_response"].bool_param:
-            break
-    client.stop_stream()
+    texts = batched_texts(served[0].grpc_url, "ensemble", [
+        batch_column("text_input", [PROMPTS[0].encode(), PROMPTS[2].encode()], object, "BYTES"),
+        batch_column("max_tokens", [MAX_TOKENS, MAX_TOKENS], np.int32, "INT32")])
     assert texts == {0: reference(PROMPTS[0])[1], 1: reference(PROMPTS[2])[1]}
 
 

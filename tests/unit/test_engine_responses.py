@@ -12,6 +12,7 @@ import pytest
 from tritonforge.runtime.engine_service import EngineService, EngineSettings, _RowSink, checkpoint_bos_token_id
 from tritonforge.runtime.generation import GenerationResult
 from tritonforge.runtime.replay_engine import ReplayEngine
+from tritonforge.runtime.response_lanes import run_here
 from tritonforge.runtime.tokenization import load_tokenizer
 from tritonforge.runtime.triton_adapter import RequestRows
 from tritonforge.spec.contract import stop_request_inputs
@@ -159,12 +160,19 @@ class HeldLane:
             send()
 
 
+def row_sink(sender: Sender, *, post=run_here, stream: bool = True, exclude_input: bool = True,
+             return_perf_metrics: bool = False, stream_interval: int = 1, bos_token_id: int | None = None) -> _RowSink:
+    """One row's sink, asking for log probs; its sends run through `post` (a lane, or at once)."""
+    row = SimpleNamespace(stream=stream, exclude_input=exclude_input, prompt_ids=PROMPT, return_log_probs=True,
+                          return_num_input_tokens=False, return_num_output_tokens=False,
+                          return_perf_metrics=return_perf_metrics)
+    state = RequestRows(PB_UTILS_STAND_IN, sender, 1, None, check_period_s=1.0)
+    return _RowSink(state, row, 0, threading.Event(), stream_interval, post, bos_token_id)
+
+
 def streaming_sink(lane: HeldLane, sender: Sender, *, stream_interval: int = 1,
                    bos_token_id: int | None = None) -> _RowSink:
-    row = SimpleNamespace(stream=True, exclude_input=True, prompt_ids=PROMPT, return_log_probs=True,
-                          return_num_input_tokens=False, return_num_output_tokens=False, return_perf_metrics=False)
-    state = RequestRows(PB_UTILS_STAND_IN, sender, 1, None, check_period_s=1.0)
-    return _RowSink(state, row, 0, threading.Event(), stream_interval, lane.post, bos_token_id)
+    return row_sink(sender, post=lane.post, stream_interval=stream_interval, bos_token_id=bos_token_id)
 
 
 def streamed(sender: Sender) -> list[tuple[list[int], list[float], bool]]:
@@ -248,10 +256,7 @@ def test_the_engine_takes_its_bos_from_the_checkpoint_postprocessing_reads(tiny_
 def test_an_echoed_prompt_carries_log_probs_of_zero_before_the_generated_ones():
     """The prompt's tokens were given, not generated: each carries 0, so the log probs line up with output_ids."""
     sender = Sender()
-    row = SimpleNamespace(stream=False, exclude_input=False, prompt_ids=PROMPT, return_log_probs=True,
-                          return_num_input_tokens=False, return_num_output_tokens=False, return_perf_metrics=False)
-    state = RequestRows(PB_UTILS_STAND_IN, sender, 1, None, check_period_s=1.0)
-    sink = _RowSink(state, row, 0, threading.Event())
+    sink = row_sink(sender, stream=False, exclude_input=False)
     sink.finish(GenerationResult([13, 14, 15], [-0.5, -0.25, -0.125], "length"), None)
     assert streamed(sender) == [([*PROMPT, 13, 14, 15], [0.0, 0.0, -0.5, -0.25, -0.125], True)]
     assert dict(sender.sent[0][0].tensors)["cum_log_probs"].item() == -0.875  # the generated tokens' sum
@@ -265,10 +270,7 @@ def test_a_rows_perf_metrics_are_the_moments_of_its_own_events(monkeypatch):
     clock = iter(range(100, 200))
     monkeypatch.setattr(engine_service, "_now_ns", lambda: next(clock))
     lane, sender = HeldLane(), Sender()
-    row = SimpleNamespace(stream=True, exclude_input=True, prompt_ids=PROMPT, return_log_probs=True,
-                          return_num_input_tokens=False, return_num_output_tokens=False, return_perf_metrics=True)
-    state = RequestRows(PB_UTILS_STAND_IN, sender, 1, None, check_period_s=1.0)
-    sink = _RowSink(state, row, 0, threading.Event(), 1, lane.post)  # arrives at 100
+    sink = row_sink(sender, post=lane.post, return_perf_metrics=True)  # arrives at 100
     sink.scheduled()  # 101
     sink.tokens([13], [-0.5])  # 102
     lane.run()
