@@ -11,6 +11,7 @@ from contextlib import contextmanager
 import grpc
 import pytest
 from tritonclient.grpc import service_pb2_grpc
+from xdist.scheduler import LoadFileScheduling
 
 from tritonforge.serve.server import free_port
 from tritonforge.tools.tiny_model import TOKENIZER_FAMILIES, make_tiny_model
@@ -53,10 +54,36 @@ def _interrupt(signum, frame):
 CHECKPOINT_FIXTURES = {"tiny_model", "tiny_models"}
 
 
+# The modules whose tests send requests to the session's `tiny_servers` (tests/integration/conftest.py): a
+# run in several processes keeps them in one, so that those servers start once.
+TINY_SERVER_MODULES = frozenset({"tests/integration/test_bls.py", "tests/integration/test_ensemble.py",
+                                 "tests/integration/test_openai_gateway.py"})
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
-        if CHECKPOINT_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if CHECKPOINT_FIXTURES & fixtures:
             item.add_marker("transformers")
+        module = item.nodeid.split("::", 1)[0]
+        if "tiny_servers" in fixtures and module not in TINY_SERVER_MODULES:
+            raise pytest.UsageError(f"{module} uses tiny_servers: add it to TINY_SERVER_MODULES (tests/conftest.py)")
+
+
+class TinyServerModulesTogether(LoadFileScheduling):
+    """`--dist loadfile` (a module's tests in one process, its servers started once), with the modules of
+    TINY_SERVER_MODULES as one. (xdist's `loadgroup` cannot do it on pytest 9: it renames test ids.)"""
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = super()._split_scope(nodeid)
+        return "tiny_servers" if module in TINY_SERVER_MODULES else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") == "loadfile":
+        return TinyServerModulesTogether(config, log)
+    return None
 
 
 def pytest_configure(config):

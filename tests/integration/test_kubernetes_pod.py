@@ -157,6 +157,7 @@ def test_the_pod_goes_ready_and_live_and_serves_the_keyed_openai_api(pod):
 
 
 def test_prometheus_sees_the_hpas_signal_rise_while_requests_queue_and_fall_when_they_are_cancelled(pod, tmp_path):
+    pod.wait_until("startupProbe", True)  # whichever test runs first: readiness is probed only after startup
     pod.wait_until("readinessProbe", True)
     prometheus = Prometheus(pod, tmp_path)
     try:
@@ -191,6 +192,7 @@ def test_prometheus_sees_the_hpas_signal_rise_while_requests_queue_and_fall_when
 
 
 def test_a_killed_engine_stub_fails_the_probes_until_the_supervisor_has_the_pod_serving_again(pod):
+    pod.wait_until("startupProbe", True)
     pod.wait_until("readinessProbe", True)
     engine = next(pid for pid, model in all_stub_pids(pod.process.pid).items() if model == "tensorrt_llm")
     os.kill(engine, signal.SIGKILL)
