@@ -86,6 +86,15 @@ class StubLaunchWedged(ServerError):
     """The Python backend waits forever on a stub that failed its health check while loading (STUB_WEDGE_S)."""
 
 
+class CrashedWhileLoading(ServerError):
+    """tritonserver died of a signal (an abort, a segfault) before it was ready: a failure of the server, not
+    of the repository, whose failures it answers with an exit code of its own."""
+
+
+# What a start makes once more: failures of the server itself, on the way to serving a repository that loads.
+RETRIED_AT_START = (StubLaunchWedged, CrashedWhileLoading)
+
+
 def threads_waiting_for_a_child(pid: int) -> bool:
     """Whether a thread of process `pid` sits in waitpid (Linux: its wchan reads do_wait); False where unknown."""
     try:
@@ -413,12 +422,14 @@ class TritonServer:
     def start(self) -> TritonServer:
         """Start and wait until ready. Refuses a path that holds no model and ports already taken, before
         anything runs; removes what killed runs of ours left first. A load wedged by the Python backend
-        (STUB_WEDGE_S) is killed and started once more, on new ports where they were picked here."""
+        (STUB_WEDGE_S) is killed and started once more, and so is a server that crashed while loading (Triton
+        2.51 has aborted at a start on a loaded machine: an uncaught lock_exception, an epoll_wait on a closed
+        descriptor); on new ports where they were picked here."""
         picked = {name: getattr(self, name) == 0 for name in ("http_port", "grpc_port", "metrics_port")}
         try:
             return self._start()
-        except StubLaunchWedged as wedged:
-            logger.warning("%s; starting the server once more", wedged)
+        except RETRIED_AT_START as failure:
+            logger.warning("%s\nstarting the server once more", failure)
             for name, was_picked in picked.items():
                 if was_picked:
                     setattr(self, name, 0)
@@ -490,8 +501,12 @@ class TritonServer:
                 if re.search(r"already in use|Address in use", log):
                     raise PortInUse(f"tritonserver could not listen on its ports (HTTP {self.http_port}, gRPC "
                                     f"{self.grpc_port}, metrics {self.metrics_port}): one is already in use")
-                raise ServerError(f"tritonserver exited with code {self._process.returncode}:\n"
-                                  f"{self.failure_summary()}")
+                code = self._process.returncode
+                if code < 0:
+                    crash = signal.strsignal(-code) or f"signal {-code}"
+                    raise CrashedWhileLoading(f"tritonserver crashed while loading ({crash}):\n"
+                                              f"{self.failure_summary()}")
+                raise ServerError(f"tritonserver exited with code {code}:\n{self.failure_summary()}")
             try:
                 with urllib.request.urlopen(url, timeout=2) as response:
                     if response.status == 200:
