@@ -32,6 +32,12 @@ def test_every_sampling_flag_is_sent():
     assert options.parameters() == {MAX_TOKENS: DEFAULT_MAX_TOKENS, TEMPERATURE: 0.7, TOP_K: 5, TOP_P: 0.9, SEED: 42}
 
 
+def test_sampling_flags_given_as_zero_are_sent():
+    # --seed 0 is a seed and --temperature 0 is greedy: given, they are sent, not read as absent
+    options = options_of("--temperature", "0", "--top-k", "0", "--top-p", "0", "--seed", "0")
+    assert options.parameters() == {MAX_TOKENS: DEFAULT_MAX_TOKENS, TEMPERATURE: 0.0, TOP_K: 0, TOP_P: 0.0, SEED: 0}
+
+
 @pytest.mark.parametrize("flags", [["--max-tokens", "0"], ["--protocol", "udp"], ["--top-k", "many"]])
 def test_a_bad_generate_flag_is_refused_by_the_parser(flags, capsys):
     with pytest.raises(SystemExit):

@@ -44,6 +44,11 @@ def test_a_model_that_never_answers_is_wedged_once_its_probe_is_older_than_the_l
             assert probes.wedged() == ["preprocessing", "tensorrt_llm_bls"]
             # never before its limit: a probe is wedged only once it is WEDGED_AFTER_S old
             assert wedged_at - started >= WEDGED_AFTER_S
+            # and for good: a probe that timed out is never sent again (a next answer would hide the wedge)
+            for thread in probes._threads:
+                thread.join(timeout=WEDGED_AFTER_S + NOTICE_S)
+                assert not thread.is_alive(), f"{thread.name} probes again after its probe timed out"
+            assert probes.wedged() == ["preprocessing", "tensorrt_llm_bls"]
         finally:
             probes.stop()
 
@@ -65,3 +70,14 @@ def test_a_probe_is_wedged_exactly_when_it_is_as_old_as_the_limit(monkeypatch):
     for now, wedged in [(11.9, []), (12.0, ["preprocessing"]), (30.0, ["preprocessing"])]:
         clock[0] = now
         assert probes.wedged() == wedged, now
+
+
+def test_a_stub_whose_heartbeat_is_older_than_the_limit_is_silent_and_a_zero_limit_reads_none(tmp_path):
+    server = TritonServer(tmp_path)
+    server.heartbeat_dir = tmp_path  # each stub's last beat (time.monotonic()) in a file named by its pid
+    (tmp_path / "41").write_text(str(time.monotonic() - 10))
+    (tmp_path / "42").write_text(str(time.monotonic()))
+    for limit, silent in [(5, ["preprocessing"]), (0, [])]:
+        supervisor = Supervisor(server, wedged_after_s=limit)
+        supervisor.stubs = {41: "preprocessing", 42: "postprocessing"}
+        assert supervisor._silent_stubs() == silent, limit

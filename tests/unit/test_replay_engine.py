@@ -78,6 +78,27 @@ def test_cancel_by_request_id_ends_the_stream(engine):
     assert len(sink.streamed) < 60
 
 
+class CancelsOnItsFirstToken(Sink):
+    """Cancels its request by id from its first token on: by then the request is running, not waiting."""
+
+    def __init__(self, name, log, engine):
+        super().__init__(name, log)
+        self.engine = engine
+
+    def tokens(self, ids, log_probs):
+        super().tokens(ids, log_probs)
+        self.engine.cancel(self.name)
+
+
+def test_a_running_request_cancelled_by_its_id_ends_at_the_next_step(engine):
+    sink = CancelsOnItsFirstToken("a", [], engine)
+    request = GenerationRequest(request_id="a", prompt_ids=[1], max_new_tokens=60, sink=sink, stream=True)
+    engine.validate(request)
+    engine.submit(request)
+    assert sink.done.wait(WAIT_S) and sink.result.finish_reason == "cancelled"
+    assert len(sink.streamed) == 1
+
+
 @pytest.mark.parametrize("prompt, max_new_tokens, field", [
     ([], 4, "input_ids"), ([1] * 9, 4, "input_ids"), ([1], 0, "request_output_len"), ([1], 64, "request_output_len"),
     ([100], 4, "input_ids"),

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import pytest
+
 from tritonforge.serve import supervisor as supervisor_module
 from tritonforge.serve.server import ServerError
 from tritonforge.serve.supervisor import Supervisor
@@ -86,3 +88,11 @@ def test_the_backoff_carries_over_a_short_run_and_resets_after_a_stable_one(monk
     supervisor.run(stop)
     assert stop.backoffs == [1, 2, 4, 1]
     assert supervisor.restarts == 3
+
+
+def test_it_gives_up_after_exactly_max_failed_starts_in_a_row(monkeypatch):
+    server = ScriptedServer([False] * 4)
+    supervisor = Supervisor(server, period_s=PERIOD_S, wedged_after_s=0, max_failed_starts=3)
+    with pytest.raises(ServerError, match="did not come back in 3 attempts in a row; giving up"):
+        supervisor._restart(ScriptedStop(checks=0), 1.0)
+    assert len(list(server.starts)) == 1  # three of the four starts were made, not the fourth

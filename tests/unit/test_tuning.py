@@ -26,6 +26,12 @@ def test_a_path_below_the_target_or_an_error_disqualifies():
     assert choose(rows, [SMALL, LARGE], 0.95) == (LARGE, True)
 
 
+def test_fewer_instances_win_over_a_lower_ttft_p99():
+    # instances are what a candidate costs the machine; TTFT only separates candidates of equal cost
+    rows = rows_for(SMALL, 0.97, 0.97, ttft_p99=80.0) + rows_for(LARGE, 0.97, 0.97, ttft_p99=40.0)
+    assert choose(rows, [SMALL, LARGE], 0.95) == (SMALL, True)
+
+
 def test_equal_instances_are_separated_by_ttft_p99():
     rows = rows_for(SMALL, 0.97, 0.97, ttft_p99=80.0) + rows_for(SLOW, 0.97, 0.97, ttft_p99=40.0)
     assert choose(rows, [SMALL, SLOW], 0.95) == (SLOW, True)
