@@ -2,19 +2,30 @@
 
 import pytest
 
+from tritonforge.build import model_configs as configs
+from tritonforge.build.builder import BuildOptions, build
+from tritonforge.build.tuning import Candidate, choose, current, tune
 from tritonforge.tools.benchmark import PATHS, add_efficiency, make_prompts, markdown, measure_server
 
-from .conftest import serve_tiny
+from .conftest import running
 
 OUTPUT_TOKENS = 6
+STEP_MS = 2
+
+
+def build_replay(checkpoint, repository, **serving):
+    """A repository on the replay engine, as the benchmarks measure the pipeline: its streams are the same however
+    requests are batched, and it spends no CPU generating them."""
+    return build(BuildOptions(model=checkpoint, output=repository, engine="replay", replay_step_ms=STEP_MS,
+                              max_input_len=64, max_seq_len=256, max_batch_size=4,
+                              serving=configs.ServingConfig(**serving)), progress=lambda _: None)
 
 
 @pytest.fixture(scope="module")
 def served(tiny_models, tmp_path_factory):
-    repository = tmp_path_factory.mktemp("repo") / "model_repository"
-    server = serve_tiny(tiny_models["bpe"], repository)
-    yield server, repository
-    server.kill()
+    repository = build_replay(tiny_models["bpe"], tmp_path_factory.mktemp("repo") / "model_repository")
+    with running(repository) as server:
+        yield server, repository
 
 
 def test_every_path_completes_fixed_length_streams(served, tmp_path):
@@ -50,13 +61,7 @@ def test_bench_without_the_servers_processes_or_statistics_prints_no_table_of_ze
 
 
 def test_tune_measures_each_candidate_and_writes_the_chosen_one(tiny_models, tmp_path):
-    from tritonforge.build import model_configs as configs
-    from tritonforge.build.builder import BuildOptions, build
-    from tritonforge.build.tuning import Candidate, choose, current, tune
-
-    repository = tmp_path / "model_repository"
-    build(BuildOptions(model=tiny_models["bpe"], output=repository, max_input_len=64, max_seq_len=256,
-                       max_batch_size=4, serving=configs.ServingConfig(postprocessing_instances=3)))
+    repository = build_replay(tiny_models["bpe"], tmp_path / "model_repository", postprocessing_instances=3)
     candidates = [Candidate(1, 1, 1, 0), Candidate(1, 2, 1, 300)]
     # Eight prompts are plenty for two streams for 0.2 s (each is answered alone first, on each path).
     result = tune(repository, candidates, concurrency=2, target=0.5, output_tokens=OUTPUT_TOKENS, duration_s=0.2,

@@ -27,13 +27,16 @@ WEDGED_AFTER_S = 5  # the supervisor's limit here: far above a healthy stub's si
 # A restart takes ~15 s on an idle 2-core machine and 60-80 s while it runs other suites; every wait below ends
 # at its event, so a wide bound costs a passing run nothing.
 RESTART_S = 150
+STEP_MS = 20  # the replay engine's step: a 900-token stream lasts 18 s, far past every kill and stop here
 
 
 @pytest.fixture(scope="module")
 def supervised(tiny_models, tmp_path_factory):
+    # The replay engine: what is under test is the pipeline around a dying stub, not the tokens; a transformers
+    # engine would spend the machine's CPU generating the open streams and loading torch at every restart.
     repository = build(BuildOptions(model=tiny_models["bpe"], output=tmp_path_factory.mktemp("faults") / "repo",
-                                    max_input_len=64, max_seq_len=1024, max_batch_size=STREAMS,
-                                    serving=configs.ServingConfig(postprocessing_instances=2)))
+                                    engine="replay", replay_step_ms=STEP_MS, max_input_len=64, max_seq_len=1024,
+                                    max_batch_size=STREAMS, serving=configs.ServingConfig(postprocessing_instances=2)))
     supervisor = Supervisor(TritonServer(repository), period_s=0.2, probe_period_s=0.5, wedged_after_s=WEDGED_AFTER_S)
     supervisor.start()
     stop = threading.Event()
@@ -128,10 +131,9 @@ def test_a_stub_that_is_alive_but_answers_nothing_is_found_by_its_probe_and_the_
 
 
 def test_a_clean_shutdown_ends_open_streams_with_an_error_within_the_exit_timeout(tiny_models, tmp_path):
-    # The replay engine at 20 ms a token: a 900-token stream lasts 18 s whatever the machine's speed, far past
-    # the exit timeout (the transformers engine can finish such a stream within it on a fast machine).
+    # A 900-token stream lasts 18 s whatever the machine's speed, far past the exit timeout.
     repository = build(BuildOptions(model=tiny_models["bpe"], output=tmp_path / "repo", engine="replay",
-                                    replay_step_ms=20, max_input_len=64, max_seq_len=1024,
+                                    replay_step_ms=STEP_MS, max_input_len=64, max_seq_len=1024,
                                     max_batch_size=STREAMS))
     server = TritonServer(repository, exit_timeout_s=2).start()
     first_chunk = threading.Barrier(STREAMS + 1)

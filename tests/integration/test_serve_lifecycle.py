@@ -32,10 +32,10 @@ EXIT_TIMEOUT_S = 10  # TritonServer's default: the wait for in-flight requests, 
 # A clean stop takes at most the server's two waits and the stubs' exit; more means it had to be killed.
 STOP_WITHIN_S = 2 * EXIT_TIMEOUT_S + 15
 STREAMS = 2  # per model, ensemble and BLS
-# Streams that finish well within the exit timeout (~0.3 s for four on an idle CI machine, and so still
-# within it on one that runs two test processes): streams cut at that deadline can leave Triton 2.51 counting
-# ensemble requests in flight, which ends the stop in a kill (the edge docs/design/faults.md describes); and
-# streams that outlive any stop's deadline.
+STEP_MS = 20  # the replay engine's step
+# Streams that finish well within the exit timeout (0.8 s at STEP_MS): streams cut at that deadline can leave
+# Triton 2.51 counting ensemble requests in flight, which ends the stop in a kill (the edge
+# docs/design/faults.md describes); and streams that outlive any stop's deadline (18 s).
 SHORT_STREAM_TOKENS = 40
 LONG_STREAM_TOKENS = 900
 
@@ -115,8 +115,11 @@ def _gone(pid: int, within_s: float) -> bool:
 
 @pytest.fixture(scope="module")
 def repository(tiny_models, tmp_path_factory) -> Path:
+    # The replay engine: how `serve` starts and stops does not depend on the tokens, and its streams last the
+    # same on any machine (the transformers engine would spend the CPU generating them).
     return build(BuildOptions(model=tiny_models["bpe"], output=tmp_path_factory.mktemp("lifecycle") / "repo",
-                              max_input_len=64, max_seq_len=1024, max_batch_size=2 * STREAMS))
+                              engine="replay", replay_step_ms=STEP_MS, max_input_len=64, max_seq_len=1024,
+                              max_batch_size=2 * STREAMS))
 
 
 @pytest.fixture(scope="module")
