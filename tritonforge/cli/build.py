@@ -7,6 +7,7 @@ import argparse
 
 from ..build import model_configs as configs
 from ..build.builder import BuildOptions, build
+from ..runtime.tokenization import tokenizer_only_process
 from ..spec.settings import add_arguments, given
 
 SERVING = "serving."  # where the ServingConfig options land in `args`
@@ -28,7 +29,12 @@ def build_options(args: argparse.Namespace):
 
 
 def build_command(args: argparse.Namespace) -> int:
-    output = build(build_options(args))
+    options = build_options(args)
+    if options.accuracy_gate is None:
+        # Only the gate runs a model in this process; the rest reads the checkpoint's tokenizer, for which
+        # transformers would load torch (seconds) whenever it is installed.
+        tokenizer_only_process()
+    output = build(options)
     print(f"repository ready: {output}")
     return 0
 
