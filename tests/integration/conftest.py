@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import os
 import queue
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -164,6 +165,19 @@ def stream_concurrently(url: str, model: str, prompts: list[str], max_tokens: in
             await client.close()
 
     return asyncio.run(run())
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (whichever of its threads started them)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def ascii_only(text: str) -> str:

@@ -70,8 +70,8 @@ def answer_within(url: str, seconds: float) -> str | None:
     return result.get("text")
 
 
-def test_cancelled_engine_streams_free_their_slots(served):
-    server, repository = served
+def assert_cancelled_engine_streams_free_their_slots(server, repository) -> None:
+    """Long engine streams hold every slot; once their clients cancel them, a new request is answered."""
     prompt_ids = load_tokenizer(repository / "preprocessing" / "tokenizer")("The engine").input_ids
     clients = open_long_engine_streams(server.grpc_url, prompt_ids, BATCH)
     assert answer_within(server.grpc_url, 3) is None  # every slot is taken: a new request waits
@@ -79,6 +79,10 @@ def test_cancelled_engine_streams_free_their_slots(served):
         client.stop_stream(cancel_requests=True)
         client.close()
     assert answer_within(server.grpc_url, ANSWER_S), "the cancelled generations kept their slots"
+
+
+def test_cancelled_engine_streams_free_their_slots(served):
+    assert_cancelled_engine_streams_free_their_slots(*served)
 
 
 def hold_every_slot(server, client_of) -> list:

@@ -22,6 +22,8 @@ from tritonforge.serve.supervisor import Supervisor
 from tritonforge.spec.errors import ErrorKind
 from tritonforge.tools.profiling import all_stub_pids
 
+from .conftest import child_pids
+
 STREAMS = 4
 WEDGED_AFTER_S = 5  # the supervisor's limit here: far above a healthy stub's silence, far below the default
 # A restart takes ~15 s on an idle 2-core machine and 60-80 s while it runs other suites; every wait below ends
@@ -156,7 +158,7 @@ def test_serve_stops_on_ctrl_c_and_a_second_one_leaves_nothing_behind(supervised
                               "--metrics-port", str(free_port())], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert serve.stdout.readline().startswith(b"serving"), "serve did not start"  # and handles signals now
-        server_pid = next(pid for pid in children(serve.pid))
+        server_pid = next(pid for pid in child_pids(serve.pid))
         command = Path(f"/proc/{server_pid}/cmdline").read_bytes().decode().split("\0")
         shm_prefix = next(part.rsplit("=", 1)[1] for part in command if "shm-region-prefix-name=" in part)
         work_dir = Path(next(part.split("=", 1)[1] for part in command if part.startswith("--backend-directory")))
@@ -175,15 +177,3 @@ def test_serve_stops_on_ctrl_c_and_a_second_one_leaves_nothing_behind(supervised
         os.killpg(server_pid, 0)  # the server and every stub of it are gone
     assert not work_dir.parent.exists(), "the server's work folder outlived it"
     assert not list(SHARED_MEMORY_DIR.glob(f"{shm_prefix}*"))
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found

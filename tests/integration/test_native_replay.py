@@ -14,7 +14,7 @@ from tritonforge.clients.client import GenerateRequest, GrpcClient
 from tritonforge.runtime.tokenization import load_tokenizer
 
 from .conftest import ascii_only, engine_stream, running, stream_concurrently
-from .test_cancellation import ANSWER_S, answer_within, open_long_engine_streams
+from .test_cancellation import ANSWER_S, assert_cancelled_engine_streams_free_their_slots
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                                 reason="needs a C++ compiler (g++) to build the C++ replay engine")
@@ -77,14 +77,7 @@ def test_every_concurrent_stream_is_its_non_streamed_answer(served, model):
 
 
 def test_cancelled_engine_streams_free_their_slots(served):
-    server, repository = served
-    prompt_ids = load_tokenizer(repository / "preprocessing" / "tokenizer")("The engine").input_ids
-    clients = open_long_engine_streams(server.grpc_url, prompt_ids, BATCH)
-    assert answer_within(server.grpc_url, 3) is None  # every slot is taken: a new request waits
-    for client in clients:
-        client.stop_stream(cancel_requests=True)
-        client.close()
-    assert answer_within(server.grpc_url, ANSWER_S), "the cancelled generations kept their slots"
+    assert_cancelled_engine_streams_free_their_slots(*served)
 
 
 def test_a_stop_with_the_request_id_ends_a_running_ensemble_stream(served):

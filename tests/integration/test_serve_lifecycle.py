@@ -25,6 +25,7 @@ from tritonforge.serve.server import DRAIN_END_S, SHARED_MEMORY_DIR, TritonServe
 from tritonforge.serve.supervisor import Supervisor
 from tritonforge.spec.contract import ENGINE_MODEL
 
+from .conftest import child_pids
 from .test_user_mistakes import assert_one_line, tritonforge
 
 READY_WITHIN_S = 300  # a server start on the loaded 2-core CI machine takes 10-60 s
@@ -76,7 +77,7 @@ class Serve:
             self.stderr_lines.put(line)
 
     def server_pid(self) -> int:
-        return next(pid for pid in _children(self.process.pid)
+        return next(pid for pid in child_pids(self.process.pid)
                     if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"tritonserver"))
 
     def work_dir(self, server_pid: int) -> Path:
@@ -88,18 +89,6 @@ class Serve:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
 
 
 def _gone(pid: int, within_s: float) -> bool:

@@ -26,21 +26,9 @@ from tritonforge.runtime.response_lanes import ResponseLanes
 from tritonforge.spec.contract import OUTPUT_IDS, stop_request_inputs
 from tritonforge.spec.limits import EngineLimits
 
-FINAL = 1
+from .pb_utils_stand_in import FINAL, PB_UTILS_STAND_IN
+
 WAIT_S = 60
-
-
-class _TritonError:
-    INTERNAL, INVALID_ARG, UNAVAILABLE, UNSUPPORTED = "INTERNAL", "INVALID_ARG", "UNAVAILABLE", "UNSUPPORTED"
-
-    def __init__(self, message, code):
-        self.message, self.code = message, code
-
-
-PB_UTILS_STAND_IN = SimpleNamespace(
-    Tensor=lambda name, value: (name, value), TritonError=_TritonError,
-    InferenceResponse=lambda tensors=None, error=None: SimpleNamespace(tensors=tensors, error=error),
-    TRITONSERVER_RESPONSE_COMPLETE_FINAL=FINAL)
 
 
 class Sender:

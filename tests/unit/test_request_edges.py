@@ -14,21 +14,10 @@ from tritonforge.runtime.triton_adapter import answer_each, to_triton_error
 from tritonforge.spec.errors import QueueFullError, RequestError
 from tritonforge.spec.limits import EngineLimits
 
+from .pb_utils_stand_in import PB_UTILS_STAND_IN
+
 LIMITS = EngineLimits(max_input_len=32, max_seq_len=101, max_batch_size=2, max_queue_size=3)
 PROMPT = [5, 6, 7, 8]
-
-
-class _TritonError:
-    INTERNAL, INVALID_ARG, UNAVAILABLE, UNSUPPORTED = "INTERNAL", "INVALID_ARG", "UNAVAILABLE", "UNSUPPORTED"
-
-    def __init__(self, message, code):
-        self.message, self.code = message, code
-
-
-# Only what the adapter calls; the real pb_utils exists only inside the server's stub.
-PB_UTILS_STAND_IN = SimpleNamespace(
-    Tensor=lambda name, value: (name, value), TritonError=_TritonError,
-    InferenceResponse=lambda tensors=None, error=None: SimpleNamespace(tensors=tensors, error=error))
 
 
 def generation(max_new_tokens: int, prompt=PROMPT) -> GenerationRequest:

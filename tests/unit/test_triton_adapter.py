@@ -22,8 +22,8 @@ from tritonforge.spec.errors import (
     UnsupportedError,
 )
 
-# Only the constructor the adapter calls; the real pb_utils exists only inside the server's stub.
-PB_UTILS_STAND_IN = SimpleNamespace(Tensor=lambda name, value: (name, value))
+from .pb_utils_stand_in import FINAL, PB_UTILS_STAND_IN, TritonErrorStandIn
+
 OUTPUTS = {"output_ids": np.zeros((1, 1, 2), np.int32), "sequence_length": np.ones((1, 1), np.int32),
            "cum_log_probs": np.zeros((1, 1), np.float32)}
 
@@ -60,15 +60,6 @@ def test_a_stub_beats_into_the_supervisors_folder_only_when_asked(tmp_path, monk
     assert 0 <= time.monotonic() - float(beat.read_text()) < FIRST_BEAT_S  # the stub's clock is this clock
 
 
-class _TritonError:
-    """The stand-in of pb_utils.TritonError: its codes and what it was made with."""
-
-    INVALID_ARG, UNAVAILABLE, INTERNAL, UNSUPPORTED = "INVALID_ARG", "UNAVAILABLE", "INTERNAL", "UNSUPPORTED"
-
-    def __init__(self, message, code):
-        self.message, self.code = message, code
-
-
 @pytest.mark.parametrize("error, code", [
     (EngineCallError("temperature: must be >= 0, got -1.0"), "INVALID_ARG"),  # the request is at fault
     (EngineCallError("unavailable: the engine queue is full (8 waiting)"), "UNAVAILABLE"),
@@ -78,7 +69,7 @@ class _TritonError:
     (EngineStreamError("the stream to the engine model 'tensorrt_llm' at localhost:8001 closed"), "UNAVAILABLE")])
 def test_an_error_the_engine_answered_the_bls_keeps_its_message_and_gets_its_kind(error, code):
     """Over gRPC the engine's answer carries only its message: its code is read from it, as the gateway does."""
-    triton_error = to_triton_error(SimpleNamespace(TritonError=_TritonError), error)
+    triton_error = to_triton_error(SimpleNamespace(TritonError=TritonErrorStandIn), error)
     assert (triton_error.message, triton_error.code) == (str(error), code)
 
 
@@ -89,12 +80,12 @@ def test_an_error_the_engine_answered_the_bls_keeps_its_message_and_gets_its_kin
     (ServerStopping(), "UNAVAILABLE"),
     (ResponseSendError(), "INTERNAL")])
 def test_our_error_keeps_its_message_and_gets_its_kinds_code(error, code):
-    triton_error = to_triton_error(SimpleNamespace(TritonError=_TritonError), error)
+    triton_error = to_triton_error(SimpleNamespace(TritonError=TritonErrorStandIn), error)
     assert (triton_error.message, triton_error.code) == (str(error), code)
 
 
 def test_an_exception_of_no_kind_of_ours_is_internal_and_shows_no_internals():
-    triton_error = to_triton_error(SimpleNamespace(TritonError=_TritonError), KeyError("/secret/path"))
+    triton_error = to_triton_error(SimpleNamespace(TritonError=TritonErrorStandIn), KeyError("/secret/path"))
     assert (triton_error.message, triton_error.code) == ("internal error: KeyError", "INTERNAL")
 
 
@@ -162,8 +153,7 @@ class _FailingSender:
         return False
 
 
-FINAL = 1
-ROWS_PB_UTILS = SimpleNamespace(TRITONSERVER_RESPONSE_COMPLETE_FINAL=FINAL, TritonError=_TritonError,
+ROWS_PB_UTILS = SimpleNamespace(TRITONSERVER_RESPONSE_COMPLETE_FINAL=FINAL, TritonError=TritonErrorStandIn,
                                 InferenceResponse=lambda tensors=None, error=None: SimpleNamespace(error=error))
 
 
