@@ -1,9 +1,12 @@
 """The BLS's streamed-text outbox: text that arrives while a chunk is being sent goes out next, as one
-chunk, in order; the stream's end waits for the send in flight."""
+chunk, in order; the stream's end waits for the send in flight. And the shape of the BLS's responses."""
 
 import threading
 
-from tritonforge.runtime.bls import _Senders, _StreamOutbox
+from tritonforge.runtime.bls import BlsOrchestrator, _Senders, _StreamOutbox
+from tritonforge.runtime.triton_adapter import RequestRows
+
+from .test_engine_thread_faults import PB_UTILS_STAND_IN, Sender
 
 WAIT_S = 5
 
@@ -76,3 +79,16 @@ def test_a_chunk_that_cannot_be_sent_marks_the_stream_failed():
         assert outbox.drain() == ("", 0) and completion.tried == [("lost", 1)]
     finally:
         senders.shutdown()
+
+
+def test_a_response_sums_its_log_probs_and_only_a_batched_requests_responses_carry_their_row():
+    """As NVIDIA's BLS answers: `cum_log_probs` is the sum of the response's log probs, `batch_index` only
+    where the request has several rows."""
+    bls = BlsOrchestrator.__new__(BlsOrchestrator)  # building a response reads nothing of the orchestrator
+    rows = RequestRows(PB_UTILS_STAND_IN, Sender(), 1, None, check_period_s=1.0)
+    alone = dict(bls._response(rows, "Hi", 0, 1, [-0.5, -0.25], {}, 2).tensors)
+    assert alone["text_output"].tolist() == [b"Hi"] and "batch_index" not in alone
+    assert alone["cum_log_probs"].item() == -0.75 and alone["output_log_probs"].shape == (1, 1, 2)
+    assert alone["num_output_tokens"].item() == 2
+    batched = dict(bls._response(rows, "Hi", 1, 2, None, {}, None).tensors)
+    assert batched["batch_index"].item() == 1 and "cum_log_probs" not in batched

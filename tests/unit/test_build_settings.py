@@ -56,6 +56,8 @@ def test_triton_batch_limit_is_at_least_the_engine_batch():
     (["--max-input-len", "2048"], "--max-seq-len"),
     (["--engine-instances", "2"], "--engine-instances > 1 is for the replay engine only"),
     (["--engine", "tensorrtllm", "--engine-instances", "2"], "--engine-instances > 1 is for the replay engine"),
+    (["--engine", "replay", "--replay-step-ms", "0"], "--replay-step-ms must be > 0"),
+    (["--response-lanes", "-1"], "--response-lanes must be >= 0"),
 ])
 def test_settings_are_validated_where_they_are_declared(flags, message):
     with pytest.raises(ValueError, match=message):
@@ -77,6 +79,12 @@ def test_the_cpp_replay_engine_refuses_settings_it_cannot_honour_naming_the_flag
         options["serving"] = configs.ServingConfig(engine_instances=2)
     with pytest.raises(ValueError, match=flag):
         BuildOptions(model=Path("m"), engine="replay", replay_native=True, **options)
+
+
+def test_the_cpp_replay_engine_takes_a_sender_thread_for_each_sequence_of_its_batch():
+    options = BuildOptions(model=Path("m"), engine="replay", replay_native=True, replay_sender_threads=4,
+                           max_batch_size=4)
+    assert options.replay_sender_threads == 4
 
 
 def test_a_stream_interval_is_refused_for_the_tensorrtllm_backend_which_has_none():

@@ -124,6 +124,16 @@ def test_end_id_ends_generation_and_min_tokens_masks_it(setup):
     assert forced.done.wait(WAIT_S) and len(forced.result.token_ids) >= 10
 
 
+def test_an_end_id_outside_the_vocabulary_with_min_tokens_never_ends_the_answer_nor_fails_the_step(setup):
+    """min_tokens bans the end id only where it is a token: a step that indexed past the vocabulary would fail
+    every request running in it."""
+    tokenizer, model, engine = setup
+    sink = submit(engine, tokenizer, "The engine", Sink(), end_id=10**6, max_new_tokens=6,
+                  sampling=SamplingParams(min_tokens=3))
+    assert sink.done.wait(WAIT_S) and sink.error is None, sink.error
+    assert sink.result.finish_reason == "length" and len(sink.result.token_ids) == 6
+
+
 def test_bad_words_are_never_generated(setup):
     tokenizer, model, engine = setup
     expected = reference(model, tokenizer, "The engine", 24)
@@ -299,6 +309,18 @@ def test_while_sequences_run_admissions_wait_to_be_prefilled_together(tiny_model
     assert engine._admitting()  # every free slot
     engine._waiting = []
     assert not engine._admitting() and engine._deferred_since is None
+
+
+def test_a_prompt_longer_than_the_prefill_budget_is_prefilled_alone_and_the_next_one_waits_its_turn(tiny_models):
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["bpe"]).eval()
+    engine = InflightBatchingEngine(model, EngineLimits(max_batch_size=4, max_input_len=64, max_seq_len=128),
+                                    prefill_tokens=4)
+    engine.shutdown()  # its state is driven by hand below
+    long, short = (GenerationRequest(request_id=name, prompt_ids=[5] * length, max_new_tokens=1, sink=Sink())
+                   for name, length in (("long", 6), ("short", 1)))
+    engine._waiting = [long, short]
+    assert engine._take_group() == [long]  # the first always, even past the budget; 2 × 6 > 4 leaves the next
+    assert engine._take_group() == [short]
 
 
 @pytest.mark.parametrize("graph_logic", [False, True])

@@ -8,6 +8,7 @@ from tritonforge.runtime.engine_requests import (
     FLAG_INPUTS,
     IGNORED_INPUTS,
     SAMPLING_INPUTS,
+    is_stop_request,
     parse_engine_request,
 )
 from tritonforge.spec import contract
@@ -138,3 +139,17 @@ def test_an_embedding_bias_must_have_a_row_per_request_row_and_finite_weights():
 def test_more_than_one_beam_or_sequence_is_unsupported_naming_the_input(name):
     with pytest.raises(UnsupportedError, match=f"^{name}"):
         parse_engine_request(request(**{name: np.array([[2]], dtype=np.int32)}), default_exclude_input=True)
+
+
+def test_only_a_stop_input_that_is_true_makes_a_stop_request():
+    """NVIDIA's clients may send `stop` false on every request: that one must generate."""
+    assert not is_stop_request(request(stop=np.array([[False]])))
+    assert not is_stop_request(request())
+    assert is_stop_request(request(stop=np.array([[True]])))
+
+
+@pytest.mark.parametrize(("name", "field"), [("stop_words_list", "stop_words"), ("bad_words_list", "bad_words")])
+def test_a_word_list_with_another_row_count_than_the_request_is_refused_naming_it(name, field):
+    two_rows = np.array([[[11], [1]], [[12], [1]]], dtype=np.int32)
+    with pytest.raises(RequestError, match=f"^{field}: has 2 rows, the request has 1"):
+        parse_engine_request(request(**{name: two_rows}), default_exclude_input=True)

@@ -145,6 +145,40 @@ def test_rows_cut_short_by_a_stopping_server_end_unavailable_and_at_once():
     assert len(sender.sent) < 90_000
 
 
+def test_a_stopping_server_lets_a_row_that_ends_in_the_time_it_gives_finish_whole():
+    service = make_service(max_seq_len=200)
+    sender = Sender()
+    try:
+        service.handle(Request("short", sender, inputs=inputs(100, stream=True)))  # 100 steps of 2 ms
+        service.drain(time.monotonic() + WAIT_S)  # time enough for it
+        assert sender.final.is_set()
+    finally:
+        service.shutdown()
+    assert not service.server_stopping.is_set()
+    assert all(response.error is None for response, _ in sender.sent)
+    assert sum(dict(response.tensors)["sequence_length"].item() for response, _ in sender.sent) == 100
+
+
+class CancellingSender(Sender):
+    """A client that goes away once it got three responses."""
+
+    def is_cancelled(self):
+        return len(self.sent) >= 3
+
+
+def test_a_client_that_goes_away_midway_stops_its_row_long_before_its_end():
+    """The service asks the sender whether its client went away every `cancellation_check_period_ms` (100 ms),
+    a period in milliseconds: 5000 tokens take 10 s of 2 ms steps."""
+    service = make_service(max_seq_len=10_000)
+    sender = CancellingSender()
+    try:
+        service.handle(Request("gone", sender, inputs=inputs(5000, stream=True)))
+        assert sender.final.wait(WAIT_S)
+    finally:
+        service.shutdown()
+    assert len(sender.sent) < 5000
+
+
 class HeldLane:
     """A response lane that runs nothing until told: the sends a busy server has not taken yet."""
 

@@ -67,6 +67,7 @@ def test_an_unsupported_answer_reads_as_the_clients_to_change():
     "in ensemble 'ensemble', text_input[1]: must not be empty",  # a row of a batch
     "input_ids: prompt has 300 tokens, more than max_input_len 64",  # the engine's, by its input's name
     "stop: needs the request id of the request to stop",
+    "outputs: must include ['output_ids', 'sequence_length'], as the tensorrtllm backend requires",  # engine's
     # Triton's own checks of a request (as a 2.51 server answers them)
     "[request id: <id_unknown>] inference input 'max_tokens' data-type is 'FP32', but model 'ensemble' "
     "expects 'INT32'",

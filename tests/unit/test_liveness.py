@@ -1,7 +1,9 @@
 """Liveness probes: which models get one, and a model that never answers is called wedged (a listening socket
 that accepts and answers nothing stands in for a wedged server: the real one is tested in test_faults)."""
 
+import os
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -9,7 +11,7 @@ import pytest
 
 from tritonforge.serve.liveness import LivenessProbes, probed_models
 from tritonforge.serve.server import TritonServer
-from tritonforge.serve.supervisor import Supervisor
+from tritonforge.serve.supervisor import Supervisor, _alive
 
 SOURCE_REPOSITORY = Path(__file__).resolve().parents[2]  # the committed config.pbtxt of every model
 MODELS = ["ensemble", "postprocessing", "preprocessing", "tensorrt_llm_bls"]
@@ -57,6 +59,25 @@ def test_a_negative_wedge_limit_is_refused_naming_the_flag(tmp_path):
     with pytest.raises(ValueError, match="--wedged-after-s"):
         Supervisor(TritonServer(tmp_path), wedged_after_s=-1)
     Supervisor(TritonServer(tmp_path), wedged_after_s=0)  # 0 turns the checks off
+
+
+@pytest.mark.parametrize("period", [0, -1])
+def test_a_probe_period_that_is_not_positive_is_refused(tmp_path, period):
+    with pytest.raises(ValueError, match="probe period must be > 0"):
+        Supervisor(TritonServer(tmp_path), probe_period_s=period)
+
+
+def test_a_stub_killed_and_not_yet_reaped_counts_as_dead():
+    """A killed stub stays a zombie until the server reaps it: its pid still exists, its process does not."""
+    stub = subprocess.Popen(["sleep", "60"])
+    try:
+        assert _alive(stub.pid)
+        stub.kill()
+        os.waitid(os.P_PID, stub.pid, os.WEXITED | os.WNOWAIT)  # it died; left unreaped: a zombie
+        assert not _alive(stub.pid)
+    finally:
+        stub.kill()
+        stub.wait()
 
 
 def test_a_probe_is_wedged_exactly_when_it_is_as_old_as_the_limit(monkeypatch):

@@ -32,6 +32,15 @@ def test_absent_keys_take_the_field_default_and_required_ones_are_named():
         PreprocessingParameters.from_config({"tokenizer_dir": "t", "max_seq_len": "10"})
 
 
+def test_an_empty_value_reads_as_an_absent_key():
+    """A config whose template left a parameter's string_value empty: the default, or the key named required."""
+    read = BlsParameters.from_config({"tokenizer_dir": "t", "max_input_len": "8", "max_seq_len": "10",
+                                      "max_concurrency": "", "add_special_tokens": ""})
+    assert read.max_concurrency == 256 and read.add_special_tokens
+    with pytest.raises(ParameterError, match="'max_input_len' is required"):
+        PreprocessingParameters.from_config({"tokenizer_dir": "t", "max_input_len": "", "max_seq_len": "10"})
+
+
 @pytest.mark.parametrize("key, value, message", [("max_input_len", "many", "must be int"),
                                                  ("add_special_tokens", "yes", "must be true or false")])
 def test_unreadable_values_are_refused_naming_the_key(key, value, message):

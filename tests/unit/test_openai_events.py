@@ -1,14 +1,21 @@
 """The gateway's per-chunk pieces: the streamed text events, written from a template once per request, equal
 the events built from the chunk's dict (same JSON, same escaping, for both endpoints); the outputs it asks
-for are the contract's; an error from the repository gets its HTTP status."""
+for are the contract's; an error from the repository gets its HTTP status. And what a real gateway (uvicorn)
+streams and counts in front of a test double of Triton's gRPC service that answers every request alike."""
 
 import json
+import urllib.error
+import urllib.request
 
 import pytest
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tritonforge.clients.client import GenerationError, ResponseTimeout, ServerUnavailable
-from tritonforge.clients.openai_gateway import GATEWAY_OUTPUTS, _chunk, _sse, _TextEvents, _triton_error
-from tritonforge.spec.contract import CLIENT_OUTPUTS
+from tritonforge.clients.openai_gateway import GATEWAY_OUTPUTS, GatewayThread, _chunk, _sse, _TextEvents, _triton_error
+from tritonforge.serve.server import free_port
+from tritonforge.spec.contract import CLIENT_OUTPUTS, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS, TEXT_OUTPUT
+
+from ..conftest import serving_grpc
 
 
 @pytest.mark.parametrize("kind", ["completions", "chat"])
@@ -87,3 +94,77 @@ def test_the_gateways_latency_histograms_time_the_first_chunk_and_each_gap(monke
 
     assert (sample(TTFT_METRIC, "count"), sample(TTFT_METRIC, "sum")) == (1, 0.5)
     assert sample(ITL_METRIC, "count") == 2 and abs(sample(ITL_METRIC, "sum") - 0.7) < 1e-9
+
+
+def _answer_chunk(text: str, final: bool) -> service_pb2.ModelStreamInferResponse:
+    """One streamed response of the BLS: a chunk of text, its one token, and the prompt's 3 tokens."""
+    message = service_pb2.ModelStreamInferResponse()
+    response = message.infer_response
+    data = text.encode("utf-8")
+    response.outputs.add(name=TEXT_OUTPUT, datatype="BYTES", shape=[1])
+    response.raw_output_contents.append(len(data).to_bytes(4, "little") + data)
+    for name, value in ((NUM_INPUT_TOKENS, 3), (NUM_OUTPUT_TOKENS, 1)):
+        response.outputs.add(name=name, datatype="INT32", shape=[1, 1])
+        response.raw_output_contents.append(value.to_bytes(4, "little"))
+    response.parameters["triton_final_response"].bool_param = final
+    return message
+
+
+class AnsweringHello(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Answers every request "Hel", "lo": two tokens of a 3-token prompt, the second response final."""
+
+    def ModelStreamInfer(self, request_iterator, context):  # noqa: N802 - the gRPC method's name
+        for _ in request_iterator:
+            yield _answer_chunk("Hel", final=False)
+            yield _answer_chunk("lo", final=True)
+
+
+@pytest.fixture()
+def gateway():
+    with serving_grpc(AnsweringHello()) as url:
+        gateway = GatewayThread(url, port=free_port(), served_model_name="tiny").start()
+        try:
+            yield gateway
+        finally:
+            gateway.stop()
+
+
+def _post(gateway, path: str, body: dict) -> tuple[int, str]:
+    request = urllib.request.Request(f"{gateway.base_url}{path}", method="POST", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, answer.read().decode("utf-8")
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode("utf-8")
+
+
+def test_a_streamed_chat_ends_with_an_empty_delta_then_a_usage_chunk_without_choices(gateway):
+    """OpenAI's shape: the finishing chunk's delta is {}, and the usage chunk has `choices: []` (the `openai`
+    client reads `chunk.choices` of every chunk)."""
+    status, body = _post(gateway, "/v1/chat/completions", {
+        "model": "tiny", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 8, "stream": True,
+        "stream_options": {"include_usage": True}})
+    assert status == 200
+    *events, done = [event.removeprefix("data: ") for event in body.split("\n\n") if event]
+    assert done == "[DONE]"
+    *text, finish, usage = [json.loads(event) for event in events]
+    assert "".join(chunk["choices"][0]["delta"].get("content", "") for chunk in text) == "Hello"
+    assert finish["choices"][0]["delta"] == {} and finish["choices"][0]["finish_reason"] == "stop"
+    assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 3, "completion_tokens": 2,
+                                                         "total_tokens": 5}
+
+
+def test_the_metrics_count_requests_by_status_and_tokens_and_a_refused_request_is_never_in_flight(gateway):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert _post(gateway, "/v1/completions", {"model": "tiny", "prompt": "Hi", "temperature": 5})[0] == 400
+    assert _post(gateway, "/v1/completions", {"model": "tiny", "prompt": "Hi", "max_tokens": 8})[0] == 200
+    with urllib.request.urlopen(f"{gateway.base_url}/metrics", timeout=30) as answer:
+        families = text_string_to_metric_families(answer.read().decode("utf-8"))
+        samples = {(sample.name, sample.labels.get("status")): sample.value
+                   for family in families for sample in family.samples}
+    assert samples[("tritonforge_requests_total", "400")] == samples[("tritonforge_requests_total", "200")] == 1
+    assert samples[("tritonforge_requests_in_flight", None)] == 0
+    assert samples[("tritonforge_prompt_tokens_total", None)] == 3
+    assert samples[("tritonforge_completion_tokens_total", None)] == 2

@@ -53,7 +53,9 @@ def test_openais_range_ends_are_accepted(name, value, field):
 
 @pytest.mark.parametrize(("name", "value"), [("temperature", 2.01), ("temperature", -0.1), ("presence_penalty", -2.1),
                                              ("top_p", 1.1), ("max_tokens", 0), ("max_tokens", 2.5),
-                                             ("max_tokens", True), ("temperature", "1")])
+                                             ("max_tokens", True), ("temperature", "1"),
+                                             # the engine reads top_p <= 0 as unset: it must never get there
+                                             ("top_p", -0.5), ("repetition_penalty", -1.0), ("min_tokens", -1)])
 def test_a_value_out_of_range_or_of_the_wrong_type_is_400_naming_it(name, value):
     error = refused({**PROMPT, name: value})
     assert (error.status, error.param) == (400, name)
@@ -104,6 +106,17 @@ def test_an_unsupported_field_sent_empty_asks_for_nothing_and_is_served(name):
     assert parse_request({**PROMPT, name: empty}, "completions")[0].text_input == "Hello"
 
 
+@pytest.mark.parametrize(("name", "value"), [("top_logprobs", 5), ("suffix", "!"),
+                                             ("functions", [{"name": "f"}])])
+def test_an_unsupported_field_that_asks_for_something_is_refused_naming_it(name, value):
+    assert refused({**PROMPT, name: value}).param == name
+
+
+def test_a_message_without_a_role_is_400_naming_messages():
+    error = refused({"messages": [{"content": "Hello"}]}, "chat")
+    assert (error.status, error.param) == (400, "messages")
+
+
 def test_echo_is_refused():
     assert refused({**PROMPT, "echo": True}).param == "echo"
 
@@ -117,6 +130,10 @@ def test_another_model_than_the_served_one_is_404_model_not_found():
     error = refused({**PROMPT, "model": "gpt-4"}, served_model_name="tritonforge")
     assert (error.status, error.code) == (404, "model_not_found")
     parse_request({**PROMPT, "model": "tritonforge"}, "completions", "tritonforge")
+
+
+def test_a_request_that_names_no_model_is_served_by_the_served_model():
+    assert parse_request(PROMPT, "completions", "tritonforge")[0].text_input == "Hello"
 
 
 def test_token_counts_are_always_asked_for_since_usage_and_finish_reason_come_from_them():

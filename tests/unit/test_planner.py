@@ -124,6 +124,20 @@ def test_python_instances_follow_the_streams_as_measured_at_128():
     assert (small.preprocessing_instances, small.postprocessing_instances, small.bls_instances) == (2, 2, 1)
 
 
+def test_python_instances_follow_the_sequences_that_fit_when_fewer_than_the_batch():
+    """8B in fp16 on a 24 GiB GPU holds 6 sequences of 8192 tokens: a batch of 256 never runs more streams."""
+    plan = plan_memory(LLAMA_3_1_8B, gpu_memory_gib=24, max_seq_len=8192, max_batch_size=256)
+    assert plan.max_sequences == 6
+    assert (plan.preprocessing_instances, plan.postprocessing_instances, plan.bls_instances) == (2, 2, 1)
+
+
+@pytest.mark.parametrize("fraction", [0, 1.0])
+def test_a_kv_cache_fraction_outside_zero_to_one_is_refused(fraction):
+    with pytest.raises(PlanRefused, match=r"^kv_cache_free_gpu_mem_fraction must be in \(0, 1\)"):
+        plan_memory(LLAMA_3_1_8B, gpu_memory_gib=80, max_seq_len=8192, max_batch_size=64,
+                    kv_cache_free_gpu_mem_fraction=fraction)
+
+
 def test_an_int8_kv_cache_takes_a_byte_per_element_as_fp8_does():
     plan = plan_memory(LLAMA_3_1_8B, gpu_memory_gib=80, kv_cache_dtype="int8", max_seq_len=8192, max_batch_size=64)
     assert plan.kv_bytes_per_token == 2 * 32 * 8 * 128 * 1 == 65_536

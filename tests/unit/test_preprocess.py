@@ -235,6 +235,12 @@ def test_embedding_bias_words_need_one_weight_each(preprocessor):
                              EMBEDDING_BIAS_WEIGHTS=np.array([[1.0]], dtype=np.float32)))
 
 
+def test_embedding_bias_words_need_a_row_per_request_row(preprocessor):
+    with pytest.raises(RequestError, match="^embedding_bias_weights: must have one weight per word"):
+        preprocessor(request(EMBEDDING_BIAS_WORDS=np.array([[b"server"], [b"model"]], dtype=object),
+                             EMBEDDING_BIAS_WEIGHTS=np.array([[1.0], [2.0]], dtype=np.float32)))
+
+
 def test_a_decoder_prompt_is_unsupported_and_an_empty_one_is_ignored(preprocessor):
     with pytest.raises(UnsupportedError, match="^decoder_text_input"):
         preprocessor(request(DECODER_QUERY=strings("translate this")))

@@ -81,6 +81,15 @@ def test_limits_must_leave_room_for_one_generated_token():
         EngineLimits(max_input_len=32, max_seq_len=32)
 
 
+@pytest.mark.parametrize(("limits", "message"), [
+    ({"max_input_len": 0, "max_seq_len": 8}, "must exceed max_input_len"),  # no prompt would fit
+    ({"max_input_len": 8, "max_seq_len": 16, "max_queue_size": -1}, "^max_queue_size must be >= 0, got -1$")])
+def test_engine_limits_refuse_a_prompt_of_no_token_and_a_negative_queue(limits, message):
+    """A queue of -1 is no "unbounded" (that is 0): every request would find the queue full."""
+    with pytest.raises(ValueError, match=message):
+        EngineLimits(**limits)
+
+
 @pytest.mark.parametrize("batch", [0, -1])
 def test_engine_limits_refuse_a_batch_of_no_sequence(batch):
     from tritonforge.spec.limits import EngineLimits

@@ -200,6 +200,23 @@ def test_the_largest_seed_is_accepted_and_one_more_refused():
         SamplingParams(seed=2**64)
 
 
+@pytest.mark.parametrize(("field", "value"), [("presence_penalty", math.nan), ("frequency_penalty", math.inf)])
+def test_a_penalty_that_is_not_a_finite_number_is_refused_naming_it(field, value):
+    """It would turn the logit of every token it touches into NaN or -inf."""
+    with pytest.raises(RequestError, match=f"^{field}"):
+        SamplingParams(**{field: value})
+
+
+def test_a_top_k_larger_than_the_vocabulary_samples_from_the_whole_vocabulary():
+    sampler = SlotSampler(1, VOCAB, torch.device("cpu"))
+    sampler.admit(0, SamplingParams(top_k=VOCAB * 10, seed=1), [1], None)
+    logits = torch.randn(1, VOCAB)
+    scores = sampler.scores(logits, slice(0, 1), top_k=True, top_p=False)
+    assert torch.equal(scores, logits)  # temperature 1, every token kept
+    token = sampler.choose(logits, slice(0, 1), torch.tensor([0]), sampling=True, top_k=True, top_p=False)
+    assert 0 <= int(token[0]) < VOCAB
+
+
 @pytest.mark.parametrize("penalty", [{"repetition_penalty": 2.0}, {"presence_penalty": 1.5},
                                      {"frequency_penalty": 1.5}])
 def test_each_penalty_alone_changes_the_logits_of_a_generated_token(penalty):

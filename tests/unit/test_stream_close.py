@@ -3,17 +3,26 @@ cancelled just after its final response, and then never unloads its models when 
 `tritonforge serve` under streams ended in a kill about one time in five). The server here is a test double of
 Triton's streaming endpoint that answers each request with a final response and records how the client ended
 the stream. (A stream given up before its final response is still cancelled; tritonclient half-closes it
-first, so this double cannot tell that case apart.)"""
+first, so this double cannot tell that case apart.) And a call that breaks midway still stops its
+generation: the client sends the engine a `stop` with the request's id."""
 
 import asyncio
 import queue
 import threading
 
+import grpc
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tritonforge.clients.client import AsyncGrpcClient, GenerateRequest, GrpcClient, stop_engine_request
-from tritonforge.spec.contract import FINAL_RESPONSE_PARAMETER
+from tritonforge.clients.client import (
+    AsyncGrpcClient,
+    GenerateRequest,
+    GenerationError,
+    GrpcClient,
+    needs_engine_stop,
+    stop_engine_request,
+)
+from tritonforge.spec.contract import BLS_MODEL, ENGINE_MODEL, ENSEMBLE_MODEL, FINAL_RESPONSE_PARAMETER
 
 from ..conftest import serving_grpc
 
@@ -98,3 +107,45 @@ def test_a_benchmark_stream_that_got_its_final_response_is_closed_not_cancelled(
 
     assert asyncio.run(run()).error is None
     assert servicer.ends.get(timeout=WAIT_S) == "closed"
+
+
+class BreakingTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Records (model, request id) of each streamed request; answers the engine's stop, and breaks every other
+    call with a gRPC error (a status that is no unreachable server's)."""
+
+    def __init__(self):
+        self.requests: queue.Queue = queue.Queue()
+
+    def ModelStreamInfer(self, request_iterator, context):  # noqa: N802 - the gRPC method's name
+        for request in request_iterator:
+            self.requests.put((request.model_name, request.id))
+            if request.model_name != ENGINE_MODEL:
+                context.abort(grpc.StatusCode.INTERNAL, "the call broke")
+            response = service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
+            response.parameters[FINAL_RESPONSE_PARAMETER].bool_param = True
+            yield service_pb2.ModelStreamInferResponse(infer_response=response)
+
+
+def test_an_asyncio_call_that_breaks_midway_stops_its_engine_request():
+    servicer = BreakingTriton()
+
+    async def run(url):
+        client = AsyncGrpcClient(url, ENSEMBLE_MODEL)
+        try:
+            with pytest.raises(GenerationError, match="the call broke"):
+                async for _ in client.responses(GenerateRequest(text_input="hi", max_tokens=4), request_id="r-7"):
+                    pass
+        finally:
+            await client.close()  # waits for the stops it sent
+
+    with serving_grpc(servicer) as url:
+        asyncio.run(run(url))
+    received = [servicer.requests.get_nowait() for _ in range(servicer.requests.qsize())]
+    assert received == [(ENSEMBLE_MODEL, "r-7"), (ENGINE_MODEL, "r-7")]
+
+
+@pytest.mark.parametrize(("model", "stop"), [(ENSEMBLE_MODEL, True), ("my_ensemble", True), (BLS_MODEL, False),
+                                             (ENGINE_MODEL, False)])
+def test_only_an_abandoned_stream_of_an_ensemble_needs_a_stop_since_the_bls_and_the_engine_see_the_cancel(
+        model, stop):
+    assert needs_engine_stop(model) is stop

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from tritonforge.serve import supervisor as supervisor_module
-from tritonforge.serve.server import ServerError
+from tritonforge.serve.server import PortInUse, ServerError
 from tritonforge.serve.supervisor import Supervisor
 
 PERIOD_S = 0.25
@@ -96,3 +96,15 @@ def test_it_gives_up_after_exactly_max_failed_starts_in_a_row(monkeypatch):
     with pytest.raises(ServerError, match="did not come back in 3 attempts in a row; giving up"):
         supervisor._restart(ScriptedStop(checks=0), 1.0)
     assert len(list(server.starts)) == 1  # three of the four starts were made, not the fourth
+
+
+def test_a_port_in_use_gives_up_at_once_since_starting_again_cannot_help():
+    class PortTaken(ScriptedServer):
+        def start(self) -> None:
+            raise PortInUse("gRPC: 0.0.0.0:8001 is already in use")
+
+    supervisor = Supervisor(PortTaken([]), period_s=PERIOD_S, wedged_after_s=0, max_failed_starts=5)
+    stop = ScriptedStop(checks=0)
+    with pytest.raises(ServerError, match="already in use; not restarting it"):
+        supervisor._restart(stop, 1.0)
+    assert stop.backoffs == []

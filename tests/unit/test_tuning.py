@@ -37,6 +37,11 @@ def test_equal_instances_are_separated_by_ttft_p99():
     assert choose(rows, [SMALL, SLOW], 0.95) == (SLOW, True)
 
 
+def test_a_candidate_without_a_ttft_p99_ranks_below_one_with_a_measured_ttft_p99():
+    rows = rows_for(SMALL, 0.97, 0.97, ttft_p99=None) + rows_for(SLOW, 0.97, 0.97, ttft_p99=40.0)
+    assert choose(rows, [SMALL, SLOW], 0.95) == (SLOW, True)
+
+
 def test_when_none_reaches_the_target_the_best_worst_path_is_kept():
     rows = rows_for(SMALL, 0.99, 0.70) + rows_for(LARGE, 0.85, 0.84)
     assert choose(rows, [SMALL, LARGE], 0.95) == (LARGE, False)
