@@ -24,6 +24,13 @@ MAX_SEQ_LEN = 1024
 ENGINE_BATCH = 4
 
 
+def lean_serving(**serving) -> configs.ServingConfig:
+    """One instance of each Python model unless a test asks for more: each tokenizer stub takes about a CPU
+    second to start, and the suite starts servers some forty times. (The session's `tiny_servers` keep the
+    defaults, more postprocessing instances included.)"""
+    return configs.ServingConfig(**{"preprocessing_instances": 1, "postprocessing_instances": 1, **serving})
+
+
 # Servers started by these tests: a failing test's report shows their logs (pytest_runtest_makereport).
 LIVE_SERVERS: list[TritonServer] = []
 

@@ -2,12 +2,11 @@
 
 import pytest
 
-from tritonforge.build import model_configs as configs
 from tritonforge.build.builder import BuildOptions, build
 from tritonforge.build.tuning import Candidate, choose, current, tune
 from tritonforge.tools.benchmark import PATHS, add_efficiency, make_prompts, markdown, measure_server
 
-from .conftest import running
+from .conftest import lean_serving, running
 
 OUTPUT_TOKENS = 6
 STEP_MS = 2
@@ -18,7 +17,7 @@ def build_replay(checkpoint, repository, **serving):
     requests are batched, and it spends no CPU generating them."""
     return build(BuildOptions(model=checkpoint, output=repository, engine="replay", replay_step_ms=STEP_MS,
                               max_input_len=64, max_seq_len=256, max_batch_size=4,
-                              serving=configs.ServingConfig(**serving)), progress=lambda _: None)
+                              serving=lean_serving(**serving)), progress=lambda _: None)
 
 
 @pytest.fixture(scope="module")

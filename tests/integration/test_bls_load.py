@@ -9,11 +9,10 @@ import time
 
 import pytest
 
-from tritonforge.build import model_configs as configs
 from tritonforge.build.builder import BuildOptions, build
 from tritonforge.clients.client import AsyncGrpcClient, GenerateRequest, GrpcClient, HttpClient
 
-from .conftest import running, stream_concurrently
+from .conftest import lean_serving, running, stream_concurrently
 from .test_bls import MAX_TOKENS, MULTILINGUAL
 
 STREAMS_ON_ONE_INSTANCE = 64
@@ -26,7 +25,7 @@ def replay_served(tiny_models, tmp_path_factory):
     repository = build(BuildOptions(model=tiny_models["sentencepiece"], engine="replay", replay_step_ms=2,
                                     output=tmp_path_factory.mktemp("replay") / "repo", max_input_len=64,
                                     max_seq_len=256, max_batch_size=STREAMS_ON_ONE_INSTANCE,
-                                    serving=configs.ServingConfig(bls_instances=1)), progress=lambda _: None)
+                                    serving=lean_serving()), progress=lambda _: None)
     with running(repository) as server:
         yield server
 
@@ -52,7 +51,7 @@ def queue_served(tiny_models, tmp_path_factory):
     repository = build(BuildOptions(model=tiny_models["bpe"], engine="replay", replay_step_ms=20,
                                     output=tmp_path_factory.mktemp("queue") / "repo", max_input_len=64,
                                     max_seq_len=256, max_batch_size=2,
-                                    serving=configs.ServingConfig(bls_instances=1)), progress=lambda _: None)
+                                    serving=lean_serving()), progress=lambda _: None)
     with running(repository) as server:
         yield server
 
@@ -99,7 +98,7 @@ def test_a_repository_built_without_streaming_answers_through_the_bls_as_through
     stream for that one answer, which must end its call (a non-decoupled response carries the final flag)."""
     repository = build(BuildOptions(model=tiny_models["sentencepiece"], engine="replay", replay_step_ms=2,
                                     output=tmp_path / "repo", max_input_len=64, max_seq_len=128, max_batch_size=4,
-                                    serving=configs.ServingConfig(bls_instances=1, decoupled=False)),
+                                    serving=lean_serving(decoupled=False)),
                        progress=lambda _: None)
     with running(repository) as server:
         # A call the final flag does not end would hang: a minute is far beyond the answer.

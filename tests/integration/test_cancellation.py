@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tritonforge.build import model_configs as configs
 from tritonforge.build.builder import BuildOptions, build
 from tritonforge.clients.client import AsyncGrpcClient, GenerateRequest, GrpcClient, HttpClient, ResponseTimeout
 from tritonforge.clients.openai_gateway import GatewayThread
 from tritonforge.runtime.tokenization import load_tokenizer
 from tritonforge.serve.server import free_port
 
-from .conftest import ascii_only, engine_stream, running
+from .conftest import ascii_only, engine_stream, lean_serving, running
 
 STEP_MS = 50
 LONG_GENERATION = 900  # 45 s at one token every 50 ms: never reached by a request a test stops
@@ -30,7 +29,7 @@ ADMIN_KEY = "cancellation-tests"  # unlocks Triton's statistics API
 def served(tiny_models, tmp_path_factory):
     repository = build(BuildOptions(model=tiny_models["bpe"], output=tmp_path_factory.mktemp("cancel") / "repo",
                                     engine="replay", replay_step_ms=STEP_MS, max_batch_size=BATCH, max_input_len=64,
-                                    max_seq_len=1024, serving=configs.ServingConfig()), progress=lambda _: None)
+                                    max_seq_len=1024, serving=lean_serving()), progress=lambda _: None)
     with running(repository, restricted_api_key=ADMIN_KEY) as server:
         yield server, repository
 

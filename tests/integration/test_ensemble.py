@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import queue
-import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +18,16 @@ from tritonforge.runtime.tokenization import load_tokenizer, phrase_token_varian
 from tritonforge.spec.errors import ErrorKind, answered_kind
 from tritonforge.tools.profiling import all_stub_pids
 
-from .conftest import DONE_S, MAX_INPUT_LEN, ascii_only, batch_column, batched_texts, engine_stream, stream_concurrently
+from .conftest import (
+    DONE_S,
+    MAX_INPUT_LEN,
+    MAX_SEQ_LEN,
+    ascii_only,
+    batch_column,
+    batched_texts,
+    engine_stream,
+    stream_concurrently,
+)
 
 PROMPTS = ["The server reads a request", "你好，世界。", "café 🚀 naïve", "A", "Stop phrases end the answer"]
 MAX_TOKENS = 24
@@ -229,28 +238,24 @@ def test_the_engine_publishes_the_tensorrtllm_backend_metric_families(served):
                 and sample["nv_trt_llm_kv_cache_block_metrics:used"] >= 1
                 and sample["nv_trt_llm_kv_cache_block_metrics:fraction"] > 0)
 
-    # The gauges move every stats_check_period_ms (100 ms): the streams run to their full length (min_tokens:
-    # no end at EOS) over many periods, and the watcher scrapes until it sees them loaded or they are all done.
-    loaded = threading.Event()
-    streams_done = threading.Event()
-
-    def watch():
-        while not streams_done.is_set():
-            if under_load(scrape()):
-                loaded.set()
-                return
-            streams_done.wait(0.02)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    tokens = 400  # about 20 stats periods on this machine
+    # The gauges move every stats_check_period_ms (100 ms). Streams that outlast any wait here (no end at EOS)
+    # hold the engine until a scrape shows them, then are dropped (the client stops their engine requests):
+    # a race against streams that end by themselves failed on a loaded machine.
+    tokens = MAX_SEQ_LEN - MAX_INPUT_LEN
+    clients = [GrpcClient(server.grpc_url) for _ in range(3)]
+    streams = [client.stream(prompt, max_tokens=tokens, min_tokens=tokens)
+               for client, prompt in zip(clients, ["One", "Two", "Three"])]
     try:
-        stream_concurrently(server.grpc_url, "ensemble", ["One", "Two", "Three"], max_tokens=tokens,
-                            min_tokens=tokens)
+        for stream in streams:
+            next(stream)  # generating
+        deadline = time.monotonic() + DONE_S
+        while not under_load(sample := scrape()):
+            assert time.monotonic() < deadline, f"no scrape while three streams ran showed them: {sample}"
+            time.sleep(0.02)  # the next scrape: the gauges change without a signal
     finally:
-        streams_done.set()
-        watcher.join()
-    assert loaded.is_set(), "no scrape during the streams showed a scheduled request and used KV-cache blocks"
+        for stream, client in zip(streams, clients):
+            stream.close()
+            client.close()
 
 
 def test_probe_says_a_serving_server_is_live(served):

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.build import model_configs as configs
 from tritonforge.build.builder import BuildOptions, build
 from tritonforge.clients.client import GrpcClient
 from tritonforge.serve.server import SHARED_MEMORY_DIR, TritonServer, free_port
@@ -22,7 +21,7 @@ from tritonforge.serve.supervisor import Supervisor
 from tritonforge.spec.errors import ErrorKind
 from tritonforge.tools.profiling import all_stub_pids
 
-from .conftest import child_pids
+from .conftest import child_pids, lean_serving
 
 STREAMS = 4
 WEDGED_AFTER_S = 5  # the supervisor's limit here: far above a healthy stub's silence, far below the default
@@ -38,7 +37,7 @@ def supervised(tiny_models, tmp_path_factory):
     # engine would spend the machine's CPU generating the open streams and loading torch at every restart.
     repository = build(BuildOptions(model=tiny_models["bpe"], output=tmp_path_factory.mktemp("faults") / "repo",
                                     engine="replay", replay_step_ms=STEP_MS, max_input_len=64, max_seq_len=1024,
-                                    max_batch_size=STREAMS, serving=configs.ServingConfig(postprocessing_instances=2)))
+                                    max_batch_size=STREAMS, serving=lean_serving(postprocessing_instances=2)))
     supervisor = Supervisor(TritonServer(repository), period_s=0.2, probe_period_s=0.5, wedged_after_s=WEDGED_AFTER_S)
     supervisor.start()
     stop = threading.Event()
@@ -136,7 +135,7 @@ def test_a_clean_shutdown_ends_open_streams_with_an_error_within_the_exit_timeou
     # A 900-token stream lasts 18 s whatever the machine's speed, far past the exit timeout.
     repository = build(BuildOptions(model=tiny_models["bpe"], output=tmp_path / "repo", engine="replay",
                                     replay_step_ms=STEP_MS, max_input_len=64, max_seq_len=1024,
-                                    max_batch_size=STREAMS))
+                                    max_batch_size=STREAMS, serving=lean_serving()))
     server = TritonServer(repository, exit_timeout_s=2).start()
     first_chunk = threading.Barrier(STREAMS + 1)
     outcomes = open_streams(server.grpc_url, "ensemble", first_chunk)

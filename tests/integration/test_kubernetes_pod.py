@@ -26,14 +26,13 @@ import openai
 import pytest
 import yaml
 
-from tritonforge.build import model_configs as configs
 from tritonforge.build.builder import BuildOptions, build
 from tritonforge.serve.server import free_port
 from tritonforge.tools.profiling import all_stub_pids
 
 from ..deploy.chart import CHART, NAMESPACE, RECORDING_RULES, render
 from ..deploy.prometheus import adapter_metrics_query, adapter_rule, tool
-from .conftest import MAX_INPUT_LEN, MAX_SEQ_LEN
+from .conftest import MAX_INPUT_LEN, MAX_SEQ_LEN, lean_serving
 from .kubelet import Pod
 
 pytest.importorskip("helm_python", reason="helm-python-sdk (Helm's Go library for Python) is not installed: "
@@ -123,7 +122,7 @@ def pod(tiny_models, tmp_path_factory):
     work_dir = tmp_path_factory.mktemp("pod")
     repository = build(BuildOptions(model=tiny_models["bpe"], output=work_dir / "models", max_input_len=MAX_INPUT_LEN,
                                     max_seq_len=MAX_SEQ_LEN, max_batch_size=SLOTS,
-                                    serving=configs.ServingConfig(bls_instances=1)))
+                                    serving=lean_serving()))
     values = {
         "repository": {"source": "pvc", "pvc": {"claimName": "models"}, "mountPath": str(repository)},
         "ports": {name: free_port() for name in ("http", "grpc", "metrics", "openai")},

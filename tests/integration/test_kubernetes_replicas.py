@@ -17,12 +17,11 @@ import urllib.request
 import openai
 import pytest
 
-from tritonforge.build import model_configs as configs
 from tritonforge.build.builder import BuildOptions, build
 from tritonforge.serve.server import free_port
 
 from ..deploy.chart import render
-from .conftest import MAX_INPUT_LEN, MAX_SEQ_LEN
+from .conftest import MAX_INPUT_LEN, MAX_SEQ_LEN, lean_serving
 from .kubelet import Pod
 
 pytest.importorskip("helm_python", reason="helm-python-sdk (Helm's Go library for Python) is not installed: "
@@ -65,7 +64,7 @@ def replicas(tiny_models, tmp_path_factory):
         pytest.skip("haproxy not found on PATH: apt-get install haproxy (Debian's package)")
     repository = build(BuildOptions(model=tiny_models["bpe"], output=work_dir / "models", engine="replay",
                                     replay_step_ms=STEP_MS, max_input_len=MAX_INPUT_LEN, max_seq_len=MAX_SEQ_LEN,
-                                    max_batch_size=SLOTS, serving=configs.ServingConfig(bls_instances=1)),
+                                    max_batch_size=SLOTS, serving=lean_serving()),
                        progress=lambda _: None)
     pods = []
     for index in range(2):

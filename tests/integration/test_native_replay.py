@@ -13,7 +13,7 @@ from tritonforge.build.native_replay import LIBRARY
 from tritonforge.clients.client import GenerateRequest, GrpcClient
 from tritonforge.runtime.tokenization import load_tokenizer
 
-from .conftest import ascii_only, engine_stream, running, stream_concurrently
+from .conftest import ascii_only, engine_stream, lean_serving, running, stream_concurrently
 from .test_cancellation import ANSWER_S, assert_cancelled_engine_streams_free_their_slots
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
@@ -32,7 +32,7 @@ def served(tiny_models, tmp_path_factory):
     repository = build(BuildOptions(model=tiny_models["sentencepiece"], engine="replay", replay_native=True,
                                     replay_step_ms=STEP_MS, stream_interval=INTERVAL, max_batch_size=BATCH,
                                     output=tmp_path_factory.mktemp("native") / "repo", max_input_len=64,
-                                    max_seq_len=1024, serving=configs.ServingConfig(bls_instances=1)),
+                                    max_seq_len=1024, serving=lean_serving()),
                        progress=lambda _: None)
     with running(repository) as server:
         yield server, repository

@@ -25,7 +25,7 @@ from tritonforge.serve.server import DRAIN_END_S, SHARED_MEMORY_DIR, TritonServe
 from tritonforge.serve.supervisor import Supervisor
 from tritonforge.spec.contract import ENGINE_MODEL
 
-from .conftest import child_pids
+from .conftest import child_pids, lean_serving
 from .test_user_mistakes import assert_one_line, tritonforge
 
 READY_WITHIN_S = 300  # a server start on the loaded 2-core CI machine takes 10-60 s
@@ -108,7 +108,7 @@ def repository(tiny_models, tmp_path_factory) -> Path:
     # same on any machine (the transformers engine would spend the CPU generating them).
     return build(BuildOptions(model=tiny_models["bpe"], output=tmp_path_factory.mktemp("lifecycle") / "repo",
                               engine="replay", replay_step_ms=STEP_MS, max_input_len=64, max_seq_len=1024,
-                              max_batch_size=2 * STREAMS))
+                              max_batch_size=2 * STREAMS, serving=lean_serving()))
 
 
 @pytest.fixture(scope="module")

@@ -181,8 +181,12 @@ def test_a_stream_interval_sends_the_first_token_at_once_then_that_many_a_respon
     finally:
         service.shutdown()
     ids = [dict(response.tensors)["output_ids"].reshape(-1).tolist() for response, _ in sender.sent]
-    assert [len(chunk) for chunk in ids] == [1, 3, 3, 2]  # the last two go out with the final flag
     assert sum(ids, []) == list(range(13, 22))  # every token once, in order (offset: the prompt's sum)
+    sizes = [len(chunk) for chunk in ids]
+    if lanes == 0:  # sent by the engine's thread as they come: exactly the interval's pattern
+        assert sizes == [1, 3, 3, 2]  # the last two go out with the final flag
+    else:  # tokens that come while a send waits for its lane join it: a late lane sends more, never fewer
+        assert all(size >= 3 for size in sizes[1:-1]), sizes
 
 
 def test_a_send_that_raises_leaves_its_lane_serving_the_rows_after_it():
