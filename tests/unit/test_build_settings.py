@@ -129,28 +129,3 @@ def test_a_comma_list_may_have_spaces_after_its_commas():
 
     assert options_of("--frontends", "ensemble, bls").frontends == ("ensemble", "bls")
     assert path_list(" direct , bls,") == ("direct", "bls")
-
-
-# Runs `tritonforge build` with the build itself replaced, and says whether torch could still be imported.
-TORCH_AT_BUILD = """
-import importlib.util, sys
-import tritonforge.cli.build as command
-command.build = lambda options: print(importlib.util.find_spec("torch") is not None) or options.output
-from tritonforge.cli.main import main
-main(sys.argv[1:])
-"""
-
-
-@pytest.mark.parametrize("gate, torch_importable", [(False, False), (True, True)])
-def test_a_build_loads_torch_only_for_its_accuracy_gate(tmp_path, gate, torch_importable):
-    """Without the gate the build runs no model: transformers must not load torch (seconds) to read the
-    tokenizer. The gate runs the checkpoint, so torch must stay importable for it."""
-    import subprocess
-    import sys
-
-    flags = ["build", "--model", str(tmp_path), "--output", str(tmp_path / "out")]
-    flags += ["--accuracy-gate", str(tmp_path / "prompts.jsonl")] if gate else []
-    result = subprocess.run([sys.executable, "-c", TORCH_AT_BUILD, *flags], capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[0] == str(torch_importable)

@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..runtime.tokenization import tokenizer_only_process
 from ..spec.paths import PATH_MODELS, PATHS, path_list
 from ..spec.ports import LOCAL_GRPC_URL
 from ..spec.settings import add_arguments, given, positive_int, positive_ints, setting
@@ -39,12 +40,14 @@ def bench_command(args: argparse.Namespace) -> int:
         measure_server,
     )
 
+    tokenizer_only_process()  # the prompts are tokenized here; the model runs in the server
     options = BenchOptions(**given(args, BenchOptions))
     paths = options.paths
     if options.tool == "perf_analyzer":
         require_tool("perf_analyzer")
-    prompts = make_prompts(repository_tokenizer(args.repository), 256, options.max_prompt_tokens)
+    tokenizer = repository_tokenizer(args.repository)
     check_serving(options.url, {PATH_MODELS[path]: f"--paths {path}" for path in paths})
+    prompts = make_prompts(tokenizer, 256, options.max_prompt_tokens)
     with tempfile.TemporaryDirectory() as work:
         rows = measure_server(options.url, prompts, paths=paths,
                               concurrencies=options.concurrency,

@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..runtime.tokenization import tokenizer_only_process
 from ..spec.settings import add_arguments, given, non_negative_ints, positive_int, positive_ints, setting
 from .arguments import LoadOptions, RepositoryInUse, repository_tokenizer, require_tool
 
@@ -37,6 +38,7 @@ def tune_command(args: argparse.Namespace) -> int:
     from ..serve.server import serving_processes
     from ..tools.benchmark import machine_description
 
+    tokenizer_only_process()  # the prompts are tokenized here; the model runs in the servers tune starts
     options = TuneOptions(**given(args, TuneOptions))
     repository_tokenizer(args.repository)
     if options.tool == "perf_analyzer":
