@@ -23,7 +23,8 @@ logger = logging.getLogger(__name__)
 
 
 def tokenizer_only_process() -> None:
-    """Called first by a process that tokenizes and runs no model (preprocessing, postprocessing, the BLS).
+    """Called first by a process that tokenizes and runs no model (preprocessing, postprocessing, the BLS; the
+    commands `build` without its accuracy gate, `bench` and `tune`).
 
     transformers imports torch whenever it is installed, as it is in NVIDIA's container: 2-6 s and 230-580 MB
     a process for nothing a tokenizer uses (bench/tokenizer_process.py). Marked absent before transformers
