@@ -91,6 +91,13 @@ def test_a_failure_summary_puts_the_model_that_failed_to_load_first(server, tmp_
         "Signal (6) received."]
 
 
+def test_a_failure_summary_names_the_option_tritonserver_refused_not_its_usage_text(server, tmp_path):
+    server.log_path = tmp_path / "log"
+    server.log_path.write_text("Usage: tritonserver [options]\n  --log-error <boolean>\n\tEnable/disable error-level "
+                               "logging.\n  --exit-on-error <boolean>\nInvalid option value. Got abc\n")
+    assert server.failure_summary() == "Invalid option value. Got abc"
+
+
 def test_a_server_not_ready_in_time_names_the_models_still_loading(server, tmp_path):
     """Triton's own lifecycle lines: a model whose load began and neither succeeded nor failed is still loading."""
     server.log_path = tmp_path / "log"

@@ -57,6 +57,7 @@ HTTP_MAX_INPUT_BYTES = 8 * 1024 * 1024  # a prompt of max_input_len tokens is fa
 # supervisor's restart, a stop that had to SIGKILL) leaves its region there, a file of RAM: each server names
 # its regions with a prefix of its own, and removes what is left under that prefix once it has exited.
 SHARED_MEMORY_DIR = Path("/dev/shm")
+USAGE_TEXT_INDENTS = ("  --", "\t")  # the lines of tritonserver's --help text
 # After the time open requests get at a stop, how long the engine may take to end the rest (its
 # EngineService.drain waits 5 s) and to say so (a heartbeat later).
 DRAIN_END_S = 5 + 2 * HEARTBEAT_PERIOD_S
@@ -526,11 +527,13 @@ class TritonServer:
 
     def failure_summary(self, max_lines: int = 20, max_chars: int = 600) -> str:
         """The log lines that say why (model load failures first, else errors, else the tail), shortened."""
-        lines = self.log_text().splitlines()
+        # tritonserver's usage text (printed when it refuses an option) would bury that option's line.
+        lines = [line for line in self.log_text().splitlines() if not line.startswith(USAGE_TEXT_INDENTS)]
         failing = [line for line in lines if re.search(r"failed to load|UNAVAILABLE", line)]
         # A crash: C++'s uncaught-exception line with its what(), and Triton's "Signal (6) received."
         errors = [line for line in lines
-                  if re.search(r"\bE\d{4}|error|Error|Traceback|terminate called|what\(\)|Signal \(\d+\)", line)]
+                  if re.search(r"\bE\d{4}|error|Error|Traceback|terminate called|what\(\)|Signal \(\d+\)|"
+                               r"Invalid option|unrecognized option|Unexpected argument", line)]
         chosen = (failing or errors or lines)[-max_lines:]
         return "\n".join(line if len(line) <= max_chars else line[:max_chars] + " ..." for line in chosen)
 
