@@ -23,7 +23,7 @@ fi
 # servers start once; tests/conftest.py keeps the modules on the session's shared servers in one process),
 # and beside it, in a process of its own, the tokenizer-dependent tests again on the container's transformers
 # (tests/conftest.py marks them), reported after the suite. TEST_WORKERS=1: one process, one pass after the
-# other. On a 2-core machine about 6 min in two processes (the cores 74% busy: many tests wait on servers).
+# other. On a 2-core machine about 5 min 30 s in two processes (a quarter of the cores idle: tests wait on servers).
 # Three take 4 min 45 s, but starve the Python stubs: Triton 2.51's wedged stub launch (the server is started
 # once more, with a warning) and a server that refused an option came up in two of five such runs.
 # `bash scripts/test.sh tests/...` runs what it names, in one process.
