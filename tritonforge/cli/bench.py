@@ -45,9 +45,9 @@ def bench_command(args: argparse.Namespace) -> int:
     paths = options.paths
     if options.tool == "perf_analyzer":
         require_tool("perf_analyzer")
-    tokenizer = repository_tokenizer(args.repository)
+    tokenizer_folder = repository_tokenizer(args.repository)
     check_serving(options.url, {PATH_MODELS[path]: f"--paths {path}" for path in paths})
-    prompts = make_prompts(tokenizer, 256, options.max_prompt_tokens)
+    prompts = make_prompts(tokenizer_folder, 256, options.max_prompt_tokens)
     with tempfile.TemporaryDirectory() as work:
         rows = measure_server(options.url, prompts, paths=paths,
                               concurrencies=options.concurrency,
