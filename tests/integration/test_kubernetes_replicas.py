@@ -99,13 +99,24 @@ def replicas(tiny_models, tmp_path_factory):
             pod.terminate()
 
 
-def _gateway_metric(pod: Pod, name: str) -> float:
-    """A gateway metric of one replica, summed over its labels (read from that replica directly)."""
+def _gateway_metrics_text(pod: Pod, name: str) -> str:
+    """The lines of one gateway metric of one replica (read from that replica directly)."""
     request = urllib.request.Request(f"http://127.0.0.1:{pod.ports['openai']}/metrics",
                                      headers={"Authorization": f"Bearer {KEY}"})
     with urllib.request.urlopen(request, timeout=5) as response:
         text = response.read().decode()
-    return sum(float(value) for value in re.findall(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M))
+    return "\n".join(re.findall(rf"^{name}(?:\{{[^}}]*\}})? \S+$", text, re.M))
+
+
+def _gateway_metric(pod: Pod, name: str) -> float:
+    """A gateway metric of one replica, summed over its labels."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in _gateway_metrics_text(pod, name).splitlines())
+
+
+def _what_each_replica_saw(pods: list[Pod]) -> str:
+    """For a failure message: each replica's finished requests by status, and its log."""
+    return "\n".join(f"pod{i}: {_gateway_metrics_text(pod, 'tritonforge_requests_total')}\n{pod.log()}"
+                     for i, pod in enumerate(pods))
 
 
 def _requests_served(pod: Pod) -> float:
@@ -175,7 +186,8 @@ def test_streams_dropped_at_the_balancer_free_their_slots_on_the_replicas_that_r
         next(iter(stream))  # the first chunk: this stream holds a slot of one replica's engine now
         streams.append(stream)
         clients.append(client)
-    assert [_gateway_metric(pod, "tritonforge_requests_in_flight") for pod in pods] == [SLOTS, SLOTS]
+    in_flight = [_gateway_metric(pod, "tritonforge_requests_in_flight") for pod in pods]
+    assert in_flight == [SLOTS, SLOTS], _what_each_replica_saw(pods)
     for stream, client in zip(streams, clients):
         stream.close()  # the client goes away; only the balancer knows which replica held the connection
         client.close()
