@@ -25,18 +25,21 @@ import sys
 import threading
 import time
 from pathlib import Path
-
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from typing import TYPE_CHECKING
 
 from tritonforge.runtime.generation import GenerationRequest
-from tritonforge.runtime.inflight_engine import GATHERED_ADMISSION_STEPS, InflightBatchingEngine
 from tritonforge.runtime.sampling import SamplingParams
 from tritonforge.spec.limits import EngineLimits
 from tritonforge.tools.tiny_model import SHAPES
 
+if TYPE_CHECKING:
+    import torch
+
 
 def build_model(size: str, device: str, dtype: torch.dtype):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     shape = SHAPES[size]
     config = LlamaConfig(vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
                          intermediate_size=shape.intermediate_size, num_hidden_layers=shape.num_hidden_layers,
@@ -153,6 +156,7 @@ def measure(engine, streams: int, args, vocab: int) -> dict:
 def profile(engine, streams: int, args, vocab: int) -> None:
     """torch.profiler records the thread that starts it: it is started and stopped between two of the
     engine's iterations, on the engine's thread."""
+    import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -194,6 +198,8 @@ def profile(engine, streams: int, args, vocab: int) -> None:
 def run_mode(model, args, concurrency: list[int], cuda_graphs: bool, admission_wait_steps: int = 0) -> dict:
     """One engine, every concurrency in turn; the engine's decode mode as it ended (a failed capture falls
     back to eager steps)."""
+    from tritonforge.runtime.inflight_engine import InflightBatchingEngine
+
     engine = InflightBatchingEngine(model, EngineLimits(
         max_batch_size=max(concurrency), max_input_len=args.prompt_tokens,
         max_seq_len=args.prompt_tokens + args.output_tokens), cuda_graphs=cuda_graphs,
@@ -253,7 +259,7 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=32, help="prompts of half to this many tokens")
     parser.add_argument("--duration-s", type=float, default=6.0)
     parser.add_argument("--warmup-s", type=float, default=2.0)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default=None, help="default: cuda where torch sees a GPU, else cpu")
     parser.add_argument("--dtype", default=None, help="default: the shape's (bfloat16 for 1b) on CUDA, else float32")
     parser.add_argument("--sampled", action="store_true", help="top-k sampling with a seed instead of greedy")
     graphs = parser.add_mutually_exclusive_group()
@@ -266,6 +272,12 @@ def main() -> int:
     parser.add_argument("--trace-dir", default=None)
     parser.add_argument("--results-dir", type=Path, default=Path(__file__).resolve().parent / "results")
     args = parser.parse_args()
+    # Imported once the arguments are read: --help answers without loading torch.
+    import torch
+
+    from tritonforge.runtime.inflight_engine import GATHERED_ADMISSION_STEPS
+
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     concurrency = [int(value) for value in args.concurrency.split(",")]
     dtype = getattr(torch, args.dtype or (SHAPES[args.model_size].dtype if args.device != "cpu" else "float32"))
     start = time.perf_counter()

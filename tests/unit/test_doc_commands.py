@@ -211,7 +211,6 @@ def _check_tritonforge(args: list[str]) -> list[str]:
 
 # --- the tests ---------------------------------------------------------------------------------------------------
 
-@pytest.mark.transformers  # the --help of a documented script (bench/engine_gpu.py) imports transformers
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: str(path.relative_to(SOURCE_ROOT)))
 def test_every_flag_of_a_documented_command_exists(document):
     wrong = {command: found for command in shell_commands(document.read_text()) if (found := problems(command))}
