@@ -22,6 +22,8 @@ STEP_MS = 50
 LONG_GENERATION = 900  # 45 s at one token every 50 ms: never reached by a request a test stops
 BATCH = 2
 ANSWER_S = 15  # far below LONG_GENERATION × STEP_MS
+# With every slot held, a new request gets no answer this long; a free slot answers its 4 tokens in a fifth of it.
+HELD_S = 1
 ADMIN_KEY = "cancellation-tests"  # unlocks Triton's statistics API
 
 
@@ -73,7 +75,7 @@ def assert_cancelled_engine_streams_free_their_slots(server, repository) -> None
     """Long engine streams hold every slot; once their clients cancel them, a new request is answered."""
     prompt_ids = load_tokenizer(repository / "preprocessing" / "tokenizer")("The engine").input_ids
     clients = open_long_engine_streams(server.grpc_url, prompt_ids, BATCH)
-    assert answer_within(server.grpc_url, 3) is None  # every slot is taken: a new request waits
+    assert answer_within(server.grpc_url, HELD_S) is None  # every slot is taken: a new request waits
     for client in clients:
         client.stop_stream(cancel_requests=True)
         client.close()
@@ -92,7 +94,7 @@ def hold_every_slot(server, client_of) -> list:
         stream = client_of().stream_bytes(GenerateRequest(text_input="The server", max_tokens=LONG_GENERATION))
         next(stream)
         streams.append(stream)
-    assert answer_within(server.grpc_url, 3) is None
+    assert answer_within(server.grpc_url, HELD_S) is None
     return streams
 
 
@@ -227,7 +229,7 @@ def test_a_client_that_leaves_the_openai_gateway_frees_its_engine_slot(served, m
                                                stream=True)
             next(iter(stream))
             streams.append(stream)
-        assert answer_within(server.grpc_url, 3) is None  # every slot is taken: a new request waits
+        assert answer_within(server.grpc_url, HELD_S) is None  # every slot is taken: a new request waits
         for stream in streams:
             stream.close()  # the HTTP connection goes away
         assert answer_within(server.grpc_url, ANSWER_S), "the gateway left the generations running"

@@ -23,7 +23,7 @@ BATCH = 2  # as test_cancellation's engine: its helpers hold every slot with BAT
 STEP_MS = 50  # test_cancellation's step: a long generation outlasts every bound there
 INTERVAL = 3
 TOKENS = 10  # streamed as 1 + 3 + 3 + 3 with an interval of 3
-STREAMS = 12
+STREAMS = 6  # three for each slot
 
 
 @pytest.fixture(scope="module")
