@@ -59,13 +59,17 @@ def running(repository, **options):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Attach the logs of the servers still up to a failing test's report, where pytest prints them."""
+    """Attach to a failing test's report, where pytest prints them, the logs of the servers still up and of those
+    that exited while the tests still used them (a crash, a kill from outside: the exit status says which)."""
     outcome = yield
     report = outcome.get_result()
     if report.when == "call" and report.failed:
         for server in LIVE_SERVERS:
             if server.is_running():
                 report.sections.append((f"tritonserver log ({server.grpc_url})", server.failure_summary(60)))
+            elif server.pid is not None and server.log_path is not None:  # not stopped by a test: its log is kept
+                report.sections.append((f"tritonserver log ({server.grpc_url}, exited with status "
+                                        f"{server._process.returncode})", server.failure_summary(60)))
 
 
 @pytest.fixture(scope="session")
