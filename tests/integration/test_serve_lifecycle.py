@@ -39,6 +39,9 @@ STEP_MS = 20  # the replay engine's step
 # docs/design/faults.md describes); and streams that outlive any stop's deadline (18 s).
 SHORT_STREAM_TOKENS = 40
 LONG_STREAM_TOKENS = 900
+# The one warning a sound start may log: Triton 2.51 wedged or crashed while loading (a starved CPU is enough),
+# and the start made once more (test_server_start.py). Its message spans lines, up to this one.
+START_RETRIED = re.compile(r"^WARNING tritonforge\.serve\.server: .*?^starting the server once more$\n?", re.M | re.S)
 
 
 class Serve:
@@ -120,7 +123,8 @@ def serve(repository):
 
 def test_serve_says_it_holds_the_terminal_and_answers_from_a_second_one(serve):
     assert serve.wait_for_stderr("second terminal"), serve.stderr
-    assert not any("WARNING" in line or "error" in line for line in serve.stderr), serve.stderr
+    said = START_RETRIED.sub("", "\n".join(serve.stderr))
+    assert "WARNING" not in said and "error" not in said, serve.stderr
     result = tritonforge("generate", "The server", "--url", serve.url, "--max-tokens", "4")
     assert result.returncode == 0 and result.stdout.strip(), result.stderr
 
