@@ -2,12 +2,13 @@
 cancelled just after its final response, and then never unloads its models when it stops (the stop of
 `tritonforge serve` under streams ended in a kill about one time in five). The server here is a test double of
 Triton's streaming endpoint that answers each request with a final response and records how the client ended
-the stream. (A stream given up before its final response is still cancelled; tritonclient half-closes it
-first, so this double cannot tell that case apart.) And a call that breaks midway still stops its
-generation: the client sends the engine a `stop` with the request's id."""
+the stream. An ensemble stream given up midway is stopped through the engine and read to the final response
+the stop brings, then closed (a BLS stream is cancelled: the BLS acts on the cancel). And a call that breaks
+midway still stops its generation: the client sends the engine a `stop` with the request's id."""
 
 import asyncio
 import queue
+import struct
 import threading
 
 import grpc
@@ -22,7 +23,7 @@ from tritonforge.clients.client import (
     needs_engine_stop,
     stop_engine_request,
 )
-from tritonforge.spec.contract import BLS_MODEL, ENGINE_MODEL, ENSEMBLE_MODEL, FINAL_RESPONSE_PARAMETER
+from tritonforge.spec.contract import BLS_MODEL, ENGINE_MODEL, ENSEMBLE_MODEL, FINAL_RESPONSE_PARAMETER, TEXT_OUTPUT
 
 from ..conftest import serving_grpc
 
@@ -107,6 +108,51 @@ def test_a_benchmark_stream_that_got_its_final_response_is_closed_not_cancelled(
 
     assert asyncio.run(run()).error is None
     assert servicer.ends.get(timeout=WAIT_S) == "closed"
+
+
+class StoppableTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Streams one chunk of text for an ensemble request, then its final response once the engine got a `stop`
+    (answered at once); `ends` gets how each ensemble stream ended, as AnsweringTriton's."""
+
+    def __init__(self):
+        self.ends: queue.Queue = queue.Queue()
+        self.stopped = threading.Event()
+
+    def ModelStreamInfer(self, request_iterator, context):  # noqa: N802 - the gRPC method's name
+        ended = threading.Event()
+        context.add_callback(lambda: (self.ends.put("cancelled"), ended.set()) if not ended.is_set() else None)
+        try:
+            for request in request_iterator:
+                if request.model_name == ENGINE_MODEL:
+                    self.stopped.set()
+                else:
+                    text = service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
+                    text.outputs.add(name=TEXT_OUTPUT, datatype="BYTES", shape=[1])
+                    text.raw_output_contents.append(struct.pack("<I", 2) + b"hi")  # BYTES: length, then bytes
+                    yield service_pb2.ModelStreamInferResponse(infer_response=text)
+                    self.stopped.wait(WAIT_S)
+                final = service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
+                final.parameters[FINAL_RESPONSE_PARAMETER].bool_param = True
+                yield service_pb2.ModelStreamInferResponse(infer_response=final)
+            if context.is_active():
+                ended.set()
+                if request.model_name != ENGINE_MODEL:
+                    self.ends.put("closed")
+        except Exception:  # noqa: BLE001 - a cancelled call's iterator raises: the callback records it
+            pass
+
+
+def test_an_abandoned_ensemble_stream_is_stopped_and_then_closed_not_cancelled():
+    """The engine's stop ends the generation, and with it the stream: the client reads it to its final response
+    instead of cancelling it (Triton 2.51's gRPC frontend races a cancel against responses in flight)."""
+    servicer = StoppableTriton()
+    with serving_grpc(servicer) as url:
+        client = GrpcClient(url)
+        stream = client.stream_bytes(GenerateRequest(text_input="hi", max_tokens=100))
+        assert next(stream) == b"hi"
+        stream.close()  # the caller stops reading
+        client.close()
+        assert servicer.stopped.is_set() and servicer.ends.get(timeout=WAIT_S) == "closed"
 
 
 class BreakingTriton(service_pb2_grpc.GRPCInferenceServiceServicer):

@@ -20,6 +20,7 @@ import http.client
 import json
 import logging
 import queue
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from dataclasses import dataclass, field
@@ -217,6 +218,22 @@ def one_streamed_answer(client, model: str, inputs: list, request_id: str, timeo
         client.stop_stream(cancel_requests=not got_answer)
 
 
+def _read_to_final(responses: queue.Queue, timeout_s: float) -> bool:
+    """Read a stream's responses (tritonclient callback pairs) until its final one: True; an error, or nothing
+    more within `timeout_s`: False."""
+    deadline = time.monotonic() + timeout_s
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            result, error = responses.get(timeout=left)
+        except queue.Empty:
+            return False
+        if error is not None:
+            return False
+        if is_final(result):
+            return True
+    return False
+
+
 def stop_engine_request(url: str, request_id: str, engine_model: str = ENGINE_MODEL) -> None:
     """End the engine's running request with this id (nothing happens when none runs); waits for the engine's
     answer so that the stop is not cancelled in the queue, but no longer than STOP_TIMEOUT_S: an engine that
@@ -330,8 +347,10 @@ class GrpcClient:
         finally:
             if not finished and needs_engine_stop(self.model, self.engine_model):
                 stop_engine_request(self.url, request_id, self.engine_model)
+                finished = _read_to_final(responses, STOP_TIMEOUT_S)  # the stopped generation ends its stream
             # A finished stream is closed, not cancelled: Triton 2.51 can lose track of a stream cancelled just
-            # after its final response, and then never unloads its models at a stop (the stop ends in a kill).
+            # after its final response, and then never unloads its models at a stop (the stop ends in a kill);
+            # its gRPC frontend also races a cancel against the responses still in flight.
             self.client.stop_stream(cancel_requests=not finished)
 
     def stream(self, prompt: str | GenerateRequest, **parameters) -> Iterator[str]:
