@@ -60,6 +60,15 @@ TINY_SERVER_MODULES = frozenset({"tests/integration/test_bls.py", "tests/integra
                                  "tests/integration/test_openai_gateway.py"})
 
 
+def _longest_first(module: str) -> int:
+    """The order modules run in: the longest first, so that no process is left running a long module alone at
+    the end. The modules on the shared servers (together the longest run), then the other integration modules
+    (each starts servers of its own), then the many short ones, which fill the gaps at the end."""
+    if module in TINY_SERVER_MODULES:
+        return 0
+    return 1 if module.startswith("tests/integration/") else 2
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
@@ -72,7 +81,13 @@ def pytest_collection_modifyitems(items):
 
 class TinyServerModulesTogether(LoadFileScheduling):
     """`--dist loadfile` (a module's tests in one process, its servers started once), with the modules of
-    TINY_SERVER_MODULES as one. (xdist's `loadgroup` cannot do it on pytest 9: it renames test ids.)"""
+    TINY_SERVER_MODULES as one. (xdist's `loadgroup` cannot do it on pytest 9: it renames test ids.) Modules go
+    out in collection order (`_longest_first`), not xdist's default of most tests first: a slow module of few
+    tests came last and ran alone."""
+
+    def __init__(self, config, log=None):
+        config.option.loadscopereorder = False
+        super().__init__(config, log)
 
     def _split_scope(self, nodeid: str) -> str:
         module = super()._split_scope(nodeid)
@@ -86,7 +101,14 @@ def pytest_xdist_make_scheduler(config, log):
     return None
 
 
+class _LongestFirst:
+    @pytest.hookimpl(trylast=True)  # after pytest's own reordering, which groups tests by their fixtures' parameters
+    def pytest_collection_modifyitems(self, items):
+        items.sort(key=lambda item: _longest_first(item.nodeid.split("::", 1)[0]))  # stable: a module's order kept
+
+
 def pytest_configure(config):
+    config.pluginmanager.register(_LongestFirst(), "longest-first")
     # A run stopped with SIGTERM (`timeout`, a CI job's limit) ends as Ctrl+C does: pytest then tears down the
     # fixtures, which stop the tritonservers they started (their own sessions would outlive the run).
     signal.signal(signal.SIGTERM, _interrupt)
