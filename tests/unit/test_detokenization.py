@@ -1,10 +1,19 @@
 """Byte-exact streaming decode: any cut of any token sequence concatenates to the full decode."""
 
 import random
+import shutil
 
 import pytest
 
-from tritonforge.runtime.detokenization import BYTE_LEVEL, OTHER, SENTENCEPIECE, IncrementalDetokenizer, TokenBytes
+from tritonforge.runtime.detokenization import (
+    BYTE_LEVEL,
+    OTHER,
+    SENTENCEPIECE,
+    TABLE_FILE,
+    IncrementalDetokenizer,
+    TokenBytes,
+    token_bytes_of,
+)
 from tritonforge.runtime.engine_service import streamed_responses
 from tritonforge.runtime.tokenization import load_tokenizer
 
@@ -22,6 +31,27 @@ def random_chunks(rng, ids):
 def test_family_is_detected(tiny_models):
     assert TokenBytes(load_tokenizer(tiny_models["bpe"])).family == BYTE_LEVEL
     assert TokenBytes(load_tokenizer(tiny_models["sentencepiece"])).family == SENTENCEPIECE
+
+
+def _contents(table: TokenBytes) -> tuple:
+    return table.family, table.bos_token_id, [table.token_bytes(index) for index in range(len(table))]
+
+
+def test_a_saved_table_is_used_only_while_the_tokenizer_files_are_the_ones_it_was_made_from(tiny_model, tmp_path):
+    folder = tmp_path / "tokenizer"
+    shutil.copytree(tiny_model, folder)
+    tokenizer = load_tokenizer(folder)
+    built = TokenBytes(tokenizer)
+    assert TokenBytes.saved(folder) is None  # none saved yet
+    built.save(folder)
+    assert (folder / TABLE_FILE).is_file() and _contents(TokenBytes.saved(folder)) == _contents(built)
+    assert _contents(token_bytes_of(folder)) == _contents(built)
+    ids = tokenizer("Hello world").input_ids  # a whole text: SentencePiece's leading space goes, as in decode
+    assert TokenBytes.saved(folder).decode_sequence(ids) == built.decode_sequence(ids)
+    with open(folder / "tokenizer_config.json", "a") as config:
+        config.write("\n")  # a tokenizer changed by hand after the build
+    assert TokenBytes.saved(folder) is None
+    assert _contents(token_bytes_of(folder)) == _contents(built)  # built again from the tokenizer
 
 
 @pytest.mark.parametrize("text", MULTILINGUAL)

@@ -206,6 +206,7 @@ def write_repository(plan: RepositoryPlan, *, tokenizer_source: Path, checkpoint
                      manifest: dict, existing: set[str]) -> None:
     """Write every model of the plan into plan.output, made ready by `prepare_output` (which returned the
     `existing` files); the manifest records every file written since, for the next --force."""
+    from ..runtime.detokenization import TokenBytes
     from ..runtime.tokenization import load_tokenizer
 
     output = plan.output
@@ -225,7 +226,9 @@ def write_repository(plan: RepositoryPlan, *, tokenizer_source: Path, checkpoint
     for pattern in TOKENIZER_PATTERNS:
         for file in sorted(tokenizer_source.glob(pattern)):
             shutil.copy2(file, tokenizer / file.name)
-    load_tokenizer(tokenizer)  # fails the build here, not at the server's load, if a file is missing
+    # Loaded here to fail the build, not the server's load, if a file is missing; its byte table saved for
+    # postprocessing, which then starts without transformers.
+    TokenBytes(load_tokenizer(tokenizer)).save(tokenizer)
     if plan.engine in CHECKPOINT_ENGINES:
         target = output / ENGINE_MODEL / "1" / CHECKPOINT_SUBDIR
         target.mkdir(parents=True, exist_ok=True)

@@ -9,17 +9,26 @@ for any cut of a token sequence into chunks, the chunks' bytes concatenate to th
   grow with the sequence length and needs no per-request state (the ensemble's postprocessing relies on this).
 - `IncrementalDetokenizer` turns those bytes into text chunks that are each valid UTF-8, holding back an
   incomplete character until the token that completes it arrives (the BLS relies on this).
+- The build saves the table beside the repository's tokenizer (`TokenBytes.save`), so that postprocessing,
+  which only detokenizes, starts without loading transformers (`token_bytes_of`): a second of CPU and a
+  library's memory less for each of its instances.
 """
 
 from __future__ import annotations
 
 import codecs
+import hashlib
 import json
 import logging
+import os
 from collections.abc import Iterable
+from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
+# Beside the tokenizer's files in a built repository. It holds their digest and this module's, and is used only
+# while both match: a tokenizer replaced by hand, or other rules here, and the table is built again.
+TABLE_FILE = "tritonforge_token_bytes.json"
 BYTE_LEVEL = "byte_level"
 SENTENCEPIECE = "sentencepiece"
 OTHER = "other"
@@ -95,6 +104,9 @@ class TokenBytes:
         if self.family == OTHER:
             logger.warning("tokenizer decoder not recognised: streamed text may differ from a full decode")
         self._table = table
+        self._set_space_rule()
+
+    def _set_space_rule(self) -> None:
         # SentencePiece adds a space before the first word; a whole sequence (one starting with BOS) drops it.
         # The postprocessing step sees only the engine's tokens (Triton refuses an ensemble step fed by both
         # a decoupled step and the client), so BOS is how it tells an echoed prompt from a completion; a
@@ -103,6 +115,27 @@ class TokenBytes:
         # longer chunk alone (`engine_service.streamed_responses`), so a stream decodes chunk by chunk to its
         # whole text.
         self._strip_first_space = self.family == SENTENCEPIECE
+
+    def save(self, tokenizer_dir: Path) -> None:
+        """Write the table into the tokenizer's folder, with the digest it is valid for."""
+        record = {"digest": _digest(tokenizer_dir), "family": self.family, "bos_token_id": self.bos_token_id,
+                  "table": [token.hex() for token in self._table]}
+        (Path(tokenizer_dir) / TABLE_FILE).write_text(json.dumps(record))
+
+    @classmethod
+    def saved(cls, tokenizer_dir: Path) -> TokenBytes | None:
+        """The table saved in the tokenizer's folder, if it was made from the files there now by these rules."""
+        try:
+            record = json.loads((Path(tokenizer_dir) / TABLE_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(record, dict) or record.get("digest") != _digest(tokenizer_dir):
+            return None
+        token_bytes = cls.__new__(cls)
+        token_bytes.family, token_bytes.bos_token_id = record["family"], record["bos_token_id"]
+        token_bytes._table = [bytes.fromhex(token) for token in record["table"]]
+        token_bytes._set_space_rule()
+        return token_bytes
 
     def __len__(self) -> int:
         return len(self._table)
@@ -129,6 +162,22 @@ class TokenBytes:
         """`decode_sequence` as text: bytes that do not form a character become U+FFFD, as in the
         tokenizer's own decode (one per maximal invalid run, Python's and Rust's common rule)."""
         return self.decode_sequence(token_ids).decode("utf-8", errors="replace")
+
+
+def _digest(tokenizer_dir: Path) -> str:
+    """sha256 over the tokenizer's files (every file of the folder but the table) and this module's source."""
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    for path in sorted(Path(tokenizer_dir).iterdir()):
+        if path.is_file() and path.name != TABLE_FILE:
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def token_bytes_of(tokenizer_dir: str | os.PathLike) -> TokenBytes:
+    """The table saved beside the tokenizer, else one built from the tokenizer (loading transformers)."""
+    from .tokenization import load_tokenizer
+
+    return TokenBytes.saved(Path(tokenizer_dir)) or TokenBytes(load_tokenizer(tokenizer_dir))
 
 
 class IncrementalDetokenizer:

@@ -14,13 +14,12 @@ import numpy as np
 
 from ..spec.contract import POST_SEQUENCE_LENGTH
 from ..spec.errors import RequestError
-from .detokenization import TokenBytes
-from .tokenization import load_tokenizer
+from .detokenization import token_bytes_of
 
 
 class Postprocessor:
     def __init__(self, tokenizer_dir: str):
-        self.token_bytes = TokenBytes(load_tokenizer(tokenizer_dir))
+        self.token_bytes = token_bytes_of(tokenizer_dir)
 
     def __call__(self, tokens_batch: np.ndarray, sequence_length: np.ndarray) -> np.ndarray:
         """TOKENS_BATCH [B, beams, T] and SEQUENCE_LENGTH [B, beams] → OUTPUT [B * beams] of UTF-8 bytes.
