@@ -155,6 +155,40 @@ def test_an_abandoned_ensemble_stream_is_stopped_and_then_closed_not_cancelled()
         assert servicer.stopped.is_set() and servicer.ends.get(timeout=WAIT_S) == "closed"
 
 
+class RefusingTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Answers an ensemble request with an error response and then nothing, its stream left open (as a server
+    whose request failed sends no final response after the error); answers the engine's stop at once."""
+
+    def ModelStreamInfer(self, request_iterator, context):  # noqa: N802 - the gRPC method's name
+        for request in request_iterator:
+            if request.model_name == ENGINE_MODEL:
+                response = service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
+                response.parameters[FINAL_RESPONSE_PARAMETER].bool_param = True
+                yield service_pb2.ModelStreamInferResponse(infer_response=response)
+            else:
+                yield service_pb2.ModelStreamInferResponse(error_message="the request was refused")
+
+
+def test_an_error_answer_ends_the_stream_at_once_with_no_wait_for_a_final_response(monkeypatch):
+    """Only a stream the caller abandons is read on after its stop: after an error no final response comes."""
+    monkeypatch.setattr("tritonforge.clients.client.STOP_TIMEOUT_S", 3600.0)  # a wait for one would hang
+    outcome: queue.Queue = queue.Queue()
+
+    def read(url):
+        client = GrpcClient(url)
+        try:
+            list(client.stream_bytes(GenerateRequest(text_input="hi", max_tokens=4)))
+        except GenerationError as error:
+            outcome.put(str(error))
+        finally:
+            client.client.close()
+
+    with serving_grpc(RefusingTriton()) as url:
+        reader = threading.Thread(target=read, args=(url,), daemon=True)
+        reader.start()
+        assert "the request was refused" in outcome.get(timeout=WAIT_S)
+
+
 class BreakingTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
     """Records (model, request id) of each streamed request; answers the engine's stop, and breaks every other
     call with a gRPC error (a status that is no unreachable server's)."""

@@ -315,7 +315,7 @@ class GrpcClient:
 
         responses: queue.Queue = queue.Queue()
         request_id = request_id or uuid.uuid4().hex
-        finished = False
+        finished = abandoned = False
         self.client.start_stream(callback=lambda result, error: responses.put((result, error)))
         try:
             try:
@@ -344,10 +344,14 @@ class GrpcClient:
         except ServerUnavailable:
             finished = True  # nothing reached a server: there is no generation to stop
             raise
+        except GeneratorExit:  # the caller stopped reading midway
+            abandoned = True
+            raise
         finally:
             if not finished and needs_engine_stop(self.model, self.engine_model):
                 stop_engine_request(self.url, request_id, self.engine_model)
-                finished = _read_to_final(responses, STOP_TIMEOUT_S)  # the stopped generation ends its stream
+                if abandoned:  # the stopped generation ends the stream with a final response
+                    finished = _read_to_final(responses, STOP_TIMEOUT_S)
             # A finished stream is closed, not cancelled: Triton 2.51 can lose track of a stream cancelled just
             # after its final response, and then never unloads its models at a stop (the stop ends in a kill);
             # its gRPC frontend also races a cancel against the responses still in flight.
