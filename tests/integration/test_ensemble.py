@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import queue
 import time
 from pathlib import Path
@@ -238,24 +239,32 @@ def test_the_engine_publishes_the_tensorrtllm_backend_metric_families(served):
                 and sample["nv_trt_llm_kv_cache_block_metrics:used"] >= 1
                 and sample["nv_trt_llm_kv_cache_block_metrics:fraction"] > 0)
 
-    # The gauges move every stats_check_period_ms (100 ms). Streams that outlast any wait here (no end at EOS)
-    # hold the engine until a scrape shows them, then are dropped (the client stops their engine requests):
-    # a race against streams that end by themselves failed on a loaded machine.
+    # The gauges move every stats_check_period_ms (100 ms) and reach /metrics as messages from the engine's stub
+    # to the server, queued behind its responses: long non-streamed generations (one response each) keep the
+    # engine busy, and new ones start as they end, until a scrape shows them. (Three long streams, a response a
+    # token, once ran to their end on a loaded machine with no scrape showing them.)
     tokens = MAX_SEQ_LEN - MAX_INPUT_LEN
-    clients = [GrpcClient(server.grpc_url) for _ in range(3)]
-    streams = [client.stream(prompt, max_tokens=tokens, min_tokens=tokens)
-               for client, prompt in zip(clients, ["One", "Two", "Three"])]
-    try:
-        for stream in streams:
-            next(stream)  # generating
+
+    def generate_long(prompt: str) -> str:
+        client = GrpcClient(server.grpc_url)
+        try:
+            return client.generate(prompt, max_tokens=tokens, min_tokens=tokens)
+        finally:
+            client.close()
+
+    prompts = ["One", "Two", "Three"]
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        running: list[concurrent.futures.Future] = []
         deadline = time.monotonic() + DONE_S
         while not under_load(sample := scrape()):
-            assert time.monotonic() < deadline, f"no scrape while three streams ran showed them: {sample}"
+            assert time.monotonic() < deadline, f"no scrape while three generations ran showed them: {sample}"
+            for finished in [future for future in running if future.done()]:
+                finished.result()  # a generation that failed fails the test
+                running.remove(finished)
+            running += [pool.submit(generate_long, prompt) for prompt in prompts[len(running):]]
             time.sleep(0.02)  # the next scrape: the gauges change without a signal
-    finally:
-        for stream, client in zip(streams, clients):
-            stream.close()
-            client.close()
+        for future in running:
+            future.result()
 
 
 def test_probe_says_a_serving_server_is_live(served):
