@@ -13,7 +13,13 @@ import torch
 import tritonclient.grpc as grpcclient
 from transformers import AutoModelForCausalLM
 
-from tritonforge.clients.client import GenerateRequest, GenerationError, GrpcClient, HttpClient
+from tritonforge.clients.client import (
+    GenerateRequest,
+    GenerationError,
+    GrpcClient,
+    HttpClient,
+    stop_engine_request,
+)
 from tritonforge.runtime.detokenization import TokenBytes
 from tritonforge.runtime.tokenization import load_tokenizer, phrase_token_variants
 from tritonforge.spec.errors import ErrorKind, answered_kind
@@ -21,6 +27,7 @@ from tritonforge.tools.profiling import all_stub_pids
 
 from .conftest import (
     DONE_S,
+    ENGINE_BATCH,
     MAX_INPUT_LEN,
     MAX_SEQ_LEN,
     ascii_only,
@@ -234,36 +241,45 @@ def test_the_engine_publishes_the_tensorrtllm_backend_metric_families(served):
     idle = scrape()
     assert idle["nv_trt_llm_request_metrics:max"] >= 1 and idle["nv_trt_llm_kv_cache_block_metrics:tokens_per"] == 32
 
-    def under_load(sample: dict[str, float]) -> bool:
-        return (sample["nv_trt_llm_request_metrics:scheduled"] >= 1
-                and sample["nv_trt_llm_kv_cache_block_metrics:used"] >= 1
-                and sample["nv_trt_llm_kv_cache_block_metrics:fraction"] > 0)
+    # What load moves. The stub sets the series one by one (a message to the server each), so a scrape can fall
+    # between two of them: each needs to be seen moved once, not all in one scrape.
+    moved_by_load = {"nv_trt_llm_request_metrics:scheduled": lambda value: value >= 1,
+                     "nv_trt_llm_kv_cache_block_metrics:used": lambda value: value >= 1,
+                     "nv_trt_llm_kv_cache_block_metrics:fraction": lambda value: value > 0}
+    seen_moved: set[str] = set()
 
-    # The gauges move every stats_check_period_ms (100 ms) and reach /metrics as messages from the engine's stub
-    # to the server, queued behind its responses: long non-streamed generations (one response each) keep the
-    # engine busy, and new ones start as they end, until a scrape shows them. (Three long streams, a response a
-    # token, once ran to their end on a loaded machine with no scrape showing them.)
+    def under_load(sample: dict[str, float]) -> bool:
+        seen_moved.update(name for name, moved in moved_by_load.items() if moved(sample[name]))
+        return seen_moved == set(moved_by_load)
+
+    # The gauges move every stats_check_period_ms (100 ms): long non-streamed generations, more than the engine's
+    # slots and started again as they end, keep it busy until the scrapes have shown each series move (three long
+    # streams once ran to their end on a loaded machine with no scrape showing them); then the engine's `stop`
+    # ends those still running (a generation of the whole length takes 20 s and more on a loaded machine).
     tokens = MAX_SEQ_LEN - MAX_INPUT_LEN
 
-    def generate_long(prompt: str) -> str:
+    def generate_long(request_id: str) -> bytes:
         client = GrpcClient(server.grpc_url)
         try:
-            return client.generate(prompt, max_tokens=tokens, min_tokens=tokens)
+            request = GenerateRequest(text_input="Tell me", max_tokens=tokens, parameters={"min_tokens": tokens})
+            return b"".join(client.stream_bytes(request, stream=False, request_id=request_id))
         finally:
             client.close()
 
-    prompts = ["One", "Two", "Three"]
-    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
-        running: list[concurrent.futures.Future] = []
+    request_ids = [f"metrics-{index}" for index in range(ENGINE_BATCH + 2)]
+    with concurrent.futures.ThreadPoolExecutor(len(request_ids)) as pool:
+        running: dict[str, concurrent.futures.Future] = {}
         deadline = time.monotonic() + DONE_S
         while not under_load(sample := scrape()):
-            assert time.monotonic() < deadline, f"no scrape while three generations ran showed them: {sample}"
-            for finished in [future for future in running if future.done()]:
-                finished.result()  # a generation that failed fails the test
-                running.remove(finished)
-            running += [pool.submit(generate_long, prompt) for prompt in prompts[len(running):]]
+            assert time.monotonic() < deadline, f"moved under load: {sorted(seen_moved)}; last scrape: {sample}"
+            for request_id in [request_id for request_id, future in running.items() if future.done()]:
+                running.pop(request_id).result()  # a generation that failed fails the test
+            running.update({request_id: pool.submit(generate_long, request_id)
+                            for request_id in request_ids if request_id not in running})
             time.sleep(0.02)  # the next scrape: the gauges change without a signal
-        for future in running:
+        for request_id in running:
+            stop_engine_request(server.grpc_url, request_id)
+        for future in running.values():
             future.result()
 
 
