@@ -1,5 +1,6 @@
 """Byte-exact streaming decode: any cut of any token sequence concatenates to the full decode."""
 
+import json
 import random
 import shutil
 
@@ -48,6 +49,10 @@ def test_a_saved_table_is_used_only_while_the_tokenizer_files_are_the_ones_it_wa
     assert _contents(token_bytes_of(folder)) == _contents(built)
     ids = tokenizer("Hello world").input_ids  # a whole text: SentencePiece's leading space goes, as in decode
     assert TokenBytes.saved(folder).decode_sequence(ids) == built.decode_sequence(ids)
+    saved = json.loads((folder / TABLE_FILE).read_text())
+    (folder / TABLE_FILE).write_text(json.dumps({**saved, "table": ["not hex"]}))  # damaged, digest intact
+    assert TokenBytes.saved(folder) is None
+    built.save(folder)
     with open(folder / "tokenizer_config.json", "a") as config:
         config.write("\n")  # a tokenizer changed by hand after the build
     assert TokenBytes.saved(folder) is None

@@ -132,8 +132,11 @@ class TokenBytes:
         if not isinstance(record, dict) or record.get("digest") != _digest(tokenizer_dir):
             return None
         token_bytes = cls.__new__(cls)
-        token_bytes.family, token_bytes.bos_token_id = record["family"], record["bos_token_id"]
-        token_bytes._table = [bytes.fromhex(token) for token in record["table"]]
+        try:
+            token_bytes.family, token_bytes.bos_token_id = record["family"], record["bos_token_id"]
+            token_bytes._table = [bytes.fromhex(token) for token in record["table"]]
+        except (KeyError, TypeError, ValueError):  # a damaged file: built again from the tokenizer
+            return None
         token_bytes._set_space_rule()
         return token_bytes
 
