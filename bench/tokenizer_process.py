@@ -1,21 +1,26 @@
 """What a tokenizer-only Python instance (preprocessing, postprocessing, the BLS) costs to start, with and
-without torch loaded beside transformers (`tokenization.tokenizer_only_process`).
+without torch loaded beside transformers (`tokenization.tokenizer_only_process`); and what postprocessing
+alone costs with the byte table the build saves beside the tokenizer, against building it from the tokenizer.
 
-Each sample is a fresh Python process that loads the preprocessor and the postprocessor of a tiny model, as
-a stub's `initialize` does; the two settings alternate, so the machine's load falls on both alike. Prints
-the median load time and peak memory of each, and their ratio. Run: .venv/bin/python bench/tokenizer_process.py
+Each sample is a fresh Python process that loads, as a stub's `initialize` does, the preprocessor and the
+postprocessor of a tiny model (the first two settings) or the postprocessor alone (the last two); the settings
+alternate, so the machine's load falls on all alike. Prints the median load time and peak memory of each, and
+the ratios. Run: .venv/bin/python bench/tokenizer_process.py
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from tritonforge.runtime.detokenization import TokenBytes
+from tritonforge.runtime.tokenization import load_tokenizer
 from tritonforge.spec.settings import positive_int
 from tritonforge.tools.tiny_model import make_tiny_model
 
@@ -23,20 +28,23 @@ from tritonforge.tools.tiny_model import make_tiny_model
 SAMPLE = """
 import json, sys, time
 start = time.perf_counter()
-if sys.argv[2] == "tokenizer-only":
+if sys.argv[2] != "with-torch":
     from tritonforge.runtime.tokenization import tokenizer_only_process
     tokenizer_only_process()
 from tritonforge.runtime.postprocess import Postprocessor
-from tritonforge.runtime.preprocess import Preprocessor
-from tritonforge.spec.limits import EngineLimits
-Preprocessor(sys.argv[1], EngineLimits(max_input_len=64, max_seq_len=256))
+if not sys.argv[2].startswith("postprocessing"):
+    from tritonforge.runtime.preprocess import Preprocessor
+    from tritonforge.spec.limits import EngineLimits
+    Preprocessor(sys.argv[1], EngineLimits(max_input_len=64, max_seq_len=256))
 Postprocessor(sys.argv[1])
 # VmHWM: this program's peak resident memory (getrusage's would count the parent's, kept across exec).
 peak_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 print(json.dumps({"seconds": time.perf_counter() - start, "torch": sys.modules.get("torch") is not None,
                   "peak_mb": peak_kb / 1024}))
 """
-SETTINGS = ("with-torch", "tokenizer-only")
+# setting -> whether its tokenizer folder holds the saved byte table
+SETTINGS = {"with-torch": False, "tokenizer-only": False, "postprocessing, table built": False,
+            "postprocessing, table saved": True}
 
 
 def sample(model_dir: Path, setting: str) -> dict:
@@ -51,10 +59,13 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         model_dir = make_tiny_model(Path(work) / "tiny", tokenizer_family="sentencepiece")
+        with_table = Path(work) / "tiny-with-table"
+        shutil.copytree(model_dir, with_table)
+        TokenBytes(load_tokenizer(with_table)).save(with_table)
         samples: dict[str, list[dict]] = {setting: [] for setting in SETTINGS}
         for _ in range(args.repeats):
-            for setting in SETTINGS:
-                samples[setting].append(sample(model_dir, setting))
+            for setting, saved in SETTINGS.items():
+                samples[setting].append(sample(with_table if saved else model_dir, setting))
     print("| setting | torch loaded | load s (median) | peak MB (median) |")
     print("|---|---|---:|---:|")
     medians = {}
@@ -62,8 +73,10 @@ def main() -> int:
         medians[setting] = (statistics.median(r["seconds"] for r in rows),
                             statistics.median(r["peak_mb"] for r in rows))
         print(f"| {setting} | {rows[0]['torch']} | {medians[setting][0]:.2f} | {medians[setting][1]:.0f} |")
-    (with_s, with_mb), (without_s, without_mb) = medians["with-torch"], medians["tokenizer-only"]
-    print(f"tokenizer-only: {without_s / with_s:.2f}x the load time, {without_mb / with_mb:.2f}x the memory")
+    for faster, slower in (("tokenizer-only", "with-torch"),
+                           ("postprocessing, table saved", "postprocessing, table built")):
+        (new_s, new_mb), (old_s, old_mb) = medians[faster], medians[slower]
+        print(f"{faster}: {new_s / old_s:.2f}x the load time, {new_mb / old_mb:.2f}x the memory of {slower}")
     return 0
 
 
