@@ -1,4 +1,4 @@
-# tritonforge on NVIDIA's Triton + TensorRT-LLM image. The pinned pair is named in tritonforge/spec/release.py
+# tritonforge on NVIDIA's Triton + TensorRT-LLM image. The pinned pair is named in tritonforge/facts/release.py
 # (TRITON_IMAGE, TRTLLM_VERSION); keep this tag equal to it.
 #   docker build -t tritonforge .
 #   build: docker run --rm --gpus all -v /path/to/hf-checkpoint:/checkpoint:ro -v "$PWD/model_repository:/models" \

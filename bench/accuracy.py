@@ -14,8 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tritonforge.build.builder import BuildOptions, build
-from tritonforge.build.repository import tokenizer_dir
+from tritonforge.builder.build import BuildOptions, build
+from tritonforge.builder.repository import tokenizer_dir
 from tritonforge.serve.server import TritonServer
 from tritonforge.tools.accuracy import run_eval
 from tritonforge.tools.benchmark import machine_description, with_extension

@@ -1,6 +1,6 @@
 """The load that deadlocked Triton 2.51's Python-backend stub when the BLS called the engine through the
 backend's own BLS API (`InferenceRequest.exec(decoupled=True)`), run against the BLS that now calls the
-engine over the server's gRPC stream (tritonforge/runtime/engine_stream.py); with --supervised, under
+engine over the server's gRPC stream (tritonforge/runtime/bls/engine_stream.py); with --supervised, under
 `tritonforge serve`'s supervisor.
 
 The cycle it met (python_backend r24.10 source, unchanged on its main branch; README, Faults, "A deadlock in
@@ -28,9 +28,9 @@ import threading
 import time
 from pathlib import Path
 
-from tritonforge.build import model_configs as configs
-from tritonforge.build.builder import BuildOptions, build
-from tritonforge.build.repository import tokenizer_dir
+from tritonforge.builder import model_configs as configs
+from tritonforge.builder.build import BuildOptions, build
+from tritonforge.builder.repository import tokenizer_dir
 from tritonforge.serve.server import TritonServer
 from tritonforge.serve.supervisor import Supervisor
 from tritonforge.tools.benchmark import asyncio_load, machine_description, make_prompts, summarize

@@ -12,8 +12,8 @@ import sys
 import tempfile
 import time
 
-from tritonforge.runtime.detokenization import IncrementalDetokenizer, TokenBytes
-from tritonforge.runtime.tokenization import load_tokenizer
+from tritonforge.runtime.text.detokenization import IncrementalDetokenizer, TokenBytes
+from tritonforge.runtime.text.tokenization import load_tokenizer
 from tritonforge.tools.tiny_model import TOKENIZER_FAMILIES, make_tiny_model
 
 POSITIONS = (20, 200, 2000)

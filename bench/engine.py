@@ -15,11 +15,11 @@ import time
 import torch
 from transformers import AutoModelForCausalLM
 
-from tritonforge.runtime.generation import GenerationRequest
-from tritonforge.runtime.inflight_engine import InflightBatchingEngine
-from tritonforge.runtime.sampling import SamplingParams
-from tritonforge.runtime.tokenization import load_tokenizer
-from tritonforge.spec.limits import EngineLimits
+from tritonforge.facts.limits import EngineLimits
+from tritonforge.runtime.engine.generation import GenerationRequest
+from tritonforge.runtime.engine.sampling import SamplingParams
+from tritonforge.runtime.engine.transformers.inflight import InflightBatchingEngine
+from tritonforge.runtime.text.tokenization import load_tokenizer
 from tritonforge.tools.tiny_model import make_tiny_model
 
 

@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tritonforge.runtime.generation import GenerationRequest
-from tritonforge.runtime.sampling import SamplingParams
-from tritonforge.spec.limits import EngineLimits
+from tritonforge.facts.limits import EngineLimits
+from tritonforge.runtime.engine.generation import GenerationRequest
+from tritonforge.runtime.engine.sampling import SamplingParams
 from tritonforge.tools.tiny_model import SHAPES
 
 if TYPE_CHECKING:
@@ -198,7 +198,7 @@ def profile(engine, streams: int, args, vocab: int) -> None:
 def run_mode(model, args, concurrency: list[int], cuda_graphs: bool, admission_wait_steps: int = 0) -> dict:
     """One engine, every concurrency in turn; the engine's decode mode as it ended (a failed capture falls
     back to eager steps)."""
-    from tritonforge.runtime.inflight_engine import InflightBatchingEngine
+    from tritonforge.runtime.engine.transformers.inflight import InflightBatchingEngine
 
     engine = InflightBatchingEngine(model, EngineLimits(
         max_batch_size=max(concurrency), max_input_len=args.prompt_tokens,
@@ -275,7 +275,7 @@ def main() -> int:
     # Imported once the arguments are read: --help answers without loading torch.
     import torch
 
-    from tritonforge.runtime.inflight_engine import GATHERED_ADMISSION_STEPS
+    from tritonforge.runtime.engine.transformers.inflight import GATHERED_ADMISSION_STEPS
 
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     concurrency = [int(value) for value in args.concurrency.split(",")]

@@ -25,14 +25,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from tritonforge.build import model_configs as configs
-from tritonforge.build.builder import BuildOptions, build
-from tritonforge.build.repository import tokenizer_dir
-from tritonforge.clients.gateway_metrics import ITL_METRIC, TTFT_METRIC
-from tritonforge.clients.openai_gateway import DEFAULT_MODEL, SERVED_MODEL_NAME
+from tritonforge.builder import model_configs as configs
+from tritonforge.builder.build import BuildOptions, build
+from tritonforge.builder.repository import tokenizer_dir
+from tritonforge.facts.contract import BLS_MODEL, ENSEMBLE_MODEL
+from tritonforge.facts.settings import positive_ints
+from tritonforge.gateway.app import DEFAULT_MODEL, SERVED_MODEL_NAME
+from tritonforge.gateway.metrics import ITL_METRIC, TTFT_METRIC
 from tritonforge.serve.server import TritonServer, free_port
-from tritonforge.spec.contract import BLS_MODEL, ENSEMBLE_MODEL
-from tritonforge.spec.settings import positive_ints
 from tritonforge.tools.benchmark import (
     Timing,
     asyncio_load,

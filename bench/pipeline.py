@@ -27,12 +27,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from tritonforge.build import model_configs as configs
-from tritonforge.build.builder import BuildOptions, build
-from tritonforge.build.repository import tokenizer_dir
+from tritonforge.builder import model_configs as configs
+from tritonforge.builder.build import BuildOptions, build
+from tritonforge.builder.repository import tokenizer_dir
+from tritonforge.facts.paths import PATHS, path_list
+from tritonforge.facts.settings import positive_ints
 from tritonforge.serve.server import TritonServer
-from tritonforge.spec.paths import PATHS, path_list
-from tritonforge.spec.settings import positive_ints
 from tritonforge.tools.benchmark import (
     DEFAULT_MS_PER_TOKEN,
     add_efficiency,

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from tritonforge.build import model_configs as configs
-from tritonforge.build.builder import BuildOptions, build
-from tritonforge.build.repository import tokenizer_dir
+from tritonforge.builder import model_configs as configs
+from tritonforge.builder.build import BuildOptions, build
+from tritonforge.builder.repository import tokenizer_dir
+from tritonforge.facts.paths import PATH_MODELS
+from tritonforge.serve.processes import all_stub_pids
 from tritonforge.serve.server import TritonServer
-from tritonforge.spec.paths import PATH_MODELS
 from tritonforge.tools.benchmark import _one_request, machine_description, make_prompts, request_arrays, with_extension
-from tritonforge.tools.profiling import all_stub_pids
 from tritonforge.tools.tiny_model import make_tiny_model
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

@@ -19,9 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tritonforge.runtime.detokenization import TokenBytes
-from tritonforge.runtime.tokenization import load_tokenizer
-from tritonforge.spec.settings import positive_int
+from tritonforge.facts.settings import positive_int
+from tritonforge.runtime.text.detokenization import TokenBytes
+from tritonforge.runtime.text.tokenization import load_tokenizer
 from tritonforge.tools.tiny_model import make_tiny_model
 
 # One stub's start, timed inside a fresh process; prints its seconds and peak memory as JSON.
@@ -29,12 +29,12 @@ SAMPLE = """
 import json, sys, time
 start = time.perf_counter()
 if sys.argv[2] != "with-torch":
-    from tritonforge.runtime.tokenization import tokenizer_only_process
+    from tritonforge.runtime.text.tokenization import tokenizer_only_process
     tokenizer_only_process()
-from tritonforge.runtime.postprocess import Postprocessor
+from tritonforge.runtime.text.postprocess import Postprocessor
 if not sys.argv[2].startswith("postprocessing"):
-    from tritonforge.runtime.preprocess import Preprocessor
-    from tritonforge.spec.limits import EngineLimits
+    from tritonforge.runtime.text.preprocess import Preprocessor
+    from tritonforge.facts.limits import EngineLimits
     Preprocessor(sys.argv[1], EngineLimits(max_input_len=64, max_seq_len=256))
 Postprocessor(sys.argv[1])
 # VmHWM: this program's peak resident memory (getrusage's would count the parent's, kept across exec).

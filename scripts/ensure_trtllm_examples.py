@@ -13,8 +13,8 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from tritonforge.build.trtllm import EXAMPLES_DIR
-from tritonforge.spec.release import TRTLLM_VERSION
+from tritonforge.builder.trtllm import EXAMPLES_DIR
+from tritonforge.facts.release import TRTLLM_VERSION
 
 ARCHIVE = f"https://github.com/NVIDIA/TensorRT-LLM/archive/refs/tags/v{TRTLLM_VERSION}.tar.gz"
 REQUIRED = ("quantization/quantize.py", "models/core/llama/convert_checkpoint.py",

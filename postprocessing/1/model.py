@@ -14,11 +14,11 @@ Stateless: streamed chunks may go to any instance. One response per request.
 
 import triton_python_backend_utils as pb_utils
 
-from tritonforge.runtime.postprocess import Postprocessor
-from tritonforge.runtime.tokenization import tokenizer_only_process
+from tritonforge.facts.contract import POST_OUTPUT, POST_SEQUENCE_LENGTH, POST_TOKENS_BATCH
+from tritonforge.facts.model_parameters import PostprocessingParameters
+from tritonforge.runtime.text.postprocess import Postprocessor
+from tritonforge.runtime.text.tokenization import tokenizer_only_process
 from tritonforge.runtime.triton_adapter import answer_each, resolve_path, start_heartbeat
-from tritonforge.spec.contract import POST_OUTPUT, POST_SEQUENCE_LENGTH, POST_TOKENS_BATCH
-from tritonforge.spec.model_parameters import PostprocessingParameters
 
 
 class TritonPythonModel:

@@ -20,11 +20,11 @@ One response per request; a bad request gets its own INVALID_ARG error naming th
 
 import triton_python_backend_utils as pb_utils
 
-from tritonforge.runtime.preprocess import Preprocessor
-from tritonforge.runtime.tokenization import tokenizer_only_process
+from tritonforge.facts.limits import EngineLimits
+from tritonforge.facts.model_parameters import PreprocessingParameters
+from tritonforge.runtime.text.preprocess import Preprocessor
+from tritonforge.runtime.text.tokenization import tokenizer_only_process
 from tritonforge.runtime.triton_adapter import answer_each, resolve_path, start_heartbeat
-from tritonforge.spec.limits import EngineLimits
-from tritonforge.spec.model_parameters import PreprocessingParameters
 
 
 class TritonPythonModel:

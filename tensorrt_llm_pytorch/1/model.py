@@ -24,9 +24,9 @@ one response per streamed output when `streaming` (`stream_interval` tokens each
 
 import triton_python_backend_utils as pb_utils
 
-from tritonforge.runtime.engine_service import EngineModel
-from tritonforge.runtime.llmapi_engine import LlmApiEngine
-from tritonforge.spec.model_parameters import PyTorchEngineParameters
+from tritonforge.facts.model_parameters import PyTorchEngineParameters
+from tritonforge.runtime.engine.llmapi.engine import LlmApiEngine
+from tritonforge.runtime.engine.service import EngineModel
 
 
 class TritonPythonModel(EngineModel):

@@ -11,10 +11,10 @@ import logging
 
 import triton_python_backend_utils as pb_utils
 
-from tritonforge.runtime.engine_service import EngineModel
-from tritonforge.runtime.replay_engine import ReplayEngine, SharedBatch
+from tritonforge.facts.model_parameters import ReplayEngineParameters
+from tritonforge.runtime.engine.replay.engine import ReplayEngine, SharedBatch
+from tritonforge.runtime.engine.service import EngineModel
 from tritonforge.runtime.triton_adapter import resolve_path
-from tritonforge.spec.model_parameters import ReplayEngineParameters
 
 
 class TritonPythonModel(EngineModel):

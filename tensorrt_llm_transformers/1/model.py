@@ -23,8 +23,8 @@ Same tensors as NVIDIA's `tensorrtllm` backend (INTERFACE.md), decoupled; one re
 
 import triton_python_backend_utils as pb_utils
 
-from tritonforge.runtime.engine_service import EngineModel
-from tritonforge.spec.model_parameters import TransformersEngineParameters
+from tritonforge.facts.model_parameters import TransformersEngineParameters
+from tritonforge.runtime.engine.service import EngineModel
 
 
 class TritonPythonModel(EngineModel):

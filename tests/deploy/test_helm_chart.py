@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from tritonforge.cli import make_parser
+from tritonforge.facts.settings import given
 from tritonforge.serve.options import ServeOptions
-from tritonforge.spec.settings import given
 
 from .chart import (
     ADAPTER_VALUES,

@@ -7,8 +7,8 @@ import re
 
 import yaml
 
-from tritonforge.clients.gateway_metrics import ITL_METRIC, TTFT_METRIC
-from tritonforge.runtime.engine_metrics import KV_BLOCK_TYPES, REQUEST_TYPES
+from tritonforge.gateway.metrics import ITL_METRIC, TTFT_METRIC
+from tritonforge.runtime.engine.metrics import KV_BLOCK_TYPES, REQUEST_TYPES
 
 from .chart import DASHBOARD, RECORDING_RULES
 from .prometheus import adapter_metrics_query, adapter_rule, adapter_rules, promtool

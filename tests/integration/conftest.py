@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tritonforge.build import model_configs as configs
-from tritonforge.build.builder import BuildOptions, build
+from tritonforge.builder import model_configs as configs
+from tritonforge.builder.build import BuildOptions, build
 from tritonforge.clients.client import AsyncGrpcClient
+from tritonforge.facts.contract import BATCH_INDEX, TEXT_OUTPUT
 from tritonforge.serve.server import TritonServer
-from tritonforge.spec.contract import BATCH_INDEX, TEXT_OUTPUT
 
 MAX_INPUT_LEN = 64
 MAX_SEQ_LEN = 1024

@@ -3,9 +3,9 @@ fail, and worse copies score worse."""
 
 import pytest
 
-from tritonforge.build.builder import BuildOptions, build
+from tritonforge.builder.build import BuildOptions, build
+from tritonforge.facts.contract import ENGINE_MODEL
 from tritonforge.serve.server import only_models
-from tritonforge.spec.contract import ENGINE_MODEL
 from tritonforge.tools.accuracy import DEFAULT_PROMPTS, Thresholds, run_eval
 from tritonforge.tools.tiny_model import degraded_copy
 
@@ -59,7 +59,7 @@ def test_the_figures_grade_the_degradation(reports):
 def test_the_build_marks_a_failing_engine_not_ready_and_serve_refuses_it(tiny_models, tmp_path, capsys):
     import json
 
-    from tritonforge.build.builder import AccuracyGateFailed
+    from tritonforge.builder.build import AccuracyGateFailed
     from tritonforge.cli import main
 
     degraded = degraded_copy(tiny_models["bpe"], tmp_path / "degraded", noise=0.5)

@@ -2,9 +2,9 @@
 
 import pytest
 
-from tritonforge.build.builder import BuildOptions, build
-from tritonforge.build.tuning import Candidate, choose, current, tune
+from tritonforge.builder.build import BuildOptions, build
 from tritonforge.tools.benchmark import PATHS, add_efficiency, make_prompts, markdown, measure_server
+from tritonforge.tools.tuning import Candidate, choose, current, tune
 
 from .conftest import lean_serving, running
 

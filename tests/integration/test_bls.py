@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from tritonforge.clients.client import AsyncGrpcClient, GenerateRequest, GenerationError, GrpcClient
-from tritonforge.runtime.tokenization import load_tokenizer
-from tritonforge.spec.contract import MAX_TOKENS as MAX_TOKENS_INPUT
-from tritonforge.spec.contract import SEED, TEMPERATURE, TEXT_INPUT, TEXT_OUTPUT, TOP_K
-from tritonforge.spec.errors import ErrorKind
+from tritonforge.facts.contract import MAX_TOKENS as MAX_TOKENS_INPUT
+from tritonforge.facts.contract import SEED, TEMPERATURE, TEXT_INPUT, TEXT_OUTPUT, TOP_K
+from tritonforge.facts.errors import ErrorKind
+from tritonforge.runtime.text.tokenization import load_tokenizer
 
 from .conftest import ascii_only, batch_column, batched_texts
 
@@ -105,7 +105,7 @@ def test_a_batched_request_answers_each_row_with_its_own_inputs_and_batch_index(
 
 def test_a_whole_bls_answer_carries_the_engines_last_perf_metrics(served):
     """The BLS forwards the statistics of the engine's last response: the last token came after the first."""
-    from tritonforge.spec.contract import FIRST_TOKEN_TIME_NS, LAST_TOKEN_TIME_NS, RETURN_PERF_METRICS
+    from tritonforge.facts.contract import FIRST_TOKEN_TIME_NS, LAST_TOKEN_TIME_NS, RETURN_PERF_METRICS
 
     async def whole():
         client = AsyncGrpcClient(served[0].grpc_url, "tensorrt_llm_bls")

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tritonforge.build.builder import BuildOptions, build
+from tritonforge.builder.build import BuildOptions, build
 from tritonforge.clients.client import AsyncGrpcClient, GenerateRequest, GrpcClient, HttpClient
 
 from .conftest import lean_serving, running, stream_concurrently

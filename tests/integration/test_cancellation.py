@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tritonforge.build.builder import BuildOptions, build
+from tritonforge.builder.build import BuildOptions, build
 from tritonforge.clients.client import AsyncGrpcClient, GenerateRequest, GrpcClient, HttpClient, ResponseTimeout
-from tritonforge.clients.openai_gateway import GatewayThread
-from tritonforge.runtime.tokenization import load_tokenizer
+from tritonforge.gateway.app import GatewayThread
+from tritonforge.runtime.text.tokenization import load_tokenizer
 from tritonforge.serve.server import free_port
 
 from .conftest import ascii_only, engine_stream, lean_serving, running

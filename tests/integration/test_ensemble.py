@@ -20,10 +20,10 @@ from tritonforge.clients.client import (
     HttpClient,
     stop_engine_request,
 )
-from tritonforge.runtime.detokenization import TokenBytes
-from tritonforge.runtime.tokenization import load_tokenizer, phrase_token_variants
-from tritonforge.spec.errors import ErrorKind, answered_kind
-from tritonforge.tools.profiling import all_stub_pids
+from tritonforge.facts.errors import ErrorKind, answered_kind
+from tritonforge.runtime.text.detokenization import TokenBytes
+from tritonforge.runtime.text.tokenization import load_tokenizer, phrase_token_variants
+from tritonforge.serve.processes import all_stub_pids
 
 from .conftest import (
     DONE_S,

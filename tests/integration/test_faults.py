@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.build.builder import BuildOptions, build
+from tritonforge.builder.build import BuildOptions, build
 from tritonforge.clients.client import GrpcClient
+from tritonforge.facts.errors import ErrorKind
+from tritonforge.serve.processes import all_stub_pids
 from tritonforge.serve.server import SHARED_MEMORY_DIR, TritonServer, free_port
 from tritonforge.serve.supervisor import Supervisor
-from tritonforge.spec.errors import ErrorKind
-from tritonforge.tools.profiling import all_stub_pids
 
 from .conftest import child_pids, lean_serving
 

@@ -26,9 +26,9 @@ import openai
 import pytest
 import yaml
 
-from tritonforge.build.builder import BuildOptions, build
+from tritonforge.builder.build import BuildOptions, build
+from tritonforge.serve.processes import all_stub_pids
 from tritonforge.serve.server import free_port
-from tritonforge.tools.profiling import all_stub_pids
 
 from ..deploy.chart import CHART, NAMESPACE, RECORDING_RULES, render
 from ..deploy.prometheus import adapter_metrics_query, adapter_rule, tool

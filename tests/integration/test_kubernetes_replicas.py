@@ -17,7 +17,7 @@ import urllib.request
 import openai
 import pytest
 
-from tritonforge.build.builder import BuildOptions, build
+from tritonforge.builder.build import BuildOptions, build
 from tritonforge.serve.server import free_port
 
 from ..deploy.chart import render

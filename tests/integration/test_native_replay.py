@@ -7,11 +7,11 @@ import time
 import numpy as np
 import pytest
 
-from tritonforge.build import model_configs as configs
-from tritonforge.build.builder import BuildOptions, build
-from tritonforge.build.native_replay import LIBRARY
+from tritonforge.builder import model_configs as configs
+from tritonforge.builder.build import BuildOptions, build
+from tritonforge.builder.native import REPLAY
 from tritonforge.clients.client import GenerateRequest, GrpcClient
-from tritonforge.runtime.tokenization import load_tokenizer
+from tritonforge.runtime.text.tokenization import load_tokenizer
 
 from .conftest import ascii_only, engine_stream, lean_serving, running, stream_concurrently
 from .test_cancellation import ANSWER_S, assert_cancelled_engine_streams_free_their_slots
@@ -41,7 +41,7 @@ def served(tiny_models, tmp_path_factory):
 def test_the_build_compiles_the_engine_into_its_model_instead_of_a_python_model(served):
     _, repository = served
     version = repository / configs.ENGINE_MODEL / "1"
-    assert (version / LIBRARY).is_file() and not (version / "model.py").exists()
+    assert (version / REPLAY.library).is_file() and not (version / "model.py").exists()
     assert 'backend: "tritonforge_replay"' in (repository / configs.ENGINE_MODEL / "config.pbtxt").read_text()
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tritonforge.clients.openai_gateway import GatewayThread
+from tritonforge.gateway.app import GatewayThread
 from tritonforge.serve.server import free_port
 
 MODEL = "tiny"
@@ -150,7 +150,7 @@ def _gateway_workers(workers: int, url: str = "127.0.0.1:1", *options: str):
     """`tritonforge openai --workers N` (by default in front of no server: connections are what some tests
     count), once every worker takes connections: (its process, its port). Its stderr is read to the end, so a
     chatty gateway never blocks on a full pipe."""
-    from tritonforge.clients.gateway_workers import READY_MESSAGE
+    from tritonforge.gateway.workers import READY_MESSAGE
 
     port = free_port()
     gateway = subprocess.Popen([sys.executable, "-m", "tritonforge.cli", "openai", "--url", url, "--port", str(port),

@@ -16,13 +16,13 @@ import numpy as np
 import openai
 import pytest
 
-from tritonforge.build import model_configs as configs
-from tritonforge.build.builder import BuildOptions, build
+from tritonforge.builder import model_configs as configs
+from tritonforge.builder.build import BuildOptions, build
 from tritonforge.clients.client import GenerateRequest, GrpcClient
-from tritonforge.clients.openai_gateway import GatewayThread
-from tritonforge.runtime.tokenization import load_tokenizer
+from tritonforge.facts.contract import stop_request_inputs
+from tritonforge.gateway.app import GatewayThread
+from tritonforge.runtime.text.tokenization import load_tokenizer
 from tritonforge.serve.server import free_port
-from tritonforge.spec.contract import stop_request_inputs
 
 from .conftest import engine_stream, running
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.build.builder import BuildOptions, build
+from tritonforge.builder.build import BuildOptions, build
 from tritonforge.clients.client import GrpcClient
+from tritonforge.facts.contract import ENGINE_MODEL
 from tritonforge.serve.server import DRAIN_END_S, SHARED_MEMORY_DIR, TritonServer, free_port, only_models
 from tritonforge.serve.supervisor import Supervisor
-from tritonforge.spec.contract import ENGINE_MODEL
 
 from .conftest import child_pids, lean_serving
 from .test_user_mistakes import assert_one_line, tritonforge

@@ -7,7 +7,7 @@ engine model and the ensemble that depends on it are expected to fail to load; n
 import urllib.error
 import urllib.request
 
-from tritonforge.build.builder import BuildOptions, build
+from tritonforge.builder.build import BuildOptions, build
 from tritonforge.serve.server import TritonServer
 
 from .conftest import running

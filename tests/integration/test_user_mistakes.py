@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.build.builder import BuildOptions, build
+from tritonforge.builder.build import BuildOptions, build
 from tritonforge.serve.server import free_port
 
 # Seconds a mistake may take to be answered: starting Python and importing tritonforge and its clients take
@@ -164,7 +164,7 @@ def test_a_build_that_fails_while_writing_removes_what_it_wrote(tiny_models, tmp
     --force and is not refused."""
     import shutil
 
-    from tritonforge.build import repository as repository_module
+    from tritonforge.builder import repository as repository_module
 
     output = tmp_path / "repo"
     real_copy = shutil.copy2
@@ -184,7 +184,7 @@ def test_a_build_that_fails_while_writing_removes_what_it_wrote(tiny_models, tmp
 
 
 def test_a_failed_build_keeps_what_was_in_the_folder_before(tiny_models, tmp_path, monkeypatch):
-    from tritonforge.build import repository as repository_module
+    from tritonforge.builder import repository as repository_module
 
     output = tmp_path / "repo"
     output.mkdir()
@@ -272,7 +272,7 @@ def test_tune_puts_the_configs_back_when_a_measurement_fails(repository, monkeyp
     """The issue's run, through the library (which does not check the tool first): the first candidate is
     written and served, then perf_analyzer is not found; the configs are the repository's again, not the
     candidate's."""
-    from tritonforge.build.tuning import Candidate, current, tune
+    from tritonforge.tools.tuning import Candidate, current, tune
 
     monkeypatch.setenv("PATH", without_perf_analyzer())
     before = {path: path.read_text() for path in repository.glob("*/config.pbtxt")}

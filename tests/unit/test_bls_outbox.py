@@ -3,7 +3,8 @@ chunk, in order; the stream's end waits for the send in flight. And the shape of
 
 import threading
 
-from tritonforge.runtime.bls import BlsOrchestrator, _Senders, _StreamOutbox
+from tritonforge.runtime.bls.orchestrator import BlsOrchestrator, _Senders, _StreamOutbox
+
 from tritonforge.runtime.triton_adapter import RequestRows
 
 from .test_engine_thread_faults import PB_UTILS_STAND_IN, Sender

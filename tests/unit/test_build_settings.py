@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.build import model_configs as configs
-from tritonforge.build.builder import BuildOptions
+from tritonforge.builder import model_configs as configs
+from tritonforge.builder.build import BuildOptions
 from tritonforge.cli import make_parser
 from tritonforge.cli.build import build_options
 
@@ -96,8 +96,8 @@ def test_the_library_keeps_tritons_batch_limit_at_least_the_engines_as_the_cli_d
     """`build(BuildOptions(...))` without the CLI: Triton's max_batch_size is raised to the engine's batch."""
     from pathlib import Path
 
-    from tritonforge.build import model_configs as configs
-    from tritonforge.build.builder import BuildOptions
+    from tritonforge.builder import model_configs as configs
+    from tritonforge.builder.build import BuildOptions
 
     options = BuildOptions(model=Path("ckpt"), output=Path("out"), max_batch_size=256,
                            serving=configs.ServingConfig(max_batch_size=64))
@@ -111,7 +111,7 @@ def test_a_max_seq_len_past_the_models_positions_is_refused_before_anything_is_w
     import json
     import shutil
 
-    from tritonforge.build.builder import build
+    from tritonforge.builder.build import build
 
     checkpoint = tmp_path / "checkpoint"
     shutil.copytree(tiny_models["bpe"], checkpoint)
@@ -125,7 +125,7 @@ def test_a_max_seq_len_past_the_models_positions_is_refused_before_anything_is_w
 
 
 def test_a_comma_list_may_have_spaces_after_its_commas():
-    from tritonforge.spec.paths import path_list
+    from tritonforge.facts.paths import path_list
 
     assert options_of("--frontends", "ensemble, bls").frontends == ("ensemble", "bls")
     assert path_list(" direct , bls,") == ("direct", "bls")

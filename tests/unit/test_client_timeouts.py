@@ -153,7 +153,7 @@ def test_an_http_request_to_a_silent_server_ends_with_a_timeout_error(silent_htt
 
 def test_an_http_url_without_a_port_means_tritons_http_port():
     from tritonforge.clients.client import HttpClient
-    from tritonforge.spec.ports import HTTP_PORT
+    from tritonforge.facts.ports import HTTP_PORT
 
     assert (HttpClient("localhost").port, HttpClient("http://10.0.0.7").port) == (HTTP_PORT, HTTP_PORT)
     assert HttpClient("localhost:8123").port == 8123

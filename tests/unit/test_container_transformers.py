@@ -14,8 +14,8 @@ import sys
 import pytest
 from transformers import AutoTokenizer
 
-from tritonforge.build.builder import BuildOptions, build
-from tritonforge.build.repository import TOKENIZER_SUBDIR
+from tritonforge.builder.build import BuildOptions, build
+from tritonforge.builder.repository import TOKENIZER_SUBDIR
 
 OVERLAY = os.environ.get("TRITONFORGE_CONTAINER_TRANSFORMERS")
 TEXTS = ["Hello world, this is a test.", "naïve café — 東京 🙂", "  spaces  and\nnewlines\t"]

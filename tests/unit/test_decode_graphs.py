@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tritonforge.runtime.decode_graphs import DecodeGraphs, StaticInputs, graph_bucket
+from tritonforge.runtime.engine.transformers.decode_graphs import DecodeGraphs, StaticInputs, graph_bucket
 
 
 @pytest.mark.parametrize("length, max_len, bucket", [

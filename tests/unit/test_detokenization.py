@@ -6,7 +6,8 @@ import shutil
 
 import pytest
 
-from tritonforge.runtime.detokenization import (
+from tritonforge.runtime.engine.service import streamed_responses
+from tritonforge.runtime.text.detokenization import (
     BYTE_LEVEL,
     OTHER,
     SENTENCEPIECE,
@@ -15,8 +16,7 @@ from tritonforge.runtime.detokenization import (
     TokenBytes,
     token_bytes_of,
 )
-from tritonforge.runtime.engine_service import streamed_responses
-from tritonforge.runtime.tokenization import load_tokenizer
+from tritonforge.runtime.text.tokenization import load_tokenizer
 
 MULTILINGUAL = ["Hello world, the server", "你好，世界。模型正在生成文本。", "café naïve Ångström",
                 "🚀 🎉 👍🏽 👨‍👩‍👧", "Привет, мир!", "  two  spaces\nand a newline", "こんにちは、世界"]
@@ -152,7 +152,7 @@ def test_the_family_is_read_from_the_tokenizers_decoder(decoder, family):
     import json
     from types import SimpleNamespace
 
-    from tritonforge.runtime.detokenization import tokenizer_family
+    from tritonforge.runtime.text.detokenization import tokenizer_family
 
     tokenizer = SimpleNamespace(backend_tokenizer=SimpleNamespace(to_str=lambda: json.dumps({"decoder": decoder})))
     assert tokenizer_family(tokenizer) == family

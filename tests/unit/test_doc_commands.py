@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.build.repository import SOURCE_ROOT
+from tritonforge.builder.repository import SOURCE_ROOT
 from tritonforge.cli import make_parser
 from tritonforge.cli.reference_docs import subcommands
 
@@ -242,7 +242,7 @@ tritonforge serve --not-shell
 Inline, `tritonforge probe --url
 localhost:8001` and `serve --log-file` (no program), and a layout line:
 
-    tritonforge/build/native/        replay_backend.cc     the build's
+    tritonforge/runtime/engine/replay/        replay_backend.cc     the build's
 """
 
 

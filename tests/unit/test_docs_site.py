@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from tritonforge.build.repository import SOURCE_ROOT
+from tritonforge.builder.repository import SOURCE_ROOT
 
 DOCS = SOURCE_ROOT / "docs"
 RESULTS = SOURCE_ROOT / "bench" / "results"

@@ -8,12 +8,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tritonforge.runtime.generation import GenerationRequest
-from tritonforge.runtime.inflight_engine import InflightBatchingEngine
-from tritonforge.runtime.sampling import SamplingParams
-from tritonforge.runtime.tokenization import load_tokenizer
-from tritonforge.spec.errors import RequestError
-from tritonforge.spec.limits import EngineLimits
+from tritonforge.facts.errors import RequestError
+from tritonforge.facts.limits import EngineLimits
+from tritonforge.runtime.engine.generation import GenerationRequest
+from tritonforge.runtime.engine.sampling import SamplingParams
+from tritonforge.runtime.engine.transformers.inflight import InflightBatchingEngine
+from tritonforge.runtime.text.tokenization import load_tokenizer
 
 PROMPTS = ["The engine", "Hello world, the server reads a request", "你好 🚀", "A", "Stop phrases end"]
 WAIT_S = 120  # generous: CI machines are shared
@@ -142,7 +142,7 @@ def test_bad_words_are_never_generated(setup):
 
 
 def test_a_bad_word_of_several_tokens_bans_its_last_token_once_its_start_is_there():
-    from tritonforge.runtime.inflight_engine import _banned_tokens
+    from tritonforge.runtime.engine.transformers.inflight import _banned_tokens
 
     assert _banned_tokens([5, 6, 7], [[7, 8], [6, 7, 9], [1, 2], [4], [5, 7, 3]]) == [8, 9, 4]
     assert _banned_tokens([], [[1, 2], [3]]) == [3]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from tritonforge.runtime.engine_metrics import EngineMetrics
-from tritonforge.runtime.generation import EngineStats
+from tritonforge.runtime.engine.generation import EngineStats
+from tritonforge.runtime.engine.metrics import EngineMetrics
 
 
 class Family:

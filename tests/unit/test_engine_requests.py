@@ -3,7 +3,9 @@
 import numpy as np
 import pytest
 
-from tritonforge.runtime.engine_requests import (
+from tritonforge.facts import contract
+from tritonforge.facts.errors import RequestError, UnsupportedError
+from tritonforge.runtime.engine.requests import (
     FEATURE_INPUTS,
     FLAG_INPUTS,
     IGNORED_INPUTS,
@@ -11,8 +13,6 @@ from tritonforge.runtime.engine_requests import (
     is_stop_request,
     parse_engine_request,
 )
-from tritonforge.spec import contract
-from tritonforge.spec.errors import RequestError, UnsupportedError
 
 # Inputs the parser reads itself, besides the sampling and flag inputs.
 PARSED = {"input_ids", "input_lengths", "request_output_len", "end_id", "stop", "beam_width", "num_return_sequences",

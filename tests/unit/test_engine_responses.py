@@ -9,14 +9,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tritonforge.runtime.engine_service import EngineService, EngineSettings, _RowSink, checkpoint_bos_token_id
-from tritonforge.runtime.generation import GenerationResult
-from tritonforge.runtime.replay_engine import ReplayEngine
-from tritonforge.runtime.response_lanes import run_here
-from tritonforge.runtime.tokenization import load_tokenizer
+from tritonforge.facts.contract import stop_request_inputs
+from tritonforge.facts.limits import EngineLimits
+from tritonforge.runtime.engine.generation import GenerationResult
+from tritonforge.runtime.engine.replay.engine import ReplayEngine
+from tritonforge.runtime.engine.response_lanes import run_here
+from tritonforge.runtime.engine.service import EngineService, EngineSettings, _RowSink, checkpoint_bos_token_id
+from tritonforge.runtime.text.tokenization import load_tokenizer
 from tritonforge.runtime.triton_adapter import RequestRows
-from tritonforge.spec.contract import stop_request_inputs
-from tritonforge.spec.limits import EngineLimits
 
 from .test_engine_thread_faults import PB_UTILS_STAND_IN, WAIT_S, Request, Sender
 
@@ -299,7 +299,7 @@ def test_an_echoed_prompt_carries_log_probs_of_zero_before_the_generated_ones():
 def test_a_rows_perf_metrics_are_the_moments_of_its_own_events(monkeypatch):
     """Arrival, scheduling, first and last token each at their own moment (a scripted clock; the last tokens
     come with the finish)."""
-    from tritonforge.runtime import engine_service
+    from tritonforge.runtime.engine import service as engine_service
 
     clock = iter(range(100, 200))
     monkeypatch.setattr(engine_service, "_now_ns", lambda: next(clock))

@@ -1,5 +1,5 @@
-"""The BLS's stream to the engine (tritonforge/runtime/engine_stream.py): responses reach their own request among many
-on one stream, an error ends only its request, and a stream that fails, cannot open or brings a response that
+"""The BLS's stream to the engine (tritonforge/runtime/bls/engine_stream.py): responses reach their own request
+among many on one stream, an error ends only its request, and a stream that fails, cannot open or brings a response that
 cannot be read ends every open request with an error instead of leaving it waiting. The far end is a test
 double of Triton's gRPC streaming endpoint that answers from a script; the BLS over a real tritonserver is
 tested in tests/integration/test_bls.py."""
@@ -9,10 +9,10 @@ import grpc
 import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonforge.runtime.bls.engine_stream import EngineStream
 
-from tritonforge.runtime.engine_stream import EngineStream
+from tritonforge.facts.errors import EngineCallError, EngineStreamError
 from tritonforge.serve.server import free_port
-from tritonforge.spec.errors import EngineCallError, EngineStreamError
 
 from ..conftest import serving_grpc
 

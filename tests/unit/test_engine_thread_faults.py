@@ -20,11 +20,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tritonforge.runtime.engine_service import EngineService, EngineSettings
-from tritonforge.runtime.replay_engine import ReplayEngine
-from tritonforge.runtime.response_lanes import ResponseLanes
-from tritonforge.spec.contract import OUTPUT_IDS, stop_request_inputs
-from tritonforge.spec.limits import EngineLimits
+from tritonforge.facts.contract import OUTPUT_IDS, stop_request_inputs
+from tritonforge.facts.limits import EngineLimits
+from tritonforge.runtime.engine.replay.engine import ReplayEngine
+from tritonforge.runtime.engine.response_lanes import ResponseLanes
+from tritonforge.runtime.engine.service import EngineService, EngineSettings
 
 from .pb_utils_stand_in import FINAL, PB_UTILS_STAND_IN
 
@@ -220,7 +220,7 @@ def test_closing_the_lanes_runs_what_they_hold_and_ends_their_threads():
 def test_response_lanes_need_a_lane_and_a_bounded_queue(lanes, depth):
     """A queue of depth 0 would be unbounded: a slow server would pile responses up instead of slowing the
     engine."""
-    from tritonforge.runtime.response_lanes import ResponseLanes
+    from tritonforge.runtime.engine.response_lanes import ResponseLanes
 
     with pytest.raises(ValueError, match=f"^response lanes need lanes >= 1 and depth >= 1, got {lanes} and {depth}$"):
         ResponseLanes(lanes, depth)

@@ -1,10 +1,10 @@
-"""The error kinds and their one table (tritonforge/spec/errors.py): each kind's code on every wire, and the
+"""The error kinds and their one table (tritonforge/facts/errors.py): each kind's code on every wire, and the
 reading of a message that is all a gRPC stream's error carries: our own answers exactly, Triton's own checks
 of a request by their wording, and anything else as the server's failure, never the client's."""
 
 import pytest
 
-from tritonforge.spec.errors import (
+from tritonforge.facts.errors import (
     ERROR_CODES,
     EngineCallError,
     EngineStreamError,

@@ -7,7 +7,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tritonforge.cli.main import _exit_status
 from tritonforge.clients.client import GenerationError, ResponseTimeout, ServerUnavailable, _rpc_failure, check_serving
-from tritonforge.spec.errors import ErrorKind
+from tritonforge.facts.errors import ErrorKind
 
 from ..conftest import serving_grpc
 
@@ -46,7 +46,7 @@ def test_a_model_the_command_line_names_and_the_server_does_not_serve_is_a_usage
 @pytest.mark.parametrize(("errors", "status"), [((0, 0), 0), ((0, 3), 1)])
 def test_bench_exits_1_when_any_point_had_failed_requests(tiny_models, tmp_path, monkeypatch, capsys, errors,
                                                           status):
-    from tritonforge.build.builder import BuildOptions, build
+    from tritonforge.builder.build import BuildOptions, build
     from tritonforge.cli import main
     from tritonforge.clients import client as client_module
     from tritonforge.tools import benchmark

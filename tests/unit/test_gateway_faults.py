@@ -11,9 +11,9 @@ import openai
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tritonforge.clients.openai_gateway import GatewayThread
+from tritonforge.facts.contract import NUM_OUTPUT_TOKENS, TEXT_OUTPUT
+from tritonforge.gateway.app import GatewayThread
 from tritonforge.serve.server import free_port
-from tritonforge.spec.contract import NUM_OUTPUT_TOKENS, TEXT_OUTPUT
 
 from ..conftest import serving_grpc
 

@@ -6,8 +6,8 @@ import pytest
 
 from tritonforge.cli import make_parser
 from tritonforge.cli.generate import GenerateOptions
-from tritonforge.spec.contract import DEFAULT_MAX_TOKENS, MAX_TOKENS, SEED, STOP_WORDS, TEMPERATURE, TOP_K, TOP_P
-from tritonforge.spec.settings import given
+from tritonforge.facts.contract import DEFAULT_MAX_TOKENS, MAX_TOKENS, SEED, STOP_WORDS, TEMPERATURE, TOP_K, TOP_P
+from tritonforge.facts.settings import given
 
 
 def options_of(*flags: str) -> GenerateOptions:

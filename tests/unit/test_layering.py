@@ -12,9 +12,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "tritonforge"
 # Bottom to top: a module may import its own layer and those before it, never one after it.
-LAYERS = ("spec", "runtime", "clients", "tools", "serve", "build", "cli")
+LAYERS = ("facts", "runtime", "clients", "gateway", "serve", "builder", "tools", "cli")
 # What Triton's Python stubs load: the models' adapters, which reach only the shared facts and the runtime.
-STUB_LAYERS = ("spec", "runtime")
+STUB_LAYERS = ("facts", "runtime")
 TRITON_MODELS = sorted(ROOT.glob("*/1/model.py"))
 
 
@@ -40,7 +40,7 @@ def imported(path: Path) -> set[str]:
             if module.split(".")[0] != "tritonforge":
                 continue
             if node.module is None or (PACKAGE.parent / module.replace(".", "/")).is_dir():
-                # `from .. import x` or `from tritonforge.spec import contract`: x may be a module of that package
+                # `from .. import x` or `from tritonforge.facts import contract`: x may be a module of that package
                 found.update(f"{module}.{alias.name}" for alias in node.names)
             else:
                 found.add(module)
@@ -64,9 +64,9 @@ def test_every_module_lies_in_a_layer():
 def test_the_reader_sees_relative_lazy_and_package_imports():
     """Guards the guard: a reader that found nothing would pass every test below."""
     assert "tritonforge.serve.server" in imported(PACKAGE / "build" / "builder.py")  # inside a function
-    assert "tritonforge.spec.contract" in imported(PACKAGE / "build" / "model_configs.py")  # from ..spec import
+    assert "tritonforge.facts.contract" in imported(PACKAGE / "build" / "model_configs.py")  # from ..spec import
     assert "tritonforge.cli.main" in imported(PACKAGE / "cli" / "reference_docs.py")
-    assert "tritonforge.runtime.preprocess" in imported(ROOT / "preprocessing" / "1" / "model.py")
+    assert "tritonforge.runtime.text.preprocess" in imported(ROOT / "preprocessing" / "1" / "model.py")
 
 
 @pytest.mark.parametrize("path", PACKAGE_MODULES, ids=lambda path: str(path.relative_to(PACKAGE)))

@@ -10,12 +10,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tritonforge.runtime.generation import GenerationRequest
-from tritonforge.runtime.llmapi_engine import NO_END_ID, LlmApiEngine, LlmApiMissing, LlmApiSettings, load_llm_api
-from tritonforge.runtime.sampling import SamplingParams
-from tritonforge.spec.errors import ErrorKind, QueueFullError, UnsupportedError
-from tritonforge.spec.limits import EngineLimits
-from tritonforge.spec.release import TRITON_IMAGE
+from tritonforge.facts.errors import ErrorKind, QueueFullError, UnsupportedError
+from tritonforge.facts.limits import EngineLimits
+from tritonforge.facts.release import TRITON_IMAGE
+from tritonforge.runtime.engine.generation import GenerationRequest
+from tritonforge.runtime.engine.llmapi.engine import (
+    NO_END_ID,
+    LlmApiEngine,
+    LlmApiMissing,
+    LlmApiSettings,
+    load_llm_api,
+)
+from tritonforge.runtime.engine.sampling import SamplingParams
 
 DOUBLE = Path(__file__).resolve().parent.parent / "llmapi_test_double"
 VOCAB = 1000

@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from tritonforge.build import model_configs as configs
-from tritonforge.build.builder import BuildOptions, build
-from tritonforge.spec.limits import EngineLimits
+from tritonforge.builder import model_configs as configs
+from tritonforge.builder.build import BuildOptions, build
+from tritonforge.facts.limits import EngineLimits
 
 
 def test_repository_configs_parse_and_carry_serving_settings(tiny_models, tmp_path):
@@ -38,7 +38,7 @@ def test_ensemble_wires_every_step_input():
 
 
 # NVIDIA's tensor names at TensorRT-LLM 1.1.0 (triton_backend/all_models/inflight_batcher_llm/*/config.pbtxt),
-# kept here independently of tritonforge/spec/contract.py; multimodal-only tensors are left out on purpose. Checked
+# kept here independently of tritonforge/facts/contract.py; multimodal-only tensors are left out on purpose. Checked
 # again for the 1.2.1 pin in the 1.x templates as stored: tensorrt_llm and ensemble @2a9abd95, tensorrt_llm_bls
 # @0193dbd4, preprocessing @08dc37e3 (which adds only multimodal inputs, such as IMAGES): the same names.
 NVIDIA_ENGINE_INPUTS = {
@@ -136,8 +136,8 @@ def test_the_engine_queue_limit_is_written_and_the_engine_reads_it_back():
     model config Triton hands to `initialize` (as JSON with the proto's field names)."""
     from google.protobuf import json_format
 
-    from tritonforge.runtime.engine_service import EngineSettings
-    from tritonforge.spec.model_parameters import EngineParameters
+    from tritonforge.facts.model_parameters import EngineParameters
+    from tritonforge.runtime.engine.service import EngineSettings
 
     parameters = EngineParameters(max_batch_size=4, max_input_len=16, max_seq_len=32)
 
@@ -167,8 +167,8 @@ def test_the_ensemble_bounds_its_inflight_requests_from_triton_2_63(target, limi
 
 def test_the_engine_step_takes_its_dtype_device_and_echo_from_its_parameters():
     """What `--dtype`, `--device` and `--include-input-in-output` wrote is what the transformers engine runs."""
-    from tritonforge.runtime.engine_service import EngineSettings
-    from tritonforge.spec.model_parameters import TransformersEngineParameters
+    from tritonforge.facts.model_parameters import TransformersEngineParameters
+    from tritonforge.runtime.engine.service import EngineSettings
 
     parameters = TransformersEngineParameters(model_path="", max_batch_size=4, max_input_len=16, max_seq_len=32,
                                               dtype="bfloat16", device="cpu", exclude_input_in_output=False)

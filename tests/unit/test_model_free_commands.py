@@ -7,12 +7,12 @@ import sys
 
 import pytest
 
-from tritonforge.build.builder import BuildOptions, build
+from tritonforge.builder.build import BuildOptions, build
 
 # Runs a command with the step after its tokenizer work replaced by a report: can torch still be imported?
 TORCH_IMPORTABLE = """
 import importlib.util, sys
-import tritonforge.build.tuning as tuning
+import tritonforge.tools.tuning as tuning
 import tritonforge.cli.build as build_command
 import tritonforge.clients.client as client
 import tritonforge.tools.benchmark as benchmark

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tritonforge.spec.model_parameters import (
+from tritonforge.facts.model_parameters import (
     BlsParameters,
     ParameterError,
     PreprocessingParameters,
@@ -53,7 +53,7 @@ def test_unreadable_values_are_refused_naming_the_key(key, value, message):
                                              ("false", False), ("False", False), ("0", False)])
 def test_a_boolean_parameter_reads_as_hand_edited_configs_write_it(text, value):
     """NVIDIA's configs and hand edits write booleans in several ways; each reads as what it says."""
-    from tritonforge.spec.model_parameters import PreprocessingParameters
+    from tritonforge.facts.model_parameters import PreprocessingParameters
 
     parameters = PreprocessingParameters.from_config({"tokenizer_dir": "t", "max_input_len": "8", "max_seq_len": "16",
                                                       "add_special_tokens": text})

@@ -8,9 +8,9 @@ import urllib.request
 import openai
 import pytest
 
-from tritonforge.clients.openai_gateway import GatewayThread, api_key_from_environment, authorized
+from tritonforge.facts.environment import API_KEY_ENV
+from tritonforge.gateway.app import GatewayThread, api_key_from_environment, authorized
 from tritonforge.serve.server import free_port
-from tritonforge.spec.environment import API_KEY_ENV
 
 KEY = "sk-test-7f3a"
 MODEL = "tiny"

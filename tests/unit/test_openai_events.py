@@ -11,9 +11,9 @@ import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tritonforge.clients.client import GenerationError, ResponseTimeout, ServerUnavailable
-from tritonforge.clients.openai_gateway import GATEWAY_OUTPUTS, GatewayThread, _chunk, _sse, _TextEvents, _triton_error
+from tritonforge.facts.contract import CLIENT_OUTPUTS, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS, TEXT_OUTPUT
+from tritonforge.gateway.app import GATEWAY_OUTPUTS, GatewayThread, _chunk, _sse, _TextEvents, _triton_error
 from tritonforge.serve.server import free_port
-from tritonforge.spec.contract import CLIENT_OUTPUTS, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS, TEXT_OUTPUT
 
 from ..conftest import serving_grpc
 
@@ -56,7 +56,7 @@ def test_a_server_that_cannot_be_reached_is_503():
 
 @pytest.mark.parametrize(("kind", "obj"), [("completions", "text_completion"), ("chat", "chat.completion")])
 def test_a_whole_answer_is_openais_object_with_its_usage(kind, obj):
-    from tritonforge.clients.openai_gateway import Generation, _whole
+    from tritonforge.gateway.app import Generation, _whole
 
     generation = Generation(max_tokens=4, prompt_tokens=3, completion_tokens=2, chunks=["Hel", "lo"])
     whole = _whole(kind, "id-1", 1700000000, "tiny", generation)
@@ -79,8 +79,8 @@ def test_a_streamed_chats_first_chunk_says_who_speaks_and_the_others_only_what()
 def test_the_gateways_latency_histograms_time_the_first_chunk_and_each_gap(monkeypatch):
     """A stream received at 1.0 s with chunks at 1.5, 1.7 and 2.2 s (a scripted clock): time to first chunk
     0.5 s, then gaps of 0.2 and 0.5 s, each from the chunk before."""
-    from tritonforge.clients import gateway_metrics
-    from tritonforge.clients.gateway_metrics import ITL_METRIC, TTFT_METRIC, GatewayMetrics
+    from tritonforge.gateway import metrics as gateway_metrics
+    from tritonforge.gateway.metrics import ITL_METRIC, TTFT_METRIC, GatewayMetrics
 
     clock = iter([1.0, 1.5, 1.7, 2.2])
     monkeypatch.setattr(gateway_metrics.time, "perf_counter", lambda: next(clock))

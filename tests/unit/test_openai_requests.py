@@ -6,8 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tritonforge.clients.openai_gateway import Generation, OpenAIError, TritonBackend, parse_request
-from tritonforge.spec.contract import (
+from tritonforge.facts.contract import (
     FREQUENCY_PENALTY,
     NUM_INPUT_TOKENS,
     NUM_OUTPUT_TOKENS,
@@ -20,6 +19,7 @@ from tritonforge.spec.contract import (
     TEXT_OUTPUT,
     TOP_K,
 )
+from tritonforge.gateway.app import Generation, OpenAIError, TritonBackend, parse_request
 
 PROMPT = {"prompt": "Hello"}
 CHAT = {"messages": [{"role": "user", "content": "Hello"}]}

@@ -2,8 +2,8 @@
 
 import pytest
 
-from tritonforge.build.planner import GIB, ModelShape, PlanRefused, plan_memory
-from tritonforge.spec.release import TOKENS_PER_BLOCK
+from tritonforge.builder.planner import GIB, ModelShape, PlanRefused, plan_memory
+from tritonforge.facts.release import TOKENS_PER_BLOCK
 
 LLAMA_3_1_8B = ModelShape(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
                           num_heads=32, num_kv_heads=8, head_dim=128, tied_embeddings=False)

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from tritonforge.runtime.postprocess import Postprocessor
-from tritonforge.runtime.tokenization import load_tokenizer
+from tritonforge.runtime.text.postprocess import Postprocessor
+from tritonforge.runtime.text.tokenization import load_tokenizer
 
 
 def test_each_row_decodes_only_its_sequence_length_of_tokens(tiny_models):
@@ -18,7 +18,7 @@ def test_each_row_decodes_only_its_sequence_length_of_tokens(tiny_models):
 def test_rows_without_a_beam_axis_decode_as_one_beam_and_a_beam_count_mismatch_names_the_input(tiny_models):
     import pytest
 
-    from tritonforge.spec.errors import RequestError
+    from tritonforge.facts.errors import RequestError
 
     tokenizer = load_tokenizer(tiny_models["bpe"])
     ids = tokenizer("the server reads", add_special_tokens=False).input_ids

@@ -5,11 +5,11 @@ import json
 import numpy as np
 import pytest
 
-from tritonforge.runtime.preprocess import CLIENT_TENSORS, PREPROCESSING_TENSORS, Preprocessor
-from tritonforge.runtime.tokenization import PromptEncoder, from_word_list, to_word_list
-from tritonforge.spec.contract import ENGINE_FROM_PREPROCESSING, PREPROCESSING_TO_ENSEMBLE
-from tritonforge.spec.errors import RequestError, UnsupportedError
-from tritonforge.spec.limits import EngineLimits
+from tritonforge.facts.contract import ENGINE_FROM_PREPROCESSING, PREPROCESSING_TO_ENSEMBLE
+from tritonforge.facts.errors import RequestError, UnsupportedError
+from tritonforge.facts.limits import EngineLimits
+from tritonforge.runtime.text.preprocess import CLIENT_TENSORS, PREPROCESSING_TENSORS, Preprocessor
+from tritonforge.runtime.text.tokenization import PromptEncoder, from_word_list, to_word_list
 
 LIMITS = EngineLimits(max_input_len=32, max_seq_len=101)
 
@@ -111,7 +111,7 @@ def test_special_token_text_in_a_chat_message_stays_text(tiny_model):
     """A message cannot forge a turn: only the chat template makes special tokens."""
     import json
 
-    from tritonforge.runtime.tokenization import PromptEncoder, load_tokenizer
+    from tritonforge.runtime.text.tokenization import PromptEncoder, load_tokenizer
 
     tokenizer = load_tokenizer(tiny_model)
     encoder = PromptEncoder(tokenizer, max_input_len=512)
@@ -147,7 +147,7 @@ class NeverTokenize:
 
 @pytest.mark.parametrize("field", ["text_input", "messages"])
 def test_a_prompt_too_long_by_its_size_is_refused_before_tokenizing(tiny_models, field):
-    from tritonforge.runtime.tokenization import PromptEncoder, load_tokenizer, longest_token
+    from tritonforge.runtime.text.tokenization import PromptEncoder, load_tokenizer, longest_token
 
     tokenizer = load_tokenizer(tiny_models["bpe"])
     encoder = PromptEncoder(NeverTokenize(tokenizer), max_input_len=32)
@@ -161,7 +161,7 @@ def test_a_prompt_too_long_by_its_size_is_refused_before_tokenizing(tiny_models,
 
 @pytest.mark.parametrize("name, field", [("STOP_WORDS_DICT", "stop_words"), ("BAD_WORDS_DICT", "bad_words")])
 def test_phrase_lists_are_sized_before_they_are_tokenized(preprocessor, name, field):
-    from tritonforge.runtime.preprocess import MAX_WORD_BYTES, MAX_WORDS
+    from tritonforge.runtime.text.preprocess import MAX_WORD_BYTES, MAX_WORDS
 
     too_big = request(QUERY=strings("hello"), REQUEST_OUTPUT_LEN=np.array([[4]], dtype=np.int32),
                       **{name: np.array([["x" * (MAX_WORD_BYTES + 1)]], dtype=object)})
@@ -205,7 +205,7 @@ def test_a_requests_own_end_id_and_pad_id_are_sent_to_the_engine_and_pad_its_pro
 
 @pytest.mark.parametrize("name", ["STOP_WORDS_DICT", "BAD_WORDS_DICT"])
 def test_phrase_lists_at_their_limits_are_accepted(preprocessor, name):
-    from tritonforge.runtime.preprocess import MAX_WORD_BYTES, MAX_WORDS
+    from tritonforge.runtime.text.preprocess import MAX_WORD_BYTES, MAX_WORDS
 
     preprocessor(request(**{name: np.array([["x"] * MAX_WORDS], dtype=object)}))
     preprocessor(request(**{name: np.array([["x" * (MAX_WORD_BYTES // 2)] * 2], dtype=object)}))
@@ -300,7 +300,7 @@ def test_a_checkpoints_tokenizer_code_is_never_run(tiny_models, monkeypatch):
     """A checkpoint may ship Python for its tokenizer: loading never trusts it."""
     import transformers
 
-    from tritonforge.runtime.tokenization import load_tokenizer
+    from tritonforge.runtime.text.tokenization import load_tokenizer
 
     asked = []
     real = transformers.AutoTokenizer.from_pretrained

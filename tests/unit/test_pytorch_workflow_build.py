@@ -5,13 +5,13 @@ import json
 
 import pytest
 
-from tritonforge.build import model_configs as configs
-from tritonforge.build.builder import BuildOptions, build
-from tritonforge.build.repository import SOURCE_ROOT
-from tritonforge.build.trtllm import TRITON_VERSION
+from tritonforge.builder import model_configs as configs
+from tritonforge.builder.build import BuildOptions, build
+from tritonforge.builder.repository import SOURCE_ROOT
+from tritonforge.builder.trtllm import TRITON_VERSION
 from tritonforge.cli import main
-from tritonforge.spec.model_parameters import PyTorchEngineParameters
-from tritonforge.spec.release import TRITON_IMAGE, TRTLLM_VERSION
+from tritonforge.facts.model_parameters import PyTorchEngineParameters
+from tritonforge.facts.release import TRITON_IMAGE, TRTLLM_VERSION
 
 
 def options(model, output, **kwargs):

@@ -5,8 +5,8 @@ import functools
 import pytest
 
 from tritonforge.cli.reference_docs import REFERENCE_DIR, contract_tensor_names, pages
-from tritonforge.spec import contract
-from tritonforge.spec.tensor_meanings import MEANINGS
+from tritonforge.facts import contract
+from tritonforge.facts.tensor_meanings import MEANINGS
 
 PAGES = ("tensors.md", "model-parameters.md", "build-flags.md", "cli.md")
 

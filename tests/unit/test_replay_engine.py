@@ -4,10 +4,10 @@ import threading
 
 import pytest
 
-from tritonforge.runtime.generation import GenerationRequest
-from tritonforge.runtime.replay_engine import ReplayEngine
-from tritonforge.spec.errors import ErrorKind, RequestError
-from tritonforge.spec.limits import EngineLimits
+from tritonforge.facts.errors import ErrorKind, RequestError
+from tritonforge.facts.limits import EngineLimits
+from tritonforge.runtime.engine.generation import GenerationRequest
+from tritonforge.runtime.engine.replay.engine import ReplayEngine
 
 TOKENS = list(range(10, 50))
 WAIT_S = 60
@@ -113,13 +113,14 @@ def test_instances_share_one_batch_through_the_lock_file(tmp_path):
     import subprocess
     import sys
 
-    from tritonforge.runtime.replay_engine import SharedBatch
+    from tritonforge.runtime.engine.replay.engine import SharedBatch
 
     path = str(tmp_path / "batch.lock")
     mine = SharedBatch(path, slots=3)
     assert [mine.acquire(), mine.acquire()] == [0, 1]
     # Another process (another instance's stub) gets only the slot left, and its slots die with it.
-    other = ("import sys; from tritonforge.runtime.replay_engine import SharedBatch; b = SharedBatch(sys.argv[1], 3); "
+    other = ("import sys; from tritonforge.runtime.engine.replay.engine import SharedBatch; "
+             "b = SharedBatch(sys.argv[1], 3); "
              "print(b.acquire(), b.acquire())")
     result = subprocess.run([sys.executable, "-c", other, path], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["2", "None"]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.build.builder import BuildOptions, build
-from tritonforge.build.repository import MANIFEST
+from tritonforge.builder.build import BuildOptions, build
+from tritonforge.builder.repository import MANIFEST
 
 
 def build_to(model, output, **kwargs):
@@ -93,7 +93,7 @@ def test_weights_are_copied_not_linked(checkpoint, tmp_path):
 
 def test_the_folder_of_all_homes_is_refused():
     """Checked by the refusal itself: a build that got past it would write into /home."""
-    from tritonforge.build.repository import _refuse_dangerous_output
+    from tritonforge.builder.repository import _refuse_dangerous_output
 
     with pytest.raises(ValueError, match="^--output /home is a home directory"):
         _refuse_dangerous_output(Path("/home"), None)

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from tritonforge.clients.client import GenerationError
-from tritonforge.clients.openai_gateway import _triton_error
-from tritonforge.runtime.generation import GenerationRequest, check_limits
-from tritonforge.runtime.preprocess import PREPROCESSING_TENSORS, Preprocessor
+from tritonforge.facts.errors import QueueFullError, RequestError
+from tritonforge.facts.limits import EngineLimits
+from tritonforge.gateway.app import _triton_error
+from tritonforge.runtime.engine.generation import GenerationRequest, check_limits
+from tritonforge.runtime.text.preprocess import PREPROCESSING_TENSORS, Preprocessor
 from tritonforge.runtime.triton_adapter import answer_each, to_triton_error
-from tritonforge.spec.errors import QueueFullError, RequestError
-from tritonforge.spec.limits import EngineLimits
 
 from .pb_utils_stand_in import PB_UTILS_STAND_IN
 
@@ -92,7 +92,7 @@ def test_engine_limits_refuse_a_prompt_of_no_token_and_a_negative_queue(limits, 
 
 @pytest.mark.parametrize("batch", [0, -1])
 def test_engine_limits_refuse_a_batch_of_no_sequence(batch):
-    from tritonforge.spec.limits import EngineLimits
+    from tritonforge.facts.limits import EngineLimits
 
     with pytest.raises(ValueError, match=f"^max_batch_size must be >= 1, got {batch}$"):
         EngineLimits(max_input_len=8, max_seq_len=16, max_batch_size=batch)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from tritonforge.runtime.sampling import SamplingParams, SlotSampler, gumbel_noise
-from tritonforge.spec.errors import RequestError
+from tritonforge.facts.errors import RequestError
+from tritonforge.runtime.engine.sampling import SamplingParams, SlotSampler, gumbel_noise
 
 VOCAB = 64
 EXACT = 1e-6  # float32 ops in another order: the batched and the per-row results agree to rounding
@@ -174,7 +174,7 @@ def test_the_noise_is_finite_for_every_token_so_a_masked_token_is_never_drawn():
     bit pattern and over many draws of a large vocabulary."""
     import torch
 
-    from tritonforge.runtime.sampling import gumbel_noise, uniform_from_bits
+    from tritonforge.runtime.engine.sampling import gumbel_noise, uniform_from_bits
 
     extremes = uniform_from_bits(torch.tensor([0, 2**32 - 1], dtype=torch.int64))
     assert 0.0 < extremes[0].item() and extremes[1].item() < 1.0

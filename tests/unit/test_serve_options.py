@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 
 from tritonforge.cli import make_parser
+from tritonforge.facts.settings import given
 from tritonforge.serve.options import ServeOptions
-from tritonforge.spec.settings import given
 
 
 def test_serve_options_not_given_keep_the_dataclass_defaults_and_given_ones_are_parsed():

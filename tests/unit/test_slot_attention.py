@@ -5,7 +5,7 @@ import torch
 from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from tritonforge.runtime.slot_attention import slot_decode_attention
+from tritonforge.runtime.engine.transformers.slot_attention import slot_decode_attention
 
 
 def test_one_token_a_row_with_grouped_heads_and_a_mask_per_row_equals_sdpa():

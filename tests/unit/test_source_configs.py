@@ -2,9 +2,9 @@
 
 import pytest
 
-from tritonforge.build import model_configs as configs
-from tritonforge.build.repository import SOURCE_ROOT
-from tritonforge.build.source_configs import source_configs
+from tritonforge.builder import model_configs as configs
+from tritonforge.builder.repository import SOURCE_ROOT
+from tritonforge.builder.source_configs import source_configs
 
 GENERATED = source_configs()
 
@@ -12,10 +12,10 @@ GENERATED = source_configs()
 @pytest.mark.parametrize("relative", sorted(GENERATED))
 def test_committed_config_equals_the_generated_one(relative):
     committed = SOURCE_ROOT / relative
-    assert committed.is_file(), f"{relative} is missing: run python -m tritonforge.build.source_configs"
+    assert committed.is_file(), f"{relative} is missing: run python -m tritonforge.builder.source_configs"
     assert committed.read_text() == GENERATED[relative], (
-        f"{relative} differs from what tritonforge/build/model_configs.py generates: never edit it by hand; "
-        f"change the typed config and run python -m tritonforge.build.source_configs")
+        f"{relative} differs from what tritonforge/builder/model_configs.py generates: never edit it by hand; "
+        f"change the typed config and run python -m tritonforge.builder.source_configs")
 
 
 def test_every_model_directory_of_the_source_tree_has_its_config():

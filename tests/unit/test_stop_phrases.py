@@ -1,6 +1,6 @@
 import random
 
-from tritonforge.runtime.stop_phrases import StopPhraseFilter, truncate_at_stop
+from tritonforge.runtime.text.stop_phrases import StopPhraseFilter, truncate_at_stop
 
 
 def stream(phrases, pieces):

@@ -23,7 +23,7 @@ from tritonforge.clients.client import (
     needs_engine_stop,
     stop_engine_request,
 )
-from tritonforge.spec.contract import BLS_MODEL, ENGINE_MODEL, ENSEMBLE_MODEL, FINAL_RESPONSE_PARAMETER, TEXT_OUTPUT
+from tritonforge.facts.contract import BLS_MODEL, ENGINE_MODEL, ENSEMBLE_MODEL, FINAL_RESPONSE_PARAMETER, TEXT_OUTPUT
 
 from ..conftest import serving_grpc
 

@@ -11,8 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tritonforge.runtime.triton_adapter import output_tensors, requested_outputs, to_triton_error
-from tritonforge.spec.errors import (
+from tritonforge.facts.errors import (
     EngineCallError,
     EngineStreamError,
     QueueFullError,
@@ -21,6 +20,7 @@ from tritonforge.spec.errors import (
     ServerStopping,
     UnsupportedError,
 )
+from tritonforge.runtime.triton_adapter import output_tensors, requested_outputs, to_triton_error
 
 from .pb_utils_stand_in import FINAL, PB_UTILS_STAND_IN, TritonErrorStandIn
 
@@ -46,8 +46,8 @@ def test_a_stub_beats_into_the_supervisors_folder_only_when_asked(tmp_path, monk
     import os
     import time
 
+    from tritonforge.facts.environment import HEARTBEAT_DIR_ENV
     from tritonforge.runtime.triton_adapter import start_heartbeat
-    from tritonforge.spec.environment import HEARTBEAT_DIR_ENV
 
     monkeypatch.delenv(HEARTBEAT_DIR_ENV, raising=False)
     start_heartbeat()  # no supervisor: nothing is written anywhere
@@ -115,7 +115,7 @@ def test_a_stub_whose_server_and_folder_are_gone_exits(tmp_path):
     server = ("import subprocess, sys; child = subprocess.Popen([sys.executable, '-c', sys.argv[1]], "
               "stdout=subprocess.PIPE, text=True); print(child.stdout.readline().strip(), flush=True); "
               "import time; time.sleep(600)")
-    from tritonforge.spec.environment import HEARTBEAT_DIR_ENV, HEARTBEAT_PERIOD_S
+    from tritonforge.facts.environment import HEARTBEAT_DIR_ENV, HEARTBEAT_PERIOD_S
 
     env = {**os.environ, HEARTBEAT_DIR_ENV: str(folder)}
     parent = subprocess.Popen([sys.executable, "-c", server, stub], stdout=subprocess.PIPE, text=True, env=env)
@@ -183,7 +183,7 @@ def test_a_stub_orphaned_before_it_could_watch_its_server_exits_at_once(tmp_path
     import sys
     import time
 
-    from tritonforge.spec.environment import HEARTBEAT_DIR_ENV, SERVER_PID_FILE
+    from tritonforge.facts.environment import HEARTBEAT_DIR_ENV, SERVER_PID_FILE
 
     folder = tmp_path / "heartbeats"
     folder.mkdir()

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tritonforge.build import model_configs as configs
-from tritonforge.build.builder import BuildOptions, build, trt_build_spec
-from tritonforge.build.trtllm import (
+from tritonforge.builder import model_configs as configs
+from tritonforge.builder.build import BuildOptions, build, trt_build_spec
+from tritonforge.builder.trtllm import (
     CONTAINERS,
     ENGINE_INFO,
     EngineMismatch,
@@ -21,7 +21,7 @@ from tritonforge.build.trtllm import (
     runtime_facts,
 )
 from tritonforge.cli import main
-from tritonforge.spec.release import TRITON_IMAGE, TRTLLM_VERSION
+from tritonforge.facts.release import TRITON_IMAGE, TRTLLM_VERSION
 
 # The keys the tensorrtllm backend reads with no default: a config without them aborts the model instance.
 # Read in NVIDIA/TensorRT-LLM triton_backend/inflight_batcher_llm/src/model_instance_state.cc (release 1.1.0, and
@@ -86,7 +86,7 @@ def test_no_kv_cache_reuse_reaches_the_backend_parameter(tiny_models, tmp_path):
                                                      ("dtype", "bfloat16", "bfloat16"),  # transformers 5's key
                                                      ("torch_dtype", "float32", "float16"), (None, None, "float16")])
 def test_the_engine_dtype_follows_the_checkpoints_16_bit_type(tmp_path, key, value, dtype):
-    from tritonforge.build.builder import trt_build_spec
+    from tritonforge.builder.build import trt_build_spec
 
     checkpoint_config = {key: value} if key else {}
     assert trt_build_spec(options(tmp_path / "model", tmp_path / "repo"), checkpoint_config).dtype == dtype
@@ -190,7 +190,7 @@ def test_machine_facts_import_neither_torch_nor_tensorrt_llm():
     import subprocess
     import sys
 
-    probe = ("import sys; from tritonforge.build.trtllm import runtime_facts; runtime_facts(); "
+    probe = ("import sys; from tritonforge.builder.trtllm import runtime_facts; runtime_facts(); "
              "print(sorted(m for m in ('torch', 'tensorrt_llm', 'tensorrt') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
@@ -239,8 +239,8 @@ def test_target_triton_refuses_an_unknown_container_or_a_word(text):
 
 @pytest.mark.parametrize(("tp", "pp", "ranks"), [(1, 1, 1), (2, 1, 2), (2, 2, 4), (1, 4, 4)])
 def test_serve_runs_one_rank_per_gpu_of_the_engines_tensor_and_pipeline_split(tmp_path, monkeypatch, tp, pp, ranks):
-    from tritonforge.build import trtllm
-    from tritonforge.build.repository import MANIFEST
+    from tritonforge.builder import trtllm
+    from tritonforge.builder.repository import MANIFEST
     from tritonforge.cli.serve import check_repository_engine
 
     (tmp_path / MANIFEST).write_text(json.dumps({"tritonforge_build": {"engine": "tensorrtllm", "tp_size": tp,

@@ -2,8 +2,8 @@
 
 from dataclasses import asdict
 
-from tritonforge.build.builder import BuildOptions, build
-from tritonforge.build.tuning import Candidate, apply, choose, current, grid
+from tritonforge.builder.build import BuildOptions, build
+from tritonforge.tools.tuning import Candidate, apply, choose, current, grid
 
 SMALL, LARGE, SLOW = Candidate(2, 4, 4, 0), Candidate(4, 8, 8, 0), Candidate(2, 4, 4, 500)
 
@@ -79,7 +79,7 @@ def test_equal_instances_are_separated_by_their_slowest_paths_ttft_p99():
 def test_a_ctrl_c_during_a_measurement_puts_the_configs_back(tiny_models, tmp_path, monkeypatch):
     import pytest
 
-    from tritonforge.build import tuning
+    from tritonforge.tools import tuning
 
     repository = build(BuildOptions(model=tiny_models["bpe"], output=tmp_path / "repo", max_input_len=64,
                                     max_seq_len=256))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..spec.settings import add_arguments, given, positive_int
+from ..facts.settings import add_arguments, given, positive_int
 
 
 def eval_command(args: argparse.Namespace) -> int:

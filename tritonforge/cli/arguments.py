@@ -7,9 +7,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..build.repository import tokenizer_dir
-from ..spec.contract import DEFAULT_MAX_TOKENS
-from ..spec.settings import positive_int, positive_seconds, setting
+from ..builder.repository import tokenizer_dir
+from ..facts.contract import DEFAULT_MAX_TOKENS
+from ..facts.settings import positive_int, positive_seconds, setting
 
 
 @dataclass(frozen=True, kw_only=True)

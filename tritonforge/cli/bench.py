@@ -6,10 +6,10 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..runtime.tokenization import tokenizer_only_process
-from ..spec.paths import PATH_MODELS, PATHS, path_list
-from ..spec.ports import LOCAL_GRPC_URL
-from ..spec.settings import add_arguments, given, positive_int, positive_ints, setting
+from ..facts.paths import PATH_MODELS, PATHS, path_list
+from ..facts.ports import LOCAL_GRPC_URL
+from ..facts.settings import add_arguments, given, positive_int, positive_ints, setting
+from ..runtime.text.tokenization import tokenizer_only_process
 from .arguments import LoadOptions, repository_tokenizer, require_tool, say
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from ..build import model_configs as configs
-from ..build.builder import BuildOptions, build
-from ..runtime.tokenization import tokenizer_only_process
-from ..spec.settings import add_arguments, given
+from ..builder import model_configs as configs
+from ..builder.build import BuildOptions, build
+from ..facts.settings import add_arguments, given
+from ..runtime.text.tokenization import tokenizer_only_process
 
 SERVING = "serving."  # where the ServingConfig options land in `args`
 INSTANCE_COUNTS = ("preprocessing_instances", "postprocessing_instances", "bls_instances")

@@ -7,8 +7,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..build.builder import BuildOptions, build
-from ..spec.settings import add_arguments, given, positive_int, setting
+from ..builder.build import BuildOptions, build
+from ..facts.settings import add_arguments, given, positive_int, setting
 from ..tools.tiny_model import TOKENIZER_FAMILIES
 from .arguments import say
 

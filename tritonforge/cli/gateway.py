@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..clients.openai_gateway import GatewayOptions
-from ..spec.settings import add_arguments, given
+from ..facts.settings import add_arguments, given
+from ..gateway.app import GatewayOptions
 from .arguments import say
 
 
 def openai_command(args: argparse.Namespace) -> int:
-    from ..clients.openai_gateway import run
+    from ..gateway.app import run
     from ..serve.server import check_ports_free
 
     options = GatewayOptions(**given(args, GatewayOptions))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from ..spec.contract import (
+from ..facts.contract import (
     BLS_MODEL,
     DEFAULT_MAX_TOKENS,
     ENSEMBLE_MODEL,
@@ -16,8 +16,8 @@ from ..spec.contract import (
     TOP_K,
     TOP_P,
 )
-from ..spec.ports import LOCAL_GRPC_URL, LOCAL_HTTP_URL
-from ..spec.settings import add_arguments, given, positive_int, setting
+from ..facts.ports import LOCAL_GRPC_URL, LOCAL_HTTP_URL
+from ..facts.settings import add_arguments, given, positive_int, setting
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,8 +10,8 @@ import argparse
 import logging
 import sys
 
-from ..build.builder import AccuracyGateFailed
-from ..build.trtllm import EngineMismatch, TensorRTLLMMissing
+from ..builder.build import AccuracyGateFailed
+from ..builder.trtllm import EngineMismatch, TensorRTLLMMissing
 from . import accuracy, bench, build, demo, gateway, generate, make_tiny_model, probe, serve, tune
 from .arguments import RepositoryInUse, ToolMissing
 
@@ -63,8 +63,8 @@ def make_parser() -> argparse.ArgumentParser:
 
 def _exit_status(error: BaseException) -> int | None:
     """2 for a usage error (the command line names something wrong), 1 for a runtime one; None: not ours."""
+    from ..facts.errors import TritonforgeError
     from ..serve.server import PortInUse, ServerError
-    from ..spec.errors import TritonforgeError
 
     if isinstance(error, PortInUse):
         return 2

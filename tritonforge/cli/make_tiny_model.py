@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..spec.settings import add_arguments, given, setting
+from ..facts.settings import add_arguments, given, setting
 from ..tools.tiny_model import SHAPES, TOKENIZER_FAMILIES
 
 

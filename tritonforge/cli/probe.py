@@ -8,9 +8,9 @@ import sys
 from dataclasses import dataclass
 
 from ..clients.client import STOP_TIMEOUT_S
-from ..spec.contract import BLS_MODEL, ENSEMBLE_MODEL
-from ..spec.ports import LOCAL_GRPC_URL
-from ..spec.settings import add_arguments, given, positive_seconds, setting
+from ..facts.contract import BLS_MODEL, ENSEMBLE_MODEL
+from ..facts.ports import LOCAL_GRPC_URL
+from ..facts.settings import add_arguments, given, positive_seconds, setting
 
 
 @dataclass(frozen=True, kw_only=True)

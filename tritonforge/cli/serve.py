@@ -10,10 +10,10 @@ import signal
 import threading
 from pathlib import Path
 
-from ..build import model_configs as configs
-from ..build.trtllm import EngineMismatch
+from ..builder import model_configs as configs
+from ..builder.trtllm import EngineMismatch
+from ..facts.settings import add_arguments, given
 from ..serve.options import ServeOptions
-from ..spec.settings import add_arguments, given
 from .arguments import say
 
 
@@ -21,8 +21,8 @@ def check_repository_engine(repository: Path) -> int:
     """For a TensorRT-LLM repository: fail now if its engine was built for another GPU or release."""
     import json
 
-    from ..build.repository import ENGINE_SUBDIR, MANIFEST
-    from ..build.trtllm import check_engine, runtime_facts
+    from ..builder.repository import ENGINE_SUBDIR, MANIFEST
+    from ..builder.trtllm import check_engine, runtime_facts
 
     manifest = json.loads((repository / MANIFEST).read_text()) if (repository / MANIFEST).exists() else {}
     if manifest.get("ready") is False:
@@ -75,7 +75,7 @@ def serve_command(args: argparse.Namespace) -> int:
     gateway = None
     try:
         if options.openai_port:
-            from ..clients.openai_gateway import GatewayThread, api_key_from_environment
+            from ..gateway.app import GatewayThread, api_key_from_environment
 
             gateway = GatewayThread(server.grpc_url, host=options.address, port=options.openai_port,
                                     model=options.openai_model, served_model_name=options.served_model_name,

@@ -8,8 +8,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..runtime.tokenization import tokenizer_only_process
-from ..spec.settings import add_arguments, given, non_negative_ints, positive_int, positive_ints, setting
+from ..facts.settings import add_arguments, given, non_negative_ints, positive_int, positive_ints, setting
+from ..runtime.text.tokenization import tokenizer_only_process
 from .arguments import LoadOptions, RepositoryInUse, repository_tokenizer, require_tool
 
 
@@ -34,9 +34,9 @@ def tune_command(args: argparse.Namespace) -> int:
     import datetime
     import json
 
-    from ..build.tuning import current, grid, plot, tune
     from ..serve.server import serving_processes
     from ..tools.benchmark import machine_description
+    from ..tools.tuning import current, grid, plot, tune
 
     tokenizer_only_process()  # the prompts are tokenized here; the model runs in the servers tune starts
     options = TuneOptions(**given(args, TuneOptions))

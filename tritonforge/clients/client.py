@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..spec.contract import (
+from ..facts.contract import (
     BLS_MODEL,
     DEFAULT_MAX_TOKENS,
     ENGINE_MODEL,
@@ -42,8 +42,8 @@ from ..spec.contract import (
     client_inputs,
     stop_request_inputs,
 )
-from ..spec.errors import AnsweredError, ErrorKind, grpc_status_kind
-from ..spec.ports import HTTP_PORT
+from ..facts.errors import AnsweredError, ErrorKind, grpc_status_kind
+from ..facts.ports import HTTP_PORT
 
 logger = logging.getLogger(__name__)
 

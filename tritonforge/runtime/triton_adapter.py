@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..spec.environment import (
+from ..facts.environment import (
     DRAINED_SUFFIX,
     DRAINS_SUFFIX,
     HEARTBEAT_DIR_ENV,
@@ -24,7 +24,7 @@ from ..spec.environment import (
     SERVER_PID_FILE,
     STOPPING_FILE,
 )
-from ..spec.errors import ERROR_CODES, INTERNAL_PREFIX, ErrorKind, ResponseSendError, TritonforgeError
+from ..facts.errors import ERROR_CODES, INTERNAL_PREFIX, ErrorKind, ResponseSendError, TritonforgeError
 
 logger = logging.getLogger(__name__)
 

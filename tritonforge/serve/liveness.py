@@ -27,7 +27,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..clients.client import grpc_tensors, one_streamed_answer
-from ..spec.contract import (
+from ..facts.contract import (
     BLS_MODEL,
     ENGINE_MODEL,
     MAX_TOKENS,

@@ -1,16 +1,16 @@
 """What `tritonforge serve` takes: each option's default, help and flag declared once, as a field; the command
-line is generated from these fields (`tritonforge.spec.settings`)."""
+line is generated from these fields (`tritonforge.facts.settings`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..clients.openai_gateway import API_KEY_HELP, SERVED_MODEL_NAME
-from ..clients.openai_gateway import DEFAULT_MODEL as OPENAI_DEFAULT_MODEL
-from ..spec.contract import BLS_MODEL, ENSEMBLE_MODEL
-from ..spec.ports import GRPC_PORT, HTTP_PORT, LOOPBACK, METRICS_PORT, port_number
-from ..spec.settings import setting
+from ..facts.contract import BLS_MODEL, ENSEMBLE_MODEL
+from ..facts.ports import GRPC_PORT, HTTP_PORT, LOOPBACK, METRICS_PORT, port_number
+from ..facts.settings import setting
+from ..gateway.app import API_KEY_HELP, SERVED_MODEL_NAME
+from ..gateway.app import DEFAULT_MODEL as OPENAI_DEFAULT_MODEL
 from .liveness import DEFAULT_WEDGED_AFTER_S
 
 

@@ -37,7 +37,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..spec.environment import (
+from ..facts.environment import (
     DRAINED_SUFFIX,
     DRAINS_SUFFIX,
     ENGINE_GRPC_URL_ENV,

@@ -27,8 +27,8 @@ import threading
 import time
 from pathlib import Path
 
-from ..tools.profiling import all_stub_pids
 from .liveness import DEFAULT_PERIOD_S, DEFAULT_WEDGED_AFTER_S, LivenessProbes, probed_models
+from .processes import all_stub_pids
 from .server import PortInUse, ServerError, TritonServer
 
 logger = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..clients.client import grpc_tensors, is_final
-from ..spec.contract import (
+from ..facts.contract import (
     END_ID,
     ENGINE_MODEL,
     INPUT_IDS,
@@ -41,7 +41,7 @@ from ..spec.contract import (
     SEQUENCE_LENGTH,
     STREAMING,
 )
-from ..spec.settings import setting
+from ..facts.settings import setting
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent / "data" / "accuracy_prompts.jsonl"
 
@@ -117,7 +117,7 @@ class Reference:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from ..runtime.tokenization import default_end_id
+        from ..runtime.text.tokenization import default_end_id
 
         self.torch = torch
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -204,7 +204,7 @@ def run_eval(url: str, checkpoint: Path, tokenizer_dir: Path, *, prompts_path: P
              tokens: int = 32, thresholds: Thresholds = Thresholds(), choices_path: Path | None = None,
              model: str = "tensorrt_llm") -> Report:
     """The whole check: load the prompt sets, the repository's tokenizer and the reference; evaluate."""
-    from ..runtime.tokenization import default_end_id, load_tokenizer
+    from ..runtime.text.tokenization import default_end_id, load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)
     prompts = load_jsonl(prompts_path or DEFAULT_PROMPTS, ("prompt",))

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..builder.corpus import corpus_lines
 from ..clients.client import first_string, response_outputs, wait_call_ended
-from ..runtime.tokenization import load_tokenizer
-from ..spec.contract import (
+from ..facts.contract import (
     BLS_MODEL,
     ENGINE_MODEL,
     EXCLUDE_INPUT_IN_OUTPUT,
@@ -46,9 +46,9 @@ from ..spec.contract import (
     TEXT_INPUT,
     TEXT_OUTPUT,
 )
-from ..spec.paths import PATH_MODELS, PATHS
+from ..facts.paths import PATH_MODELS, PATHS
+from ..runtime.text.tokenization import load_tokenizer
 from .profiling import cpu_cores, cpu_snapshot, model_statistics, record_stubs, statistics_delta
-from .tiny_model import corpus_lines
 
 logger = logging.getLogger(__name__)
 

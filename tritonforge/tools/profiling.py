@@ -12,33 +12,22 @@
 from __future__ import annotations
 
 import os
-import re
 import resource
 import shutil
 import subprocess
 from collections import Counter
 from pathlib import Path
 
+from ..serve.processes import children as _children
+from ..serve.processes import process_group as _group
+from ..serve.processes import stub_pids
+
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-_STUB_MODEL = re.compile(r"/([^/\s]+)/\d+/model\.py")
 
 
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def _group(pid: int) -> str:
-    command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    match = _STUB_MODEL.search(command)
-    return f"stub:{match.group(1)}" if match else Path(command.split(" ", 1)[0]).name or str(pid)
 
 
 def _tree_cpu(root: int) -> dict[int, float]:
@@ -129,30 +118,6 @@ def statistics_delta(before: dict, after: dict) -> dict[str, dict[str, float]]:
             "compute_us": round((now["compute_ns"] - then.get("compute_ns", 0)) / requests / 1000, 1),
         }
     return delta
-
-
-def all_stub_pids(server_pid: int) -> dict[int, str]:
-    """Every Python stub under the server: pid → model name."""
-    found: dict[int, str] = {}
-    pending = list(_children(server_pid))
-    while pending:
-        pid = pending.pop(0)
-        try:
-            group = _group(pid)
-        except OSError:
-            continue
-        if group.startswith("stub:"):
-            found[pid] = group[len("stub:"):]
-        pending.extend(_children(pid))
-    return found
-
-
-def stub_pids(server_pid: int) -> dict[str, int]:
-    """One Python stub per model (the first found) under the server."""
-    found: dict[str, int] = {}
-    for pid, model in all_stub_pids(server_pid).items():
-        found.setdefault(model, pid)
-    return found
 
 
 def record_stubs(server_pid: int, seconds: float, out_dir: Path, tag: str) -> list[subprocess.Popen]:

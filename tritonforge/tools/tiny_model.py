@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
+
+from ..builder.corpus import corpus_lines
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +56,6 @@ SHAPES = {
     "1b": TinyModelShape(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                          num_key_value_heads=8, initializer_range=0.02, dtype="bfloat16"),
 }
-
-
-def corpus_lines() -> list[str]:
-    text = resources.files("tritonforge.tools").joinpath("data/corpus.txt").read_text(encoding="utf-8")
-    return [line for line in text.splitlines() if line.strip()]
 
 
 def _train_bpe(vocab_size: int):

@@ -1,0 +1,204 @@
+"""Every model's `config.pbtxt`, built as `model_config_pb2.ModelConfig` objects and written as text format.
+
+No templates: a value is either set on a typed field or the build fails, so no `${...}` can be left behind.
+The tensor tables follow NVIDIA's `inflight_batcher_llm` models (INTERFACE.md); ours adds the optional
+`messages` input (chat) to the client-facing models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..facts import contract
+from ..facts.contract import BLS_MODEL, ENGINE_MODEL, ENSEMBLE_MODEL, POSTPROCESSING_MODEL, PREPROCESSING_MODEL, Tensor
+from ..facts.limits import EngineLimits
+from ..facts.model_parameters import (
+    BLS_MAX_CONCURRENCY,
+    BlsParameters,
+    PostprocessingParameters,
+    PreprocessingParameters,
+)
+from ..facts.settings import setting
+
+# "tensorrtllm-pytorch" serves the checkpoint through TensorRT-LLM's LLM API
+# (tritonforge/runtime/engine/llmapi/engine.py);
+# "replay" is for benchmarking only: it streams pre-set tokens (tritonforge/runtime/engine/replay/engine.py).
+ENGINES = ("transformers", "tensorrtllm", "tensorrtllm-pytorch", "replay")
+FRONTENDS = ("ensemble", "bls")
+# The Triton release our tests run (pytriton 0.7.0); configs for another target may use newer fields.
+TESTED_TRITON = (2, 51)
+MAX_INFLIGHT_SINCE = (2, 63)  # ModelEnsembling.max_inflight_requests; 2.51's parser rejects the field
+ENSEMBLE_MAX_INFLIGHT = 64
+
+@dataclass(frozen=True, kw_only=True)
+class ServingConfig:
+    """What Triton decides at serve time: batching, instances, queues, streaming. Validated on construction;
+    each field that `tritonforge build` exposes declares its flag here (tritonforge/facts/settings.py)."""
+
+    max_batch_size: int = setting(64, "Triton's batch limit per model (at least the engine's --max-batch-size); "
+                                  "the engine batches on its own", flag="--triton-max-batch-size")
+    decoupled: bool = setting(True, "deploy the engine non-decoupled (no streaming; allows unary gRPC/HTTP infer)",
+                              flag="--no-streaming")
+    # Instance counts: a TensorRT-LLM build plans all three from the GPU's batch unless one is given.
+    preprocessing_instances: int = setting(2, "preprocessing model instances; TensorRT-LLM: planned unless given")
+    postprocessing_instances: int = setting(2, "postprocessing model instances; TensorRT-LLM: planned unless given")
+    bls_instances: int = setting(1, "BLS model instances; TensorRT-LLM: planned unless given")
+    # Python engine-step instances (the replay engine only: it stands in for an engine that answers from C++,
+    # and one Python stub cannot send a real engine's ~15k responses/s). The real engines run as one.
+    engine_instances: int = setting(1, "--engine replay only: Python stubs sharing --max-batch-size, to send a real "
+                                    "engine's response rate")
+    bls_max_concurrency: int = setting(BLS_MAX_CONCURRENCY, "requests one BLS instance runs at once")
+    max_queue_delay_microseconds: int = setting(0, "preprocessing and engine queue delay",
+                                                flag="--max-queue-delay-us")
+    # Postprocessing's own: a short delay gathers more streamed chunks into one execution. With ordering kept,
+    # fewer executions also mean fewer turns at Triton's ordered-send lock, but a stream's first and last
+    # chunks wait it too, and the last one holds back the stream's next request: 1 ms kept as much as 3 ms at
+    # one response a token, and 3 ms lost 0.08 of the engine at three tokens a response
+    # (bench/results/gpu-postprocessing-variants/, bench/results/gpu-ensemble-defaults/).
+    postprocessing_delay_microseconds: int = setting(
+        1000, "postprocessing queue delay: gathers streamed chunks into fewer executions",
+        flag="--postprocessing-delay-us")
+    # Responses in arrival order across postprocessing instances, so a stream's chunks can never swap.
+    # Triton sends such responses one at a time under one lock for the whole model (README, Performance: the
+    # ensemble's ceiling at a real engine's rate); NVIDIA's config leaves it off.
+    postprocessing_preserve_ordering: bool = setting(
+        True, "let postprocessing instances answer out of arrival order (NVIDIA's setting): faster, but a stream's "
+        "chunks may swap under overload (docs/performance.md)", flag="--postprocessing-unordered")
+    max_queue_size: int = setting(0, "engine queue limit (0 = unbounded)")
+    exclude_input_in_output: bool = setting(True, "echo the prompt in non-streamed output by default",
+                                            flag="--include-input-in-output")
+    add_special_tokens: bool = True
+    # Our `messages` input on the ensemble, the BLS and preprocessing. False: the wiring is exactly NVIDIA's,
+    # so NVIDIA's preprocessing, postprocessing, BLS and ensemble config can each replace ours.
+    messages_input: bool = setting(True, "wire the ensemble exactly as NVIDIA's (no `messages` input), so that "
+                                   "NVIDIA's preprocessing, postprocessing, BLS and ensemble config can each replace "
+                                   "ours", flag="--nvidia-wiring")
+    target_triton: tuple[int, int] = TESTED_TRITON
+
+    def __post_init__(self):
+        for name in ("max_batch_size", "preprocessing_instances", "postprocessing_instances", "bls_instances",
+                     "engine_instances", "bls_max_concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_queue_delay_microseconds", "postprocessing_delay_microseconds", "max_queue_size"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+
+def _add_tensors(container, tensors: list[Tensor], *, is_input: bool) -> None:
+    for tensor in tensors:
+        entry = container.add()
+        entry.name = tensor.name
+        entry.data_type = tensor.dtype
+        entry.dims.extend(tensor.dims)
+        if tensor.scalar:
+            entry.reshape.SetInParent()  # shape [] : the message present with no dims
+        if is_input:
+            entry.optional = tensor.optional
+            entry.allow_ragged_batch = tensor.ragged
+
+
+def _set_parameters(config: mc.ModelConfig, parameters: dict[str, str]) -> None:
+    for key, value in parameters.items():
+        if not isinstance(value, str):
+            raise TypeError(f"parameter {key} must be a string, got {type(value).__name__}")
+        config.parameters[key].string_value = value
+
+
+def _python_model(name: str, max_batch_size: int) -> mc.ModelConfig:
+    return mc.ModelConfig(name=name, backend="python", max_batch_size=max_batch_size)
+
+
+def _cpu_instances(config: mc.ModelConfig, count: int) -> None:
+    group = config.instance_group.add()
+    group.kind = mc.ModelInstanceGroup.KIND_CPU
+    group.count = count
+
+
+def preprocessing_config(serving: ServingConfig, limits: EngineLimits, tokenizer_dir: str) -> mc.ModelConfig:
+    config = _python_model(PREPROCESSING_MODEL, serving.max_batch_size)
+    _add_tensors(config.input, contract.preprocessing_inputs(messages=serving.messages_input), is_input=True)
+    _add_tensors(config.output, contract.PREPROCESSING_OUTPUTS, is_input=False)
+    config.dynamic_batching.max_queue_delay_microseconds = serving.max_queue_delay_microseconds
+    _cpu_instances(config, serving.preprocessing_instances)
+    _set_parameters(config, PreprocessingParameters(
+        tokenizer_dir=tokenizer_dir, max_input_len=limits.max_input_len, max_seq_len=limits.max_seq_len,
+        add_special_tokens=serving.add_special_tokens).to_config())
+    return config
+
+
+def postprocessing_config(serving: ServingConfig, tokenizer_dir: str) -> mc.ModelConfig:
+    config = _python_model(POSTPROCESSING_MODEL, serving.max_batch_size)
+    _add_tensors(config.input, contract.POSTPROCESSING_INPUTS, is_input=True)
+    _add_tensors(config.output, contract.POSTPROCESSING_OUTPUTS, is_input=False)
+    # No max_queue_size here: downstream of a decoupled step it hangs requests in Triton < 2.66.
+    config.dynamic_batching.preserve_ordering = serving.postprocessing_preserve_ordering
+    config.dynamic_batching.max_queue_delay_microseconds = serving.postprocessing_delay_microseconds
+    _cpu_instances(config, serving.postprocessing_instances)
+    _set_parameters(config, PostprocessingParameters(tokenizer_dir=tokenizer_dir).to_config())
+    return config
+
+
+def engine_config(serving: ServingConfig, *, backend: str, parameters: dict[str, str]) -> mc.ModelConfig:
+    """The engine step: `tensorrtllm` (the real backend) or `python` (our transformers engine)."""
+    config = mc.ModelConfig(name=ENGINE_MODEL, backend=backend, max_batch_size=serving.max_batch_size)
+    config.model_transaction_policy.decoupled = serving.decoupled
+    _add_tensors(config.input, contract.ENGINE_INPUTS, is_input=True)
+    _add_tensors(config.output, contract.ENGINE_OUTPUTS, is_input=False)
+    config.dynamic_batching.max_queue_delay_microseconds = serving.max_queue_delay_microseconds
+    if serving.max_queue_size:
+        config.dynamic_batching.default_queue_policy.max_queue_size = serving.max_queue_size
+    # The engines place themselves on GPUs: Triton sees CPU instances (one, but for the replay engine).
+    _cpu_instances(config, serving.engine_instances)
+    _set_parameters(config, parameters)
+    return config
+
+
+def ensemble_config(serving: ServingConfig) -> mc.ModelConfig:
+    config = mc.ModelConfig(name=ENSEMBLE_MODEL, platform="ensemble", max_batch_size=serving.max_batch_size)
+    if serving.target_triton >= MAX_INFLIGHT_SINCE:
+        # Backpressure between steps (2.63+): without it a slow detokenizer lets responses pile up unbounded.
+        config.ensemble_scheduling.max_inflight_requests = ENSEMBLE_MAX_INFLIGHT
+    _add_tensors(config.input, contract.client_inputs(messages=serving.messages_input), is_input=True)
+    _add_tensors(config.output, contract.CLIENT_OUTPUTS, is_input=False)
+
+    pre = config.ensemble_scheduling.step.add(model_name=PREPROCESSING_MODEL, model_version=-1)
+    wiring = {**contract.PREPROCESSING_FROM_CLIENT, **(contract.MESSAGES_WIRING if serving.messages_input else {})}
+    pre.input_map.update(wiring)
+    pre.output_map.update(contract.PREPROCESSING_TO_ENSEMBLE)
+
+    engine = config.ensemble_scheduling.step.add(model_name=ENGINE_MODEL, model_version=-1)
+    engine.input_map.update({**contract.ENGINE_FROM_PREPROCESSING, **contract.ENGINE_FROM_CLIENT})
+    engine.output_map.update(contract.ENGINE_TOKEN_OUTPUTS)
+    engine.output_map.update({tensor.name: tensor.name for tensor in contract.ENGINE_PASSTHROUGH_OUTPUTS})
+
+    post = config.ensemble_scheduling.step.add(model_name=POSTPROCESSING_MODEL, model_version=-1)
+    post.input_map.update(contract.POSTPROCESSING_FROM_ENSEMBLE)
+    post.output_map.update(contract.POSTPROCESSING_TO_CLIENT)
+    return config
+
+
+def bls_config(serving: ServingConfig, limits: EngineLimits, tokenizer_dir: str) -> mc.ModelConfig:
+    config = _python_model(BLS_MODEL, serving.max_batch_size)
+    # Non-decoupled, it answers one response per request through its response sender (Triton >= 23.10).
+    config.model_transaction_policy.decoupled = serving.decoupled
+    _add_tensors(config.input, contract.bls_inputs(messages=serving.messages_input), is_input=True)
+    _add_tensors(config.output, contract.CLIENT_OUTPUTS, is_input=False)
+    _cpu_instances(config, serving.bls_instances)
+    _set_parameters(config, BlsParameters(
+        tokenizer_dir=tokenizer_dir, tensorrt_llm_model_name=ENGINE_MODEL, max_concurrency=serving.bls_max_concurrency,
+        max_input_len=limits.max_input_len, max_seq_len=limits.max_seq_len,
+        add_special_tokens=serving.add_special_tokens).to_config())
+    return config
+
+
+def to_text(config: mc.ModelConfig) -> str:
+    return text_format.MessageToString(config)
+
+
+def parse_text(text: str) -> mc.ModelConfig:
+    return text_format.Parse(text, mc.ModelConfig())
+

@@ -1,0 +1,61 @@
+"""Triton backends in C++, compiled at build time into a model's version folder, where Triton looks for a
+model's backend library before its backend directory.
+
+Why C++: a Python model sends each response through a Python stub (~200 µs of CPU a response), so at a real
+engine's ~29k tokens/s the per-token models took 6-8 of the 16 cores the pipeline runs on; NVIDIA's
+tensorrtllm backend sends from C++ for a few microseconds. Each source lies beside its Python twin in
+`runtime/` and says what it does; they share `runtime/native/triton_backend_api.h` (the few declarations of
+Triton's backend API they use) and need a C++17 compiler and nothing of Triton's but the server that loads
+them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import runtime
+
+RUNTIME = Path(runtime.__file__).resolve().parent
+INCLUDE_DIR = RUNTIME / "native"
+COMPILE_FLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC", "-pthread")
+
+
+@dataclass(frozen=True)
+class NativeBackend:
+    name: str  # the config's `backend`: Triton loads libtriton_<name>.so
+    source: Path
+    flag: str  # the build flag that asks for it, for the error that names a missing compiler
+
+    @property
+    def library(self) -> str:
+        return f"libtriton_{self.name}.so"
+
+
+# The replay engine (benchmarking only), as NVIDIA's C++ engine backend sends: one response a token.
+REPLAY = NativeBackend("tritonforge_replay", RUNTIME / "engine" / "replay" / "replay_backend.cc", "--replay-native")
+
+
+class CompilerMissing(RuntimeError):
+    pass
+
+
+def compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def compile_backend(backend: NativeBackend, target_dir: Path) -> Path:
+    """Compile `backend` into `target_dir` (its model's version folder); return the library."""
+    found = compiler()
+    if not found:
+        raise CompilerMissing(f"{backend.flag} compiles a C++ backend and found no C++ compiler (g++, c++ or $CXX): "
+                              f"install one, or build without {backend.flag}")
+    library = target_dir / backend.library
+    completed = subprocess.run([found, *COMPILE_FLAGS, f"-I{INCLUDE_DIR}", "-o", str(library), str(backend.source)],
+                               capture_output=True, text=True)
+    if completed.returncode != 0:
+        raise RuntimeError(f"compiling {backend.source.name} failed ({found}):\n{completed.stderr.strip()}")
+    return library

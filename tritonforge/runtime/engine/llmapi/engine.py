@@ -1,0 +1,351 @@
+"""The engine step on TensorRT-LLM's PyTorch workflow: `tensorrt_llm.LLM` runs the Hugging Face checkpoint
+itself (no engine build), and this engine feeds it the requests of the `tensorrt_llm` model.
+
+It answers through `EngineService` like the transformers and replay engines, so the tensors, response flags,
+`stop` input and cancellation are the tensorrtllm backend's; what it does is turn one `GenerationRequest`
+into one `LLM.generate_async` call and the call's results back into the request's sink.
+
+The calls, as the LLM API of the 1.x line defines them, read in NVIDIA/TensorRT-LLM as stored (the v1.2.1 tag
+itself could not be resolved): `tensorrt_llm/llmapi/llm.py` @4c05a748 (`LLM.__init__`: named `model`,
+`skip_tokenizer_init`, `trust_remote_code`, `tensor_parallel_size`, `dtype`, the rest checked against the
+`TorchLlmArgs` fields; `generate_async`), `tensorrt_llm/sampling_params.py` @a98a9061 (every field used below,
+`top_k=1` greedy), `tensorrt_llm/executor/result.py` (`CompletionOutput`), `tensorrt_llm/llmapi/__init__.py`
+(`LLM`, `SamplingParams`, `KvCacheConfig`), and NVIDIA's own `triton_backend/all_models/llmapi` model
+(`1/model.py` @b35ac1b6, version 1.2.0rc2), which makes the same calls:
+- `LLM(model=..., skip_tokenizer_init=True, ...)`: preprocessing tokenizes, so the LLM loads no tokenizer;
+  every `SamplingParams` then names its `end_id` (without a tokenizer the LLM cannot fill it in), -1 when
+  the request has none, which is the backend's default: EOS does not end the generation;
+- `generate_async({"prompt_token_ids": ids}, sampling_params=..., streaming=...)`, called on the event loop
+  that iterates the result (the result binds its queue to the loop it is created on);
+- `async for output in result`: `output.finished`, `output.outputs[0].token_ids` (all tokens generated so
+  far), `.logprobs` (per token: a float, or a dict of token id to an object with `.logprob`),
+  `.finish_reason` (`length`, `stop`, `cancelled`, `timeout`);
+- `result.abort()` stops a request (cancellation and the `stop` input); `LLM.shutdown()` at unload.
+
+Stop sequences are matched here, on the generated token ids (the LLM API takes multi-token stop words only
+as strings, which need its tokenizer); a match aborts the request and keeps the matched tokens, as the
+tensorrtllm backend does. Bad words are single tokens (`bad_token_ids`); a multi-token bad word is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ....facts.contract import BAD_WORDS_LIST
+from ....facts.errors import EngineShuttingDown, UnsupportedError
+from ....facts.limits import EngineLimits
+from ....facts.model_parameters import PyTorchEngineParameters
+from ..generation import EngineStats, GenerationRequest, GenerationResult, check_limits
+
+logger = logging.getLogger(__name__)
+
+NO_END_ID = -1  # the tensorrtllm backend's default end id: EOS does not end the generation
+
+
+class LlmApiMissing(RuntimeError):
+    pass
+
+
+def load_llm_api():
+    """`tensorrt_llm.llmapi`, or one clear line saying where it runs."""
+    from ....facts.release import TRITON_IMAGE, TRTLLM_VERSION
+
+    try:
+        api = importlib.import_module("tensorrt_llm.llmapi")
+    except ImportError as error:
+        raise LlmApiMissing(
+            f"TensorRT-LLM is not installed here ({error.name or 'tensorrt_llm'} cannot be imported): the "
+            f"tensorrtllm-pytorch engine runs in {TRITON_IMAGE} (TensorRT-LLM {TRTLLM_VERSION})") from None
+    if getattr(importlib.import_module("tensorrt_llm"), "IS_TEST_DOUBLE", False):
+        logger.warning("tensorrt_llm is the project's TEST DOUBLE, not TensorRT-LLM: it computes nothing")
+    return api
+
+
+_BUILT = PyTorchEngineParameters  # the model parameters a build writes: their defaults are these settings'
+
+
+@dataclass(frozen=True, kw_only=True)
+class LlmApiSettings:
+    """The `LLM(...)` arguments a build chooses (`model_parameters.PyTorchEngineParameters` carries them)."""
+
+    model_path: str  # the Hugging Face checkpoint, absolute
+    dtype: str = _BUILT.dtype  # auto | float16 | bfloat16 | float32; quantization is read from the checkpoint
+    kv_cache_dtype: str = _BUILT.kv_cache_dtype  # auto | fp8
+    tensor_parallel_size: int = _BUILT.tensor_parallel_size
+    pipeline_parallel_size: int = _BUILT.pipeline_parallel_size
+    kv_cache_free_gpu_memory_fraction: float = _BUILT.kv_cache_free_gpu_memory_fraction
+    max_num_tokens: int = _BUILT.max_num_tokens
+    enable_block_reuse: bool = _BUILT.enable_block_reuse
+    enable_chunked_prefill: bool = _BUILT.enable_chunked_prefill
+    stream_interval: int = _BUILT.stream_interval
+
+
+def llm_arguments(api, settings: LlmApiSettings, limits: EngineLimits) -> dict:
+    """The keyword arguments of `LLM(...)`: every one a field of the LLM API's `TorchLlmArgs` at 1.2."""
+    return {
+        "model": settings.model_path,
+        "skip_tokenizer_init": True,
+        "trust_remote_code": False,
+        "dtype": settings.dtype,
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        "pipeline_parallel_size": settings.pipeline_parallel_size,
+        "max_batch_size": limits.max_batch_size,
+        "max_input_len": limits.max_input_len,
+        "max_seq_len": limits.max_seq_len,
+        "max_num_tokens": settings.max_num_tokens,
+        "enable_chunked_prefill": settings.enable_chunked_prefill,
+        "stream_interval": settings.stream_interval,
+        "kv_cache_config": api.KvCacheConfig(
+            free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction,
+            enable_block_reuse=settings.enable_block_reuse, dtype=settings.kv_cache_dtype),
+    }
+
+
+def sampling_arguments(request: GenerationRequest) -> dict:
+    """The keyword arguments of `SamplingParams(...)` for one request, with the tensorrtllm backend's meaning:
+    greedy unless the request samples (`sampling.greedy`), penalties only when set."""
+    sampling = request.sampling
+    end_id = NO_END_ID if request.end_id is None else request.end_id
+    arguments = {"max_tokens": request.max_new_tokens, "end_id": end_id, "pad_id": end_id, "detokenize": False}
+    if sampling.greedy:
+        arguments["top_k"] = 1
+    else:
+        arguments.update(temperature=sampling.temperature, top_p=sampling.top_p)
+        if sampling.top_k > 0:
+            arguments["top_k"] = sampling.top_k
+    if sampling.seed is not None:
+        arguments["seed"] = sampling.seed
+    if sampling.min_tokens:
+        arguments["min_tokens"] = sampling.min_tokens
+    for name, unset in (("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0)):
+        if getattr(sampling, name) != unset:
+            arguments[name] = getattr(sampling, name)
+    if request.bad_sequences:
+        arguments["bad_token_ids"] = [sequence[0] for sequence in request.bad_sequences]
+    if request.embedding_bias is not None:
+        import torch
+
+        arguments["embedding_bias"] = torch.from_numpy(request.embedding_bias)
+    if request.return_log_probs:
+        arguments["logprobs"] = 1
+    return arguments
+
+
+def _log_probs(tokens: list[int], logprobs) -> list[float]:
+    """One log probability per token: the LLM API gives floats, or per token a dict of candidates."""
+    if not logprobs:
+        return [0.0] * len(tokens)
+    values = []
+    for token, entry in zip(tokens, logprobs):
+        if isinstance(entry, dict):
+            chosen = entry.get(token)
+            values.append(float(chosen.logprob) if chosen is not None else 0.0)
+        else:
+            values.append(float(entry))
+    return values + [0.0] * (len(tokens) - len(values))
+
+
+def _stop_match(tokens: list[int], sequences: list[list[int]]) -> int | None:
+    """Where the earliest stop sequence found in `tokens` ends (its tokens kept), or None."""
+    ends = [end for sequence in sequences if sequence
+            for end in range(len(sequence), len(tokens) + 1) if tokens[end - len(sequence):end] == sequence]
+    return min(ends) if ends else None
+
+
+@dataclass(eq=False)
+class _Running:
+    request: GenerationRequest
+    on_end: Callable[[], None]  # the engine counts it out
+    result: object = None  # the LLM API's RequestOutput, once generate_async returned
+    seen: int = 0  # tokens of the LLM's output taken so far (an end id among them)
+    tokens: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    done: bool = False
+
+    def end(self, reason: str | None, error: Exception | None = None) -> None:
+        """Finish the request once: with its tokens and `reason`, or with `error`."""
+        if self.done:
+            return
+        self.done = True
+        self.on_end()
+        if error is not None:
+            self.request.sink.finish(None, error)
+        else:
+            self.request.sink.finish(GenerationResult(self.tokens, self.log_probs, reason), None)
+
+    def abort(self) -> None:
+        if self.result is not None:
+            try:
+                self.result.abort()
+            except Exception:  # noqa: BLE001 - the request ends here either way
+                logger.exception("aborting a request of the LLM API failed")
+
+
+_FINISH_REASONS = {"length": "length", "stop": "end_id", "cancelled": "cancelled", "timeout": "cancelled"}
+
+
+class LlmApiEngine:
+    """Same interface as `InflightBatchingEngine`: validate, submit, cancel, pending, stats, shutdown.
+
+    The LLM batches in flight on its own; this class only keeps one asyncio loop (its own thread) where
+    every request's `generate_async` is called and iterated, and checks cancellations every
+    `check_period_s` (a client's `is_cancelled()`, which the sink rate-limits)."""
+
+    def __init__(self, api, settings: LlmApiSettings, limits: EngineLimits, *, vocab_size: int,
+                 check_period_s: float = 0.1):
+        self.api = api
+        self.limits = limits
+        self.vocab_size = vocab_size
+        self.check_period_s = check_period_s
+        self.llm = api.LLM(**llm_arguments(api, settings, limits))
+        self.stats = EngineStats()
+        self._running: dict[str, list[_Running]] = {}  # by Triton request id ("" for anonymous): loop only
+        # Requests submitted and not yet ended. The LLM queues those beyond its max_batch_size itself; they are
+        # this engine's "waiting", which `max_queue_size` bounds as for the other engines.
+        self._in_flight = 0
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="llmapi-engine", daemon=True)
+        self._thread.start()
+        self._watcher = asyncio.run_coroutine_threadsafe(self._watch_cancellations(), self._loop)
+
+    @classmethod
+    def for_model(cls, parameters, settings, api=None) -> LlmApiEngine:
+        """The engine of a `tensorrt_llm` model: its typed parameters (`PyTorchEngineParameters`) and the
+        `EngineSettings` made from them (limits, the checkpoint's absolute path, the cancellation period)."""
+        llm = LlmApiSettings(model_path=settings.model_path,
+                             **{item.name: getattr(parameters, item.name) for item in dataclasses.fields(LlmApiSettings)
+                                if item.name != "model_path"})
+        return cls(api or load_llm_api(), llm, settings.limits, vocab_size=parameters.vocab_size,
+                   check_period_s=settings.cancellation_check_period_ms / 1000)
+
+    # ---- client side (any thread) -------------------------------------------------------------------------
+
+    def validate(self, request: GenerationRequest) -> None:
+        check_limits(request, self.limits, vocab_size=self.vocab_size, pending=self.pending())
+        if any(len(sequence) > 1 for sequence in request.bad_sequences):
+            raise UnsupportedError(BAD_WORDS_LIST, "the tensorrtllm-pytorch engine bans single tokens only "
+                                                     "(the LLM API's bad_token_ids); a bad word here has several")
+
+    def submit(self, request: GenerationRequest) -> None:
+        with self._lock:
+            self._in_flight += 1
+        # Registered by a callback, not inside the request's task: callbacks run in the order they were made,
+        # so a `stop` sent after this submit always finds the request.
+        self._loop.call_soon_threadsafe(self._start, _Running(request, self._ended))
+
+    def cancel(self, request_id: str, taken=None) -> None:
+        self._loop.call_soon_threadsafe(self._cancel, request_id, taken)
+
+    def pending(self) -> int:
+        with self._lock:
+            return max(0, self._in_flight - self.limits.max_batch_size)
+
+    def shutdown(self) -> None:
+        async def stop():
+            for running in [r for group in self._running.values() for r in group]:
+                running.abort()
+                running.end(None, EngineShuttingDown())
+            tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in tasks:  # the cancellation watcher, and requests still iterating their results
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        if self._loop.is_running():
+            asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=30)
+        try:
+            self.llm.shutdown()
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+
+    # ---- the engine's loop ----------------------------------------------------------------------------------
+
+    def _publish(self) -> None:
+        running = [r for group in self._running.values() for r in group]
+        with self._lock:
+            in_flight = self._in_flight
+        self.stats = EngineStats(waiting=self.pending(), scheduled=min(in_flight, self.limits.max_batch_size),
+                                 kv_tokens=sum(len(r.request.prompt_ids) + len(r.tokens) for r in running))
+
+    def _cancel(self, request_id: str, taken) -> None:
+        for running in list(self._running.get(request_id, [])):
+            running.abort()
+            running.end("cancelled")
+        if taken is not None:
+            taken()
+
+    async def _watch_cancellations(self) -> None:
+        while True:
+            await asyncio.sleep(self.check_period_s)
+            for running in [r for group in self._running.values() for r in group]:
+                if not running.done and running.request.sink.cancelled():
+                    running.abort()
+                    running.end("cancelled")
+
+    def _ended(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+
+    def _start(self, running: _Running) -> None:
+        self._running.setdefault(running.request.request_id, []).append(running)
+        self._loop.create_task(self._generate(running))
+
+    async def _generate(self, running: _Running) -> None:
+        request = running.request
+        try:
+            if running.done:  # stopped before it started
+                return
+            if request.sink.cancelled():
+                running.end("cancelled")
+                return
+            params = self.api.SamplingParams(**sampling_arguments(request))
+            running.result = self.llm.generate_async({"prompt_token_ids": list(request.prompt_ids)},
+                                                     sampling_params=params, streaming=request.stream)
+            request.sink.scheduled()
+            self._publish()
+            reason = None
+            async for output in running.result:
+                if running.done:  # cancelled or stopped meanwhile: the rest of the LLM's answer is dropped
+                    break
+                self._take(running, output)
+                reason = output.outputs[0].finish_reason
+                if running.done or output.finished:
+                    break
+            running.end(_FINISH_REASONS.get(reason, "length"))
+        except Exception as error:  # noqa: BLE001 - a failed request ends with its error, the loop goes on
+            logger.exception("the LLM API failed a request")
+            running.end(None, error)
+        finally:
+            group = self._running.get(request.request_id, [])
+            if running in group:
+                group.remove(running)
+            if not group:
+                self._running.pop(request.request_id, None)
+            self._publish()
+
+    def _take(self, running: _Running, output) -> None:
+        """One output of the LLM: record its new tokens; stream them unless they end the request."""
+        completion = output.outputs[0]
+        new = list(completion.token_ids[running.seen:])
+        new_log_probs = _log_probs(new, list(completion.logprobs or [])[running.seen:])
+        running.seen += len(new)
+        request = running.request
+        if request.end_id is not None and new and new[-1] == request.end_id:
+            new, new_log_probs = new[:-1], new_log_probs[:-1]  # the end id is not an output token
+        running.tokens += new
+        running.log_probs += new_log_probs
+        stop_end = _stop_match(running.tokens, request.stop_sequences)
+        if stop_end is not None:  # the first match: an earlier one would have ended the request already
+            del running.tokens[stop_end:], running.log_probs[stop_end:]
+            running.abort()
+            running.end("stop_words")
+            return
+        if request.stream and not output.finished and new:
+            request.sink.tokens(new, new_log_probs)

@@ -1,0 +1,464 @@
+// FOR BENCHMARKING ONLY: the replay engine as a C++ Triton backend ("tritonforge_replay").
+//
+// It stands in for NVIDIA's tensorrtllm backend where the question is how much of an engine's token rate
+// survives the pipeline around it. The Python replay engine (tritonforge/runtime/engine/replay/engine.py) sends every
+// token through a Python stub, ~200 us of CPU a response: at a 29k tokens/s engine that took 6-8 cores of
+// the 16 the pipeline needs. A C++ engine sends a response for a few microseconds, as this one does, so
+// what the pipeline loses is the pipeline's own cost.
+//
+// What it does, as the Python replay engine: every `replay_step_ms` each running request gets its next
+// token, a slice of the token ids written by the build (`replay_tokens`) starting at an offset taken from
+// the prompt; up to `max_batch_size` requests run at once, the rest wait and join at a step. A request runs
+// to `request_output_len`; sampling, end_id, stop and bad words are ignored. Streaming requests get one
+// response per token (the last one flagged final); others one response with every token (after the prompt
+// unless `exclude_input_in_output`); with `stream_interval` N, the first token goes out at once and then N
+// at a time. Responses carry `output_ids` [1, 1, n] and `sequence_length` [1, 1],
+// when requested. A `stop` request ends the running request with its request id; a cancelled request ends
+// at the next step. `replay_sender_threads` threads each run their own share of the batch at the same step time.
+// It reports Triton's per-model statistics for the time it takes to accept requests (perf_analyzer needs
+// them for every model it profiles), and publishes no engine metrics.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "triton_backend_api.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t NowNs() {  // the clock Triton's own statistics use
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+void LogError(const char* what, TRITONSERVER_Error* error) {
+  if (error == nullptr) return;
+  std::fprintf(stderr, "tritonforge_replay: %s: %s\n", what, TRITONSERVER_ErrorMessage(error));
+  TRITONSERVER_ErrorDelete(error);
+}
+
+struct Settings {
+  double step_ms = 8.5;
+  int max_batch_size = 1;
+  int sender_threads = 1;
+  int stream_interval = 1;  // streamed tokens per response after the first
+  bool exclude_input_in_output = true;
+  std::vector<int32_t> tokens;
+};
+
+// The string value of a model parameter in the config's compact JSON ("key":{"string_value":"..."}), or "".
+// The whole pattern is matched: a parameter may share its name with a top-level field (max_batch_size).
+std::string Parameter(const std::string& config_json, const std::string& key) {
+  const std::string marker = "\"" + key + "\":{\"string_value\":\"";
+  size_t at = config_json.find(marker);
+  if (at == std::string::npos) return "";
+  at += marker.size();
+  return config_json.substr(at, config_json.find('"', at) - at);
+}
+
+std::vector<int32_t> ReadTokenIds(const std::string& path) {  // a JSON list of integers
+  std::ifstream file(path);
+  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < text.size();) {
+    if (text[i] == '-' || (text[i] >= '0' && text[i] <= '9')) {
+      size_t used = 0;
+      ids.push_back(static_cast<int32_t>(std::stol(text.substr(i, 16), &used)));
+      i += used;
+    } else {
+      ++i;
+    }
+  }
+  return ids;
+}
+
+struct Stream {
+  TRITONBACKEND_ResponseFactory* factory = nullptr;
+  std::string id;
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> generated;
+  size_t sent = 0;  // streamed tokens already sent
+  int max_new_tokens = 0;
+  size_t offset = 0;
+  bool streaming = false;
+  bool exclude_input = true;
+  bool want_output_ids = true;
+  bool want_sequence_length = true;
+  std::atomic<bool> stopped{false};
+};
+
+// Sends one response of `count` token ids; with `final`, the stream ends and is deleted.
+void Send(Stream* stream, const int32_t* ids, size_t count, bool final, TRITONSERVER_Error* error = nullptr) {
+  TRITONBACKEND_Response* response = nullptr;
+  TRITONSERVER_Error* failed = TRITONBACKEND_ResponseNewFromFactory(&response, stream->factory);
+  if (failed == nullptr && error == nullptr) {
+    TRITONBACKEND_Output* output = nullptr;
+    void* buffer = nullptr;
+    TRITONSERVER_MemoryType memory_type = TRITONSERVER_MEMORY_CPU;
+    int64_t memory_id = 0;
+    if (stream->want_output_ids) {
+      const int64_t shape[3] = {1, 1, static_cast<int64_t>(count)};
+      failed = TRITONBACKEND_ResponseOutput(response, &output, "output_ids", TRITONSERVER_TYPE_INT32, shape, 3);
+      if (failed == nullptr)
+        failed = TRITONBACKEND_OutputBuffer(output, &buffer, count * sizeof(int32_t), &memory_type, &memory_id);
+      if (failed == nullptr && count > 0) std::memcpy(buffer, ids, count * sizeof(int32_t));
+    }
+    if (failed == nullptr && stream->want_sequence_length) {
+      const int64_t shape[2] = {1, 1};
+      const int32_t length = static_cast<int32_t>(count);
+      failed = TRITONBACKEND_ResponseOutput(response, &output, "sequence_length", TRITONSERVER_TYPE_INT32, shape, 2);
+      if (failed == nullptr)
+        failed = TRITONBACKEND_OutputBuffer(output, &buffer, sizeof(int32_t), &memory_type, &memory_id);
+      if (failed == nullptr) std::memcpy(buffer, &length, sizeof(int32_t));
+    }
+  }
+  if (failed != nullptr) {  // the response could not be built: end the stream with that error
+    if (response != nullptr) LogError("delete response", TRITONBACKEND_ResponseDelete(response));
+    response = nullptr;
+    if (error != nullptr) TRITONSERVER_ErrorDelete(error);
+    error = failed;
+    final = true;
+    LogError("new response", TRITONBACKEND_ResponseNewFromFactory(&response, stream->factory));
+  }
+  if (response != nullptr)
+    LogError("send response", TRITONBACKEND_ResponseSend(response, final ? TRITONSERVER_RESPONSE_COMPLETE_FINAL : 0,
+                                                         error));
+  if (error != nullptr) TRITONSERVER_ErrorDelete(error);
+  if (final) {
+    LogError("delete response factory", TRITONBACKEND_ResponseFactoryDelete(stream->factory));
+    delete stream;
+  }
+}
+
+class Engine {
+ public:
+  explicit Engine(Settings settings) : settings_(std::move(settings)) {
+    const int threads = std::max(1, settings_.sender_threads);
+    for (int i = 0; i < threads; ++i) {
+      // Each thread runs its share of the batch, so together they run max_batch_size requests.
+      const int share = settings_.max_batch_size / threads + (i < settings_.max_batch_size % threads ? 1 : 0);
+      workers_.emplace_back([this, share] { Run(std::max(share, 1)); });
+    }
+  }
+
+  ~Engine() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    for (auto& worker : workers_) worker.join();
+    for (Stream* stream : waiting_) End(stream, "unavailable: the engine is shutting down");
+  }
+
+  void Submit(Stream* stream) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!stream->id.empty()) by_id_.emplace(stream->id, stream);
+      waiting_.push_back(stream);
+    }
+    wake_.notify_one();
+  }
+
+  void Stop(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto range = by_id_.equal_range(id);
+    for (auto it = range.first; it != range.second; ++it) it->second->stopped = true;
+  }
+
+  const Settings& settings() const { return settings_; }
+
+ private:
+  void Forget(Stream* stream) {
+    if (stream->id.empty()) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto range = by_id_.equal_range(stream->id);
+    for (auto it = range.first; it != range.second; ++it) {
+      if (it->second == stream) {
+        by_id_.erase(it);
+        return;
+      }
+    }
+  }
+
+  void End(Stream* stream, const char* message) {
+    Forget(stream);
+    Send(stream, nullptr, 0, true, TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNAVAILABLE, message));
+  }
+
+  // Ends a stream that ran out of tokens, was stopped or cancelled: the tokens not yet sent, flagged final.
+  void Finish(Stream* stream) {
+    Forget(stream);
+    if (stream->streaming) {
+      Send(stream, stream->generated.data() + stream->sent, stream->generated.size() - stream->sent, true);
+      return;
+    }
+    std::vector<int32_t> ids = stream->exclude_input ? std::vector<int32_t>() : stream->prompt;
+    ids.insert(ids.end(), stream->generated.begin(), stream->generated.end());
+    Send(stream, ids.data(), ids.size(), true);
+  }
+
+  void Run(int capacity) {
+    std::vector<Stream*> running;
+    const auto step = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(
+        settings_.step_ms));
+    auto next_step = Clock::now();
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        if (running.empty()) {
+          wake_.wait(lock, [this] { return stopping_ || !waiting_.empty(); });
+          next_step = Clock::now();
+        }
+        if (stopping_) break;
+        while (!waiting_.empty() && static_cast<int>(running.size()) < capacity) {
+          running.push_back(waiting_.front());
+          waiting_.pop_front();
+        }
+      }
+      Step(&running);
+      // A fixed cadence: a step that overran starts the next at once (no burst of catch-up steps).
+      next_step = std::max(next_step + step, Clock::now());
+      std::this_thread::sleep_until(next_step);
+    }
+    for (Stream* stream : running) End(stream, "unavailable: the engine is shutting down");
+  }
+
+  void Step(std::vector<Stream*>* running) {
+    const std::vector<int32_t>& tokens = settings_.tokens;
+    size_t kept = 0;
+    for (Stream* stream : *running) {
+      bool cancelled = false;
+      LogError("is cancelled", TRITONBACKEND_ResponseFactoryIsCancelled(stream->factory, &cancelled));
+      if (cancelled || stream->stopped) {
+        stream->stopped = true;
+        Finish(stream);
+        continue;
+      }
+      stream->generated.push_back(tokens[(stream->offset + stream->generated.size()) % tokens.size()]);
+      if (static_cast<int>(stream->generated.size()) >= stream->max_new_tokens) {
+        Finish(stream);  // the last token goes out with the final flag
+        continue;
+      }
+      const size_t unsent = stream->generated.size() - stream->sent;
+      if (stream->streaming && (stream->sent == 0 || unsent >= static_cast<size_t>(settings_.stream_interval))) {
+        Send(stream, stream->generated.data() + stream->sent, unsent, false);
+        stream->sent = stream->generated.size();
+      }
+      (*running)[kept++] = stream;
+    }
+    running->resize(kept);
+  }
+
+  Settings settings_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Stream*> waiting_;
+  std::unordered_multimap<std::string, Stream*> by_id_;
+  std::vector<std::thread> workers_;
+  bool stopping_ = false;
+};
+
+TRITONSERVER_Error* InvalidArg(const std::string& message) {
+  return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, message.c_str());
+}
+
+// The values of an input as int32 (INT32 or BOOL), or an empty vector when the request lacks it.
+TRITONSERVER_Error* ReadInput(TRITONBACKEND_Request* request, const char* name, std::vector<int32_t>* values,
+                              int64_t* batch) {
+  values->clear();
+  TRITONBACKEND_Input* input = nullptr;
+  TRITONSERVER_Error* missing = TRITONBACKEND_RequestInput(request, name, &input);
+  if (missing != nullptr) {
+    TRITONSERVER_ErrorDelete(missing);
+    return nullptr;
+  }
+  TRITONSERVER_DataType datatype;
+  const int64_t* shape = nullptr;
+  uint32_t dims = 0, buffers = 0;
+  uint64_t byte_size = 0;
+  TRITONSERVER_Error* error =
+      TRITONBACKEND_InputProperties(input, nullptr, &datatype, &shape, &dims, &byte_size, &buffers);
+  if (error != nullptr) return error;
+  if (datatype != TRITONSERVER_TYPE_INT32 && datatype != TRITONSERVER_TYPE_BOOL)
+    return InvalidArg(std::string(name) + ": the replay engine reads INT32 or BOOL");
+  if (batch != nullptr && dims > 0) *batch = shape[0];
+  std::string bytes;
+  for (uint32_t i = 0; i < buffers; ++i) {
+    const void* buffer = nullptr;
+    uint64_t size = 0;
+    TRITONSERVER_MemoryType memory_type;
+    int64_t memory_id;
+    error = TRITONBACKEND_InputBuffer(input, i, &buffer, &size, &memory_type, &memory_id);
+    if (error != nullptr) return error;
+    if (memory_type == TRITONSERVER_MEMORY_GPU) return InvalidArg(std::string(name) + ": GPU memory is not read");
+    bytes.append(static_cast<const char*>(buffer), size);
+  }
+  if (datatype == TRITONSERVER_TYPE_BOOL) {
+    for (char value : bytes) values->push_back(value != 0);
+  } else {
+    values->resize(bytes.size() / sizeof(int32_t));
+    std::memcpy(values->data(), bytes.data(), values->size() * sizeof(int32_t));
+  }
+  return nullptr;
+}
+
+bool Requested(TRITONBACKEND_Request* request, const char* name) {
+  uint32_t count = 0;
+  LogError("output count", TRITONBACKEND_RequestOutputCount(request, &count));
+  if (count == 0) return true;  // none named: every output
+  for (uint32_t i = 0; i < count; ++i) {
+    const char* requested = nullptr;
+    LogError("output name", TRITONBACKEND_RequestOutputName(request, i, &requested));
+    if (requested != nullptr && std::strcmp(requested, name) == 0) return true;
+  }
+  return false;
+}
+
+// Parses one request into a stream (nullptr and no error for a stop request, which is answered here).
+TRITONSERVER_Error* Accept(Engine* engine, TRITONBACKEND_Request* request, TRITONBACKEND_ResponseFactory* factory,
+                           Stream** accepted) {
+  *accepted = nullptr;
+  const char* id = nullptr;
+  LogError("request id", TRITONBACKEND_RequestId(request, &id));
+  std::vector<int32_t> stop, prompt, output_len, streaming, exclude;
+  int64_t batch = 1;
+  TRITONSERVER_Error* error = ReadInput(request, "stop", &stop, nullptr);
+  if (error == nullptr && !stop.empty() && stop[0]) {
+    if (id == nullptr || id[0] == '\0') return InvalidArg("stop: needs the request id of the request to stop");
+    engine->Stop(id);
+    LogError("send flags", TRITONBACKEND_ResponseFactorySendFlags(factory, TRITONSERVER_RESPONSE_COMPLETE_FINAL));
+    LogError("delete response factory", TRITONBACKEND_ResponseFactoryDelete(factory));
+    return nullptr;
+  }
+  if (error == nullptr) error = ReadInput(request, "input_ids", &prompt, &batch);
+  if (error == nullptr) error = ReadInput(request, "request_output_len", &output_len, nullptr);
+  if (error == nullptr) error = ReadInput(request, "streaming", &streaming, nullptr);
+  if (error == nullptr) error = ReadInput(request, "exclude_input_in_output", &exclude, nullptr);
+  if (error != nullptr) return error;
+  if (batch != 1)
+    return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED, "input_ids: the replay engine takes one row");
+  if (output_len.empty() || output_len[0] < 1) return InvalidArg("request_output_len: must be >= 1");
+  auto stream = std::make_unique<Stream>();
+  stream->factory = factory;
+  stream->id = id == nullptr ? "" : id;
+  stream->max_new_tokens = output_len[0];
+  stream->streaming = !streaming.empty() && streaming[0];
+  stream->exclude_input = exclude.empty() ? engine->settings().exclude_input_in_output : exclude[0] != 0;
+  stream->want_output_ids = Requested(request, "output_ids");
+  stream->want_sequence_length = Requested(request, "sequence_length");
+  int64_t sum = 0;
+  for (int32_t token : prompt) sum += token;
+  stream->offset = static_cast<size_t>(sum % static_cast<int64_t>(engine->settings().tokens.size()));
+  stream->prompt = std::move(prompt);
+  *accepted = stream.release();
+  return nullptr;
+}
+
+}  // namespace
+
+extern "C" {
+
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance* instance) {
+  TRITONBACKEND_Model* model = nullptr;
+  TRITONSERVER_Error* error = TRITONBACKEND_ModelInstanceModel(instance, &model);
+  TRITONSERVER_Message* message = nullptr;
+  if (error == nullptr) error = TRITONBACKEND_ModelConfig(model, 1, &message);
+  const char* json = nullptr;
+  size_t size = 0;
+  if (error == nullptr) error = TRITONSERVER_MessageSerializeToJson(message, &json, &size);
+  if (error != nullptr) return error;
+  const std::string config(json, size);
+  LogError("delete message", TRITONSERVER_MessageDelete(message));
+  TRITONBACKEND_ArtifactType artifact;
+  const char* location = nullptr;
+  error = TRITONBACKEND_ModelRepository(model, &artifact, &location);
+  if (error != nullptr) return error;
+
+  Settings settings;
+  try {
+    settings.step_ms = std::stod(Parameter(config, "replay_step_ms"));
+    settings.max_batch_size = std::stoi(Parameter(config, "max_batch_size"));
+    const std::string threads = Parameter(config, "replay_sender_threads");
+    settings.sender_threads = threads.empty() ? 1 : std::stoi(threads);
+    settings.exclude_input_in_output = Parameter(config, "exclude_input_in_output") != "false";
+    const std::string interval = Parameter(config, "stream_interval");
+    settings.stream_interval = interval.empty() ? 1 : std::stoi(interval);
+  } catch (const std::exception&) {
+    return InvalidArg("tritonforge_replay: parameters replay_step_ms and max_batch_size must be numbers");
+  }
+  const std::string tokens_path = std::string(location) + "/" + Parameter(config, "replay_tokens");
+  try {
+    settings.tokens = ReadTokenIds(tokens_path);
+  } catch (const std::exception&) {  // nothing may cross the C ABI into the server
+    return InvalidArg("tritonforge_replay: " + tokens_path + " is not a JSON list of token ids");
+  }
+  if (settings.tokens.empty()) return InvalidArg("tritonforge_replay: no token ids in " + tokens_path);
+  if (settings.step_ms <= 0 || settings.max_batch_size < 1 || settings.stream_interval < 1)
+    return InvalidArg("tritonforge_replay: replay_step_ms must be > 0, max_batch_size and stream_interval >= 1");
+  std::fprintf(stderr, "tritonforge_replay: the REPLAY engine (benchmarking only): %d slots, %.3f ms a step, "
+               "%d sender threads\n", settings.max_batch_size, settings.step_ms, settings.sender_threads);
+  return TRITONBACKEND_ModelInstanceSetState(instance, new Engine(std::move(settings)));
+}
+
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance* instance) {
+  void* state = nullptr;
+  TRITONSERVER_Error* error = TRITONBACKEND_ModelInstanceState(instance, &state);
+  delete static_cast<Engine*>(state);
+  return error;
+}
+
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance* instance,
+                                                       TRITONBACKEND_Request** requests, const uint32_t count) {
+  void* state = nullptr;
+  TRITONSERVER_Error* error = TRITONBACKEND_ModelInstanceState(instance, &state);
+  if (error != nullptr) return error;
+  Engine* engine = static_cast<Engine*>(state);
+  const uint64_t started_ns = NowNs();
+  for (uint32_t i = 0; i < count; ++i) {
+    TRITONBACKEND_ResponseFactory* factory = nullptr;
+    error = TRITONBACKEND_ResponseFactoryNew(&factory, requests[i]);
+    if (error != nullptr) {
+      LogError("response factory", error);
+      continue;  // Triton answers a request that an instance releases without a response
+    }
+    Stream* stream = nullptr;
+    error = Accept(engine, requests[i], factory, &stream);
+    const uint64_t accepted_ns = NowNs();
+    LogError("statistics", TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[i], error == nullptr,
+                                                                       started_ns, started_ns, accepted_ns,
+                                                                       accepted_ns));
+    // The factory outlives the request: release it now, as it is read.
+    LogError("release request", TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL));
+    if (error != nullptr) {
+      TRITONBACKEND_Response* response = nullptr;
+      LogError("new response", TRITONBACKEND_ResponseNewFromFactory(&response, factory));
+      if (response != nullptr)
+        LogError("send error", TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, error));
+      TRITONSERVER_ErrorDelete(error);
+      LogError("delete response factory", TRITONBACKEND_ResponseFactoryDelete(factory));
+    } else if (stream != nullptr) {
+      engine->Submit(stream);
+    }
+  }
+  const uint64_t ended_ns = NowNs();
+  LogError("batch statistics",
+           TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, count, started_ns, started_ns, ended_ns, ended_ns));
+  return nullptr;
+}
+
+}  // extern "C"

@@ -1,0 +1,407 @@
+"""An engine behind the `tensorrt_llm` I/O contract: requests in, responses out.
+
+Run by the engine models' `1/model.py` (`EngineModel`: transformers, PyTorch and the benchmarking replay
+engine) with the `pb_utils` module and an engine (`InflightBatchingEngine`, `LlmApiEngine` or `ReplayEngine`);
+answers like the `tensorrtllm` backend: non-streaming responses carry the prompt unless
+`exclude_input_in_output`, streaming responses carry only new tokens, a batched request answers one response
+per row tagged with `batch_index`, and a request with `stop=true` cancels the running request that has the
+same request id.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ...facts.contract import (
+    ACCEPTANCE_RATE,
+    ARRIVAL_TIME_NS,
+    BATCH_INDEX,
+    CUM_LOG_PROBS,
+    FIRST_SCHEDULED_TIME_NS,
+    FIRST_TOKEN_TIME_NS,
+    INPUT_IDS,
+    KV_CACHE_ALLOC_NEW_BLOCKS,
+    KV_CACHE_ALLOC_TOTAL_BLOCKS,
+    KV_CACHE_REUSED_BLOCKS,
+    LAST_TOKEN_TIME_NS,
+    NUM_INPUT_TOKENS,
+    NUM_OUTPUT_TOKENS,
+    OUTPUT_IDS,
+    OUTPUT_LOG_PROBS,
+    SEQUENCE_LENGTH,
+    STOP,
+    STREAM,
+    TOTAL_ACCEPTED_DRAFT_TOKENS,
+    TOTAL_DRAFT_TOKENS,
+)
+from ...facts.errors import RequestError, ResponseSendError, ServerStopping
+from ...facts.limits import EngineLimits
+from ...facts.model_parameters import CANCELLATION_CHECK_PERIOD_MS, EngineParameters, TransformersEngineParameters
+from ..triton_adapter import (
+    RequestRows,
+    answer_error,
+    is_decoupled,
+    request_inputs,
+    requested_outputs,
+    resolve_path,
+    send_final,
+    start_heartbeat,
+)
+from .generation import GenerationRequest, GenerationResult
+from .requests import EngineRow, is_stop_request, parse_engine_request
+from .response_lanes import Post, ResponseLanes, run_here
+
+logger = logging.getLogger(__name__)
+
+REQUIRED_OUTPUTS = frozenset({OUTPUT_IDS, SEQUENCE_LENGTH})
+DRAIN_END_S = 5.0  # how long `drain` waits for the engine to end the rows it was told to end
+LANE_CLOSE_S = 5.0  # how long shutdown waits for each response lane to send what it holds
+LANE_DEPTH = 128  # sends a lane holds before the engine waits for it (a 128-row step's worth)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSettings:
+    """What the engine service needs, from the engine model's typed parameters and its config."""
+
+    limits: EngineLimits
+    model_path: str = ""  # the transformers checkpoint, absolute; unused by the replay engine
+    dtype: str = "auto"  # auto | float32 | float16 | bfloat16
+    device: str = "auto"  # auto | cpu | cuda
+    exclude_input_in_output: bool = True
+    cancellation_check_period_ms: int = CANCELLATION_CHECK_PERIOD_MS
+    decoupled: bool = True
+    stream_interval: int = 1  # streamed tokens per response after the first (model_parameters.EngineParameters)
+    response_lanes: int = EngineParameters.response_lanes  # threads sending responses off the engine's thread
+    bos_token_id: int | None = None  # the checkpoint's (config.json): see `streamed_responses`
+
+    @classmethod
+    def from_parameters(cls, parameters: EngineParameters, *, decoupled: bool, max_queue_size: int,
+                        model_path: str = "") -> EngineSettings:
+        transformers = isinstance(parameters, TransformersEngineParameters)
+        return cls(
+            model_path=model_path,
+            limits=EngineLimits(max_batch_size=parameters.max_batch_size, max_input_len=parameters.max_input_len,
+                                max_seq_len=parameters.max_seq_len, max_queue_size=max_queue_size),
+            dtype=parameters.dtype if transformers else "auto",
+            device=parameters.device if transformers else "auto",
+            exclude_input_in_output=parameters.exclude_input_in_output,
+            cancellation_check_period_ms=parameters.cancellation_check_period_ms,
+            decoupled=decoupled,
+            stream_interval=parameters.stream_interval,
+            response_lanes=parameters.response_lanes,
+            bos_token_id=checkpoint_bos_token_id(model_path) if model_path else None,
+        )
+
+    @classmethod
+    def from_model_args(cls, args: dict, parameters: EngineParameters) -> EngineSettings:
+        """From the `args` of `initialize` and the model's parsed parameters: decoupled policy, queue size, the
+        checkpoint path made absolute."""
+        queue_policy = json.loads(args["model_config"]).get("dynamic_batching", {}).get("default_queue_policy", {})
+        model_path = getattr(parameters, "model_path", "")
+        return cls.from_parameters(parameters, decoupled=is_decoupled(args),
+                                   max_queue_size=int(queue_policy.get("max_queue_size", 0)),
+                                   model_path=resolve_path(args, model_path) if model_path else "")
+
+
+def checkpoint_bos_token_id(model_path: str) -> int | None:
+    """The BOS id in a Hugging Face checkpoint's config.json; None where it names none."""
+    config = Path(model_path) / "config.json"
+    bos = json.loads(config.read_text()).get("bos_token_id") if config.is_file() else None
+    return bos if isinstance(bos, int) else None
+
+
+def load_model(settings: EngineSettings):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    device = settings.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = "auto" if settings.dtype == "auto" else getattr(torch, settings.dtype)
+    model = AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=dtype, trust_remote_code=False)
+    return model.to(device).eval()
+
+
+def streamed_responses(token_ids: list[int], log_probs: list[float],
+                       bos_token_id: int | None) -> list[tuple[list[int], list[float]]]:
+    """A row's streamed tokens of one send, as the responses that carry them: a BOS heading more tokens goes
+    alone. Postprocessing decodes each response by itself and reads one that starts with BOS as a whole text
+    (an echoed prompt, whose SentencePiece prefix space `TokenBytes.decode_sequence` drops); a generated BOS
+    heading a longer chunk would take the next word's space with it. Alone, it decodes to nothing."""
+    lead = 0
+    while lead < len(token_ids) - 1 and token_ids[lead] == bos_token_id:
+        lead += 1
+    heads = [(token_ids[index:index + 1], log_probs[index:index + 1]) for index in range(lead)]
+    return [*heads, (token_ids[lead:], log_probs[lead:])]
+
+
+def _now_ns() -> int:
+    return time.time_ns()
+
+
+class _RowSink:
+    """Turns one row's engine events into Triton responses shaped as the tensorrtllm backend's.
+
+    Every response carries `output_ids` and `sequence_length`; the optional outputs appear only when the
+    request asked for them (`return_*` inputs), `batch_index` only for a batched request, `sequence_index`
+    never (one sequence per request) — as `ModelInstanceState::fillTritonResponse` does.
+    """
+
+    def __init__(self, state: RequestRows, row: EngineRow, batch_index: int, server_stopping: threading.Event,
+                 stream_interval: int = 1, post: Post = run_here, bos_token_id: int | None = None):
+        self.state = state
+        self.bos_token_id = bos_token_id
+        self.post = post  # runs this row's sends in order: on a response lane, or here
+        self.server_stopping = server_stopping  # set: every open row ends now, with ServerStopping
+        self.row = row
+        self.batch_index = batch_index
+        self.stream_interval = stream_interval
+        # Streamed tokens not yet sent, whether a send for them is queued on the lane, and how many were sent:
+        # written by the engine's thread and the lane's, under `pending_lock`.
+        self.pending_lock = threading.Lock()
+        self.pending: tuple[list[int], list[float]] = ([], [])
+        self.send_queued = False
+        self.streamed = 0
+        self.delivered = 0  # tokens the engine gave this row (the engine's thread alone)
+        self.send_failed = False  # a streamed response could not be sent: the engine drops the row
+        self.arrival_ns = _now_ns()
+        self.scheduled_ns = self.first_token_ns = self.last_token_ns = 0
+
+    def _response(self, token_ids: list[int], log_probs: list[float]):
+        outputs = {
+            OUTPUT_IDS: np.array([[token_ids]], dtype=np.int32).reshape(1, 1, len(token_ids)),
+            SEQUENCE_LENGTH: np.array([[len(token_ids)]], dtype=np.int32),
+        }
+        if self.row.return_log_probs:
+            outputs[CUM_LOG_PROBS] = np.array([[sum(log_probs)]], dtype=np.float32)
+            outputs[OUTPUT_LOG_PROBS] = np.array(log_probs, dtype=np.float32).reshape(1, 1, len(log_probs))
+        if self.state.rows > 1:
+            outputs[BATCH_INDEX] = np.array([[self.batch_index]], dtype=np.int32)
+        if self.row.return_num_input_tokens:
+            outputs[NUM_INPUT_TOKENS] = np.array([[len(self.row.prompt_ids)]], dtype=np.int32)
+        if self.row.return_num_output_tokens:
+            outputs[NUM_OUTPUT_TOKENS] = np.array([[len(token_ids)]], dtype=np.int32)
+        if self.row.return_perf_metrics:
+            outputs.update(self._perf_metrics())
+        return self.state.response(outputs)
+
+    def _perf_metrics(self) -> dict[str, np.ndarray]:
+        """The backend's per-request statistics. This engine keeps no paged KV cache and drafts nothing: its
+        block and draft counts are 0."""
+        def one(value, dtype):
+            return np.array([[value]], dtype=dtype)
+
+        return {KV_CACHE_ALLOC_NEW_BLOCKS: one(0, np.int32), KV_CACHE_REUSED_BLOCKS: one(0, np.int32),
+                KV_CACHE_ALLOC_TOTAL_BLOCKS: one(0, np.int32), ARRIVAL_TIME_NS: one(self.arrival_ns, np.int64),
+                FIRST_SCHEDULED_TIME_NS: one(self.scheduled_ns, np.int64),
+                FIRST_TOKEN_TIME_NS: one(self.first_token_ns, np.int64),
+                LAST_TOKEN_TIME_NS: one(self.last_token_ns, np.int64), ACCEPTANCE_RATE: one(0.0, np.float32),
+                TOTAL_ACCEPTED_DRAFT_TOKENS: one(0, np.int32), TOTAL_DRAFT_TOKENS: one(0, np.int32)}
+
+    def _token_times(self) -> None:
+        self.last_token_ns = _now_ns()
+        self.first_token_ns = self.first_token_ns or self.last_token_ns
+
+    def scheduled(self) -> None:
+        self.scheduled_ns = _now_ns()
+
+    def tokens(self, token_ids: list[int], log_probs: list[float]) -> None:
+        """New tokens of a streaming row: sent at once when they are its first, else once `stream_interval`
+        of them wait (the rest go out with `finish`). Tokens that come while the row's last send still waits
+        on its lane join that send: a server slower than the engine gets fewer, longer responses instead of a
+        backlog, and an idle one gets every token as it comes."""
+        self._token_times()
+        self.delivered += len(token_ids)
+        with self.pending_lock:
+            pending_ids, pending_log_probs = self.pending
+            pending_ids.extend(token_ids)
+            pending_log_probs.extend(log_probs)
+            if self.send_queued or (self.streamed and len(pending_ids) < self.stream_interval):
+                return
+            self.send_queued = True
+        self.post(self._send_pending)
+
+    def _send_pending(self) -> None:
+        with self.pending_lock:
+            (token_ids, log_probs), self.pending = self.pending, ([], [])
+            self.send_queued = False
+            self.streamed += len(token_ids)
+        self._send_streamed(streamed_responses(token_ids, log_probs, self.bos_token_id))
+
+    def _send_streamed(self, responses: list[tuple[list[int], list[float]]]) -> None:
+        """Streamed responses, none flagged final; the first that cannot be sent ends the sending."""
+        for token_ids, log_probs in responses:
+            if self.send_failed:
+                return
+            if not self.state.send(self._response(token_ids, log_probs), row_done=False):
+                self.send_failed = True
+
+    def finish(self, result: GenerationResult | None, error: Exception | None) -> None:
+        """The row's end: its last response, after every one sent before it (which may have taken tokens
+        given after it was queued: the tokens not yet streamed are counted when the last response is made)."""
+        if result is not None and result.token_ids[self.delivered:]:
+            self._token_times()
+        cut_short = self.server_stopping.is_set()  # as the engine ended the row, not when its lane sends
+        self.post(lambda: self._finish(result, error, cut_short))
+
+    def _finish(self, result: GenerationResult | None, error: Exception | None, cut_short: bool) -> None:
+        if error is None and self.send_failed:  # the client missed a chunk: end with an error, not a gap
+            error = ResponseSendError()
+        if error is None and cut_short:  # the server was stopping: not a whole answer
+            error = ServerStopping()
+        if error is not None:
+            self.state.send(self.state.error_response(error), row_done=True)
+            return
+        if self.row.stream:  # the tokens not yet streamed (none after an end id), the last flagged final
+            *heads, (tokens, log_probs) = streamed_responses(result.token_ids[self.streamed:],
+                                                             result.log_probs[self.streamed:], self.bos_token_id)
+            self._send_streamed(heads)
+            if self.send_failed:
+                self.state.send(self.state.error_response(ResponseSendError()), row_done=True)
+                return
+        elif self.row.exclude_input:
+            tokens, log_probs = result.token_ids, result.log_probs
+        else:
+            tokens = self.row.prompt_ids + result.token_ids
+            log_probs = [0.0] * len(self.row.prompt_ids) + result.log_probs
+        self.state.send(self._response(tokens, log_probs), row_done=True)
+
+    def cancelled(self) -> bool:
+        """The client went away, or a response could not be sent: either way the engine stops the row, and
+        its finish tries once more to end the request (with what the row has). So does a server that stops."""
+        return self.send_failed or self.server_stopping.is_set() or self.state.cancelled()
+
+
+class EngineService:
+    def __init__(self, pb_utils, settings: EngineSettings, engine=None):
+        self.pb_utils = pb_utils
+        self.settings = settings
+        if engine is None:
+            from .transformers.inflight import InflightBatchingEngine  # torch: loaded only for the transformers engine
+
+            engine = InflightBatchingEngine(load_model(settings), settings.limits)
+        self.engine = engine
+        self.lanes = (ResponseLanes(settings.response_lanes, LANE_DEPTH)
+                      if settings.response_lanes else None)
+        self.metrics = None
+        # Set when the stopping server's time for open requests is up (`drain`): the engine stops every row,
+        # and each ends with ServerStopping.
+        self.server_stopping = threading.Event()
+        self._open = 0  # Triton requests not yet answered in full
+        self._open_changed = threading.Condition()
+
+    def _opened(self) -> None:
+        with self._open_changed:
+            self._open += 1
+
+    def _closed(self) -> None:
+        with self._open_changed:
+            self._open -= 1
+            self._open_changed.notify_all()
+
+    def drain(self, deadline: float) -> None:
+        """The server is stopping (triton_adapter.start_heartbeat calls this): let open requests finish until
+        `deadline` (time.monotonic), end the rest with ServerStopping, and return once none is open (or a few
+        seconds later, for an engine that does not stop)."""
+        with self._open_changed:
+            self._open_changed.wait_for(lambda: self._open == 0, timeout=max(deadline - time.monotonic(), 0))
+            if self._open:
+                logger.warning("the server is stopping: ending %d open requests", self._open)
+                self.server_stopping.set()
+                self._open_changed.wait_for(lambda: self._open == 0, timeout=DRAIN_END_S)
+
+    def publish_metrics(self, model: str, version: str) -> None:
+        """The backend's nv_trt_llm_* families on Triton's /metrics (one engine instance per model)."""
+        from .metrics import EngineMetrics
+
+        limits = self.settings.limits
+        self.metrics = EngineMetrics(self.pb_utils, self.engine, model=model, version=version,
+                                     max_batch_size=limits.max_batch_size, max_seq_len=limits.max_seq_len)
+
+    def handle(self, request) -> None:
+        """Answer one Triton request through its response sender (never raises)."""
+        pb_utils = self.pb_utils
+        sender = request.get_response_sender()
+        try:
+            inputs = request_inputs(request)
+            if is_stop_request(inputs):
+                if not request.request_id():  # as the backend: an anonymous stop could only hit others' requests
+                    raise RequestError(STOP, "needs the request id of the request to stop; this request has none")
+                # Answered by the engine's thread once it takes the stop: a liveness probe's stop then tells
+                # whether that thread still runs, not just this stub.
+                self.engine.cancel(request.request_id(), lambda: send_final(pb_utils, sender))
+                return
+            requested = requested_outputs(request)
+            if requested is not None and not REQUIRED_OUTPUTS <= requested:
+                raise RequestError("outputs", f"must include {sorted(REQUIRED_OUTPUTS)}, as the tensorrtllm "
+                                              f"backend requires")
+            rows = parse_engine_request(inputs, default_exclude_input=self.settings.exclude_input_in_output)
+            if not self.settings.decoupled:
+                if any(row.stream for row in rows):
+                    raise RequestError(STREAM, "streaming needs the engine model deployed decoupled "
+                                                 "(build with streaming enabled)")
+                if len(rows) > 1:
+                    raise RequestError(INPUT_IDS, "a batched request needs the engine model deployed decoupled")
+            state = RequestRows(pb_utils, sender, len(rows), requested,
+                                self.settings.cancellation_check_period_ms / 1000, self._closed)
+            requests = []
+            for index, row in enumerate(rows):
+                generation = GenerationRequest(
+                    request_id=request.request_id(), prompt_ids=row.prompt_ids,
+                    max_new_tokens=row.max_new_tokens, end_id=row.end_id, sampling=row.sampling,
+                    stop_sequences=row.stop_sequences, bad_sequences=row.bad_sequences, stream=row.stream,
+                    return_log_probs=row.return_log_probs, embedding_bias=row.embedding_bias,
+                    sink=_RowSink(state, row, index, self.server_stopping, self.settings.stream_interval,
+                                  self.lanes.lane() if self.lanes else run_here, self.settings.bos_token_id))
+                self.engine.validate(generation)
+                requests.append(generation)
+        except Exception as error:  # noqa: BLE001 - every failure becomes this request's error response
+            answer_error(pb_utils, sender, error)
+            return
+        self._opened()
+        for generation in requests:
+            self.engine.submit(generation)
+
+    def shutdown(self) -> None:
+        if self.metrics is not None:
+            self.metrics.stop()
+        self.engine.shutdown()
+        if self.lanes is not None:  # after the engine, whose last rows end through them
+            self.lanes.close(LANE_CLOSE_S)
+
+
+class EngineModel:
+    """The `tensorrt_llm` model's `TritonPythonModel`: its parameters read once, an `EngineService` around the
+    engine, a heartbeat; each request handled by the service; the engine shut down with the model. A model.py
+    subclasses it with Triton's `pb_utils` and its parameters' type, and says how its engine is made."""
+
+    PB_UTILS = None  # Triton's triton_python_backend_utils module
+    PARAMETERS: type[EngineParameters]  # the model's parameters in config.pbtxt
+    METRICS = True  # publish the backend's nv_trt_llm_* families on Triton's /metrics
+
+    def make_engine(self, args: dict, parameters: EngineParameters, settings: EngineSettings):
+        """The engine the service runs; None: the transformers engine (`InflightBatchingEngine`)."""
+        return None
+
+    def initialize(self, args):
+        parameters = self.PARAMETERS.from_model_args(args)
+        settings = EngineSettings.from_model_args(args, parameters)
+        self.service = EngineService(self.PB_UTILS, settings, self.make_engine(args, parameters, settings))
+        start_heartbeat(drain=self.service.drain)
+        if self.METRICS:
+            self.service.publish_metrics(args["model_name"], args["model_version"])
+
+    def execute(self, requests):
+        for request in requests:
+            self.service.handle(request)
+        return None
+
+    def finalize(self):
+        self.service.shutdown()
