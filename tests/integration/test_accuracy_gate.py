@@ -59,17 +59,18 @@ def test_the_figures_grade_the_degradation(reports):
 def test_the_build_marks_a_failing_engine_not_ready_and_serve_refuses_it(tiny_models, tmp_path, capsys):
     import json
 
-    from tritonforge.builder.build import AccuracyGateFailed
     from tritonforge.cli import main
+    from tritonforge.tools.accuracy_gate import AccuracyGateFailed, GateOptions, run_accuracy_gate
 
     degraded = degraded_copy(tiny_models["bpe"], tmp_path / "degraded", noise=0.5)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(DEFAULT_PROMPTS.read_text().splitlines(keepends=True)[:4]))
     repository = tmp_path / "repo"
+    build(BuildOptions(model=degraded, output=repository, max_input_len=64, max_seq_len=256))
     with pytest.raises(AccuracyGateFailed, match="not ready"):
         # As a pre-quantized checkpoint compared with its original.
-        build(BuildOptions(model=degraded, output=repository, max_input_len=64, max_seq_len=256,
-                           accuracy_gate=prompts, accuracy_reference=tiny_models["bpe"]), progress=lambda _: None)
+        run_accuracy_gate(repository, degraded, GateOptions(accuracy_gate=prompts,
+                                                            accuracy_reference=tiny_models["bpe"]), lambda _: None)
     manifest = json.loads((repository / "tritonforge.json").read_text())
     assert manifest["ready"] is False and manifest["accuracy_gate"]["passed"] is False
     assert manifest["accuracy_gate"]["greedy_agreement"] < 1.0

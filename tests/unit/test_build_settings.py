@@ -27,8 +27,15 @@ def test_each_flag_lands_on_its_field():
     assert options == BuildOptions(
         model=Path("ckpt"), output=Path("out"), engine="replay", frontends=("bls",), max_batch_size=4,
         max_input_len=64, max_seq_len=128, enable_kv_cache_reuse=False, enable_chunked_context=True, cuda_graphs=True,
-        gpu_memory_gib=79.6, target_triton=(2, 51), dry_run=True, replay_step_ms=20.0, calib_dataset="calib",
-        accuracy_gate=Path("prompts.jsonl"))
+        gpu_memory_gib=79.6, target_triton=(2, 51), dry_run=True, replay_step_ms=20.0, calib_dataset="calib")
+
+
+def test_the_gate_flags_land_on_the_gate_options():
+    from tritonforge.facts.settings import given
+    from tritonforge.tools.accuracy_gate import GateOptions
+
+    args = make_parser().parse_args(["build", "--model", "ckpt", "--accuracy-gate", "prompts.jsonl"])
+    assert GateOptions(**given(args, GateOptions)) == GateOptions(accuracy_gate=Path("prompts.jsonl"))
 
 
 def test_serving_flags_land_on_the_serving_config_and_given_counts_are_not_planned():

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tritonforge.builder.build import BuildOptions, build
-from tritonforge.builder.repository import MANIFEST
+from tritonforge.builder.manifest import MANIFEST
 
 
 def build_to(model, output, **kwargs):

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from tritonforge.builder import build as builder
 from tritonforge.builder import model_configs as configs
-from tritonforge.builder.build import BuildOptions, build, trt_build_spec
+from tritonforge.builder.engines.tensorrtllm import build_spec as trt_build_spec
+from tritonforge.builder.options import BuildOptions
 from tritonforge.builder.trtllm import (
     CONTAINERS,
     ENGINE_INFO,
@@ -50,6 +52,11 @@ NVIDIA_TEMPLATE_KEYS = {
 }
 
 
+def build(options):
+    """The build with its progress printed, as the commands below read it."""
+    return builder.build(options, progress=print)
+
+
 def options(model, output, **kwargs):
     return BuildOptions(model=model, output=output, engine="tensorrtllm", gpu_memory_gib=80, max_input_len=64,
                         max_seq_len=256, **kwargs)
@@ -86,7 +93,6 @@ def test_no_kv_cache_reuse_reaches_the_backend_parameter(tiny_models, tmp_path):
                                                      ("dtype", "bfloat16", "bfloat16"),  # transformers 5's key
                                                      ("torch_dtype", "float32", "float16"), (None, None, "float16")])
 def test_the_engine_dtype_follows_the_checkpoints_16_bit_type(tmp_path, key, value, dtype):
-    from tritonforge.builder.build import trt_build_spec
 
     checkpoint_config = {key: value} if key else {}
     assert trt_build_spec(options(tmp_path / "model", tmp_path / "repo"), checkpoint_config).dtype == dtype
@@ -198,8 +204,10 @@ def test_machine_facts_import_neither_torch_nor_tensorrt_llm():
 
 
 def test_dry_run_prints_the_accuracy_gate_it_would_run(tiny_models, tmp_path, capsys):
-    build(options(tiny_models["bpe"], tmp_path / "repo", dry_run=True, accuracy_gate=tmp_path / "gate.jsonl"))
-    printed = capsys.readouterr().out
+    assert main(["build", "--model", str(tiny_models["bpe"]), "--output", str(tmp_path / "repo"), "--engine",
+                 "tensorrtllm", "--gpu-memory-gib", "80", "--max-input-len", "64", "--max-seq-len", "256",
+                 "--dry-run", "--accuracy-gate", str(tmp_path / "gate.jsonl")]) == 0
+    printed = capsys.readouterr().err
     assert "tritonforge eval --url localhost:8001" in printed and "gate.jsonl" in printed
 
 
@@ -240,7 +248,7 @@ def test_target_triton_refuses_an_unknown_container_or_a_word(text):
 @pytest.mark.parametrize(("tp", "pp", "ranks"), [(1, 1, 1), (2, 1, 2), (2, 2, 4), (1, 4, 4)])
 def test_serve_runs_one_rank_per_gpu_of_the_engines_tensor_and_pipeline_split(tmp_path, monkeypatch, tp, pp, ranks):
     from tritonforge.builder import trtllm
-    from tritonforge.builder.repository import MANIFEST
+    from tritonforge.builder.manifest import MANIFEST
     from tritonforge.cli.serve import check_repository_engine
 
     (tmp_path / MANIFEST).write_text(json.dumps({"tritonforge_build": {"engine": "tensorrtllm", "tp_size": tp,

@@ -1,3 +1,3 @@
-"""Checkpoint → ready-to-mount repository: the build options and steps (builder.py), the memory plan, the
-TensorRT-LLM commands, the typed model configs, the repository's assembly, the tuning of its serving settings
-and the replay engine's C++ backend (native/)."""
+"""Checkpoint → ready-to-mount repository: the build options (options.py) and steps (build.py, a module per
+engine kind in engines/), the memory plan, the TensorRT-LLM commands, the typed model configs, the repository's
+assembly and the compiling of the C++ backends whose sources lie in runtime/ (native.py)."""

@@ -1,8 +1,8 @@
 """Every model's `config.pbtxt`, built as `model_config_pb2.ModelConfig` objects and written as text format.
 
 No templates: a value is either set on a typed field or the build fails, so no `${...}` can be left behind.
-The tensor tables follow NVIDIA's `inflight_batcher_llm` models (INTERFACE.md); ours adds the optional
-`messages` input (chat) to the client-facing models.
+The tensor tables follow NVIDIA's `inflight_batcher_llm` models (docs/reference/tensors.md); ours adds the
+optional `messages` input (chat) to the client-facing models.
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ class ServingConfig:
         1000, "postprocessing queue delay: gathers streamed chunks into fewer executions",
         flag="--postprocessing-delay-us")
     # Responses in arrival order across postprocessing instances, so a stream's chunks can never swap.
-    # Triton sends such responses one at a time under one lock for the whole model (README, Performance: the
-    # ensemble's ceiling at a real engine's rate); NVIDIA's config leaves it off.
+    # Triton sends such responses one at a time under one lock for the whole model (the ensemble's ceiling at
+    # a real engine's rate: docs/performance.md#at-a-real-engines-rate-the-h200-machine); NVIDIA's config leaves it off.
     postprocessing_preserve_ordering: bool = setting(
         True, "let postprocessing instances answer out of arrival order (NVIDIA's setting): faster, but a stream's "
         "chunks may swap under overload (docs/performance.md)", flag="--postprocessing-unordered")
@@ -130,8 +130,9 @@ def preprocessing_config(serving: ServingConfig, limits: EngineLimits, tokenizer
     return config
 
 
-def postprocessing_config(serving: ServingConfig, tokenizer_dir: str) -> mc.ModelConfig:
-    config = _python_model(POSTPROCESSING_MODEL, serving.max_batch_size)
+def postprocessing_config(serving: ServingConfig, tokenizer_dir: str, backend: str = "python") -> mc.ModelConfig:
+    """The detokenizer: the Python model or its C++ twin (`backend`), one config for both."""
+    config = mc.ModelConfig(name=POSTPROCESSING_MODEL, backend=backend, max_batch_size=serving.max_batch_size)
     _add_tensors(config.input, contract.POSTPROCESSING_INPUTS, is_input=True)
     _add_tensors(config.output, contract.POSTPROCESSING_OUTPUTS, is_input=False)
     # No max_queue_size here: downstream of a decoupled step it hangs requests in Triton < 2.66.

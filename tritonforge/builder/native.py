@@ -39,12 +39,29 @@ class NativeBackend:
 REPLAY = NativeBackend("tritonforge_replay", RUNTIME / "engine" / "replay" / "replay_backend.cc", "--replay-native")
 
 
+# The detokenizer (postprocessing) beside its Python twin, byte for byte the same text.
+POSTPROCESSING = NativeBackend("tritonforge_postprocessing", RUNTIME / "text" / "native" / "postprocessing_backend.cc",
+                               "--text-backend cpp")
+TEXT_BACKENDS = ("python", "cpp", "auto")
+
+
 class CompilerMissing(RuntimeError):
     pass
 
 
 def compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def text_backend(choice: str, progress) -> str:
+    """The postprocessing model's backend for `--text-backend`: "python" or the C++ backend's name. `auto`
+    takes C++ where a compiler exists and says in one line when it falls back."""
+    if choice == "python":
+        return "python"
+    if choice == "auto" and compiler() is None:
+        progress("postprocessing: no C++ compiler (g++, c++ or $CXX), so the Python model (--text-backend python)")
+        return "python"
+    return POSTPROCESSING.name
 
 
 def compile_backend(backend: NativeBackend, target_dir: Path) -> Path:

@@ -150,7 +150,7 @@ def plan_memory(shape: ModelShape, *, gpu_memory_gib: float, dtype: str = "float
     # requests together, and 4 instances made them wait; bench/results/gpu-ensemble-defaults/), 8
     # postprocessing (one call per response), 8 BLS (one response round trip per chunk; with its engine calls
     # on one gRPC stream per instance, 8 kept more of the engine's rate than 16 at 128 and 256 streams;
-    # README, Performance).
+    # docs/performance.md#at-a-real-engines-rate-the-h200-machine).
     return MemoryPlan(
         weight_bytes_per_gpu=weights_per_gpu, kv_bytes_per_token=kv_per_token, kv_memory_bytes=kv_memory,
         kv_tokens=kv_tokens, max_sequences=sequences,

@@ -7,7 +7,6 @@ Every path inside a config is relative to its model's directory, so the folder c
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -24,21 +23,16 @@ from . import native
 
 logger = logging.getLogger(__name__)
 
-MANIFEST = "tritonforge.json"
-# The Triton model sources live at the top of the project (see README, "Layout").
+# The Triton model sources live at the top of the project (docs/design/layers.md); an engine kind names its
+# own (builder/engines/).
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 MODEL_SOURCES = {
     PREPROCESSING_MODEL: "preprocessing",
     POSTPROCESSING_MODEL: "postprocessing",
     BLS_MODEL: "tensorrt_llm_bls",
-    f"{ENGINE_MODEL}:transformers": "tensorrt_llm_transformers",
-    f"{ENGINE_MODEL}:replay": "tensorrt_llm_replay_benchmark",
-    f"{ENGINE_MODEL}:tensorrtllm-pytorch": "tensorrt_llm_pytorch",
 }
-# The engines that serve the Hugging Face checkpoint itself, copied under tensorrt_llm/1/checkpoint.
-CHECKPOINT_ENGINES = ("transformers", "tensorrtllm-pytorch")
 TOKENIZER_SUBDIR = "tokenizer"  # under preprocessing/
-CHECKPOINT_SUBDIR = "checkpoint"  # under tensorrt_llm/1/ for the CHECKPOINT_ENGINES
+CHECKPOINT_SUBDIR = "checkpoint"  # under tensorrt_llm/1/ for the engines that serve the checkpoint itself
 ENGINE_SUBDIR = "engine"  # under tensorrt_llm/1/ for the TensorRT-LLM engine
 REPLAY_TOKENS = "replay_tokens.json"  # under tensorrt_llm/1/ for the replay (benchmarking) engine
 # hf_quant_config.json: how ModelOpt quantized a checkpoint, which the LLM API reads from the checkpoint.
@@ -54,24 +48,30 @@ TOKENIZER_PATTERNS = ("tokenizer.json", "tokenizer_config.json", "special_tokens
 
 @dataclass(frozen=True, kw_only=True)
 class RepositoryPlan:
+    """What `write_repository` writes: every model's config and where its code comes from. Recorded in the
+    manifest, so a built repository's configs can be rendered again (`tritonforge tune`)."""
+
     output: Path
-    engine: str  # one of model_configs.ENGINES
+    engine: str  # the engine kind's name (builder/engines/)
     frontends: tuple[str, ...]  # ensemble and/or bls
     serving: configs.ServingConfig
     limits: EngineLimits
     engine_parameters: dict[str, str]
-    native_replay: bool = False  # the replay engine as the C++ backend (tritonforge/builder/native.py)
+    engine_backend: str = "python"  # "python", "tensorrtllm" or one of our C++ backends (builder/native.py)
+    engine_source: str | None = None  # the project folder whose 1/model.py is the Python engine model
+    serves_checkpoint: bool = False  # the checkpoint's weights go under tensorrt_llm/1/checkpoint
+    postprocessing_backend: str = "python"  # or the C++ detokenizer's backend (builder/native.py)
 
     def __post_init__(self):
-        if self.engine not in configs.ENGINES:
-            raise ValueError(f"engine must be one of {configs.ENGINES}, got {self.engine!r}")
+        if self.engine_backend == "python" and self.engine_source is None:
+            raise ValueError(f"the {self.engine} engine on the python backend needs its model source")
         unknown = set(self.frontends) - set(configs.FRONTENDS)
         if unknown or not self.frontends:
             raise ValueError(f"frontends must be a non-empty subset of {configs.FRONTENDS}, got {self.frontends}")
 
 
-def model_source(key: str) -> Path:
-    path = SOURCE_ROOT / MODEL_SOURCES[key] / "1" / "model.py"
+def model_source(folder: str) -> Path:
+    path = SOURCE_ROOT / folder / "1" / "model.py"
     if not path.is_file():
         raise FileNotFoundError(f"model source {path} is missing: install tritonforge from its source tree "
                                 f"(pip install -e .)")
@@ -88,8 +88,9 @@ def build_configs(plan: RepositoryPlan) -> dict[str, mc.ModelConfig]:
     shared_tokenizer = f"../{PREPROCESSING_MODEL}/{TOKENIZER_SUBDIR}"
     out = {
         PREPROCESSING_MODEL: configs.preprocessing_config(plan.serving, plan.limits, tokenizer),
-        POSTPROCESSING_MODEL: configs.postprocessing_config(plan.serving, shared_tokenizer),
-        ENGINE_MODEL: configs.engine_config(plan.serving, backend=engine_backend(plan),
+        POSTPROCESSING_MODEL: configs.postprocessing_config(plan.serving, shared_tokenizer,
+                                                            backend=plan.postprocessing_backend),
+        ENGINE_MODEL: configs.engine_config(plan.serving, backend=plan.engine_backend,
                                             parameters=plan.engine_parameters),
     }
     if "ensemble" in plan.frontends:
@@ -97,12 +98,6 @@ def build_configs(plan: RepositoryPlan) -> dict[str, mc.ModelConfig]:
     if "bls" in plan.frontends:
         out[BLS_MODEL] = configs.bls_config(plan.serving, plan.limits, shared_tokenizer)
     return out
-
-
-def engine_backend(plan: RepositoryPlan) -> str:
-    if plan.engine == "tensorrtllm":
-        return "tensorrtllm"
-    return native.REPLAY.name if plan.native_replay else "python"
 
 
 def replay_tokens(tokenizer_source: Path) -> list[int]:
@@ -142,24 +137,23 @@ def _refuse_dangerous_output(output: Path, checkpoint: Path | None) -> None:
                              f"repository needs a folder of its own")
 
 
-def prepare_output(output: Path, *, force: bool, checkpoint: Path | None = None) -> set[str]:
+def prepare_output(output: Path, *, force: bool, checkpoint: Path | None = None,
+                   written: list[str] | None = None) -> set[str]:
     """Make `output` ready to write; return the files already there that are not ours (left alone).
 
-    Deletes only what an earlier build recorded as written (`tritonforge.json`'s "files"), and only with
-    --force; a non-empty folder without that record is never touched."""
+    Deletes only what an earlier build recorded as `written` (the manifest's files, with the manifest's own
+    name last), and only with --force; a non-empty folder without that record is never touched."""
     _refuse_dangerous_output(output, checkpoint)
     if output.is_symlink() or (output.exists() and not output.is_dir()):
         raise FileExistsError(f"--output {output} is not a folder")
     if output.exists() and any(output.iterdir()):
-        manifest = output / MANIFEST
-        written = json.loads(manifest.read_text()).get("files") if manifest.is_file() else None
         if written is None:
             raise FileExistsError(f"{output} is not empty and holds no record of files tritonforge wrote there; "
                                   f"choose an empty or new folder (nothing is deleted for you)")
         if not force:
             raise FileExistsError(f"{output} holds a repository tritonforge built; pass --force to replace the "
                                   f"files it wrote there")
-        _remove_written(output, [*written, MANIFEST])
+        _remove_written(output, written)
     output.mkdir(parents=True, exist_ok=True)
     return _files_under(output)
 
@@ -203,9 +197,10 @@ def removed_on_failure(output: Path, existing: set[str]) -> Iterator[None]:
 
 
 def write_repository(plan: RepositoryPlan, *, tokenizer_source: Path, checkpoint: Path | None,
-                     manifest: dict, existing: set[str]) -> None:
+                     existing: set[str]) -> list[str]:
     """Write every model of the plan into plan.output, made ready by `prepare_output` (which returned the
-    `existing` files); the manifest records every file written since, for the next --force."""
+    `existing` files); return every file written since (the engine kind's own files included), which the
+    manifest records for the next --force."""
     from ..runtime.text.detokenization import TokenBytes
     from ..runtime.text.tokenization import load_tokenizer
 
@@ -214,11 +209,11 @@ def write_repository(plan: RepositoryPlan, *, tokenizer_source: Path, checkpoint
     for name, config in model_configs.items():
         version_dir = output / name / "1"
         version_dir.mkdir(parents=True, exist_ok=True)
-        source_key = f"{name}:{plan.engine}" if name == ENGINE_MODEL else name
-        if name == ENGINE_MODEL and plan.native_replay:
-            native.compile_backend(native.REPLAY, version_dir)
-        elif source_key in MODEL_SOURCES:
-            shutil.copy2(model_source(source_key), version_dir / "model.py")
+        source = plan.engine_source if name == ENGINE_MODEL else MODEL_SOURCES.get(name)
+        if config.backend == "python" and source is not None:
+            shutil.copy2(model_source(source), version_dir / "model.py")
+        elif name == POSTPROCESSING_MODEL:
+            native.compile_backend(native.POSTPROCESSING, version_dir)
         (output / name / "config.pbtxt").write_text(configs.to_text(config))
 
     tokenizer = tokenizer_dir(output)
@@ -229,7 +224,7 @@ def write_repository(plan: RepositoryPlan, *, tokenizer_source: Path, checkpoint
     # Loaded here to fail the build, not the server's load, if a file is missing; its byte table saved for
     # postprocessing, which then starts without transformers.
     TokenBytes(load_tokenizer(tokenizer)).save(tokenizer)
-    if plan.engine in CHECKPOINT_ENGINES:
+    if plan.serves_checkpoint:
         target = output / ENGINE_MODEL / "1" / CHECKPOINT_SUBDIR
         target.mkdir(parents=True, exist_ok=True)
         for pattern in CHECKPOINT_PATTERNS:
@@ -237,8 +232,5 @@ def write_repository(plan: RepositoryPlan, *, tokenizer_source: Path, checkpoint
                 shutil.copy2(file, target / file.name)  # a copy: the server may never write into the checkpoint
         if not any(target.glob("*.safetensors")):
             raise FileNotFoundError(f"no *.safetensors weights in {checkpoint}")
-    elif plan.engine == "replay":
-        (output / ENGINE_MODEL / "1" / REPLAY_TOKENS).write_text(json.dumps(replay_tokens(tokenizer_source)))
-    written = sorted(_files_under(output) - existing - {MANIFEST})
-    (output / MANIFEST).write_text(json.dumps({**manifest, "files": written}, indent=2) + "\n")
     logger.info("wrote %s: %s", output, ", ".join(sorted(model_configs)))
+    return sorted(_files_under(output) - existing)

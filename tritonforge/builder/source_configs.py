@@ -36,27 +36,23 @@ TINY_VOCAB = 32000  # a Llama vocabulary: the committed file shows the key; a bu
 
 def source_configs() -> dict[str, str]:
     """Relative path in the source tree → text of its config.pbtxt."""
-    from .build import (
-        BuildOptions,
-        pytorch_engine_parameters,
-        tensorrtllm_engine_parameters,
-        transformers_engine_parameters,
-    )
+    from .engines import llmapi, tensorrtllm, transformers
+    from .options import BuildOptions
 
     options = BuildOptions(model=Path("checkpoint"), output=Path("model_repository"))
     limits = EngineLimits(max_batch_size=options.max_batch_size, max_input_len=options.max_input_len,
                                       max_seq_len=options.max_seq_len)
-    plan = RepositoryPlan(output=options.output, engine="transformers", frontends=configs.FRONTENDS,
-                          serving=options.serving, limits=limits,
-                          engine_parameters=transformers_engine_parameters(options))
+    plan = RepositoryPlan(output=options.output, engine=transformers.KIND.name, frontends=configs.FRONTENDS,
+                          serving=options.serving, limits=limits, engine_parameters=transformers.parameters(options),
+                          engine_source=transformers.KIND.model_source)
     default = build_configs(plan)
-    trt_options = dataclasses.replace(options, engine="tensorrtllm")
+    trt_options = dataclasses.replace(options, engine=tensorrtllm.KIND.name)
     trt_serving = dataclasses.replace(options.serving, target_triton=trtllm.TRITON_VERSION)
-    trt_engine = configs.engine_config(trt_serving, backend="tensorrtllm",
-                                       parameters=tensorrtllm_engine_parameters(trt_options))
-    pytorch_options = dataclasses.replace(options, engine="tensorrtllm-pytorch")
+    trt_engine = configs.engine_config(trt_serving, backend=tensorrtllm.BACKEND,
+                                       parameters=tensorrtllm.parameters(trt_options))
+    pytorch_options = dataclasses.replace(options, engine=llmapi.KIND.name)
     pytorch_engine = configs.engine_config(trt_serving, backend="python",
-                                           parameters=pytorch_engine_parameters(pytorch_options, TINY_VOCAB))
+                                           parameters=llmapi.parameters(pytorch_options, TINY_VOCAB))
     files = {
         "preprocessing/config.pbtxt": (default["preprocessing"], PYTHON),
         "postprocessing/config.pbtxt": (default["postprocessing"], PYTHON),

@@ -28,10 +28,11 @@ from pathlib import Path
 from ..facts.release import TOKENS_PER_BLOCK, TRITON_IMAGE, TRTLLM_VERSION
 
 # The `-trtllm-python-py3` containers from 25.12 (the previous pin) to the pin: (Triton, TensorRT-LLM).
-# TensorRT-LLM per container: Triton's compatibility matrix (triton-inference-server/server,
-# docs/introduction/compatibility.md @0f963c9a; it lists no trtllm container after 26.07). Triton per container:
-# 25.12 = 2.64 as the previous pin recorded, 26.01 = 2.65 ... 26.06 = 2.70 from the team's version map
-# (shared/reference/TRITON-2.51-FACTS.md); 26.07 = 2.71 follows the monthly step and was not read anywhere.
+# TensorRT-LLM per container: Triton's compatibility matrix
+# (triton-inference-server/server/docs/introduction/compatibility.md @0f963c9a; it lists no trtllm container
+# after 26.07). Triton per container: 25.12 = 2.64 as the previous pin recorded, 26.01 = 2.65 ... 26.06 = 2.70
+# from the server's TRITON_VERSION file on each rYY.MM branch (triton-inference-server/server); 26.07 = 2.71
+# follows the monthly step and was not read anywhere.
 CONTAINERS = {
     (25, 12): ((2, 64), "1.1.0"), (26, 1): ((2, 65), "1.1.0"), (26, 2): ((2, 66), "1.1.0"),
     (26, 3): ((2, 67), "1.2.0"), (26, 4): ((2, 68), "1.2.1"), (26, 5): ((2, 69), "1.2.1"),
@@ -126,7 +127,7 @@ def require_trtllm() -> None:
 @dataclass(frozen=True, kw_only=True)
 class TrtBuildSpec:
     """One engine build: the paths, and the settings of `BuildOptions` that reach TensorRT-LLM's commands
-    (validated there; `build.trt_build_spec` makes this)."""
+    (validated there; `engines.tensorrtllm.build_spec` makes this)."""
 
     checkpoint: Path
     work_dir: Path  # converted TensorRT-LLM checkpoint goes here
@@ -197,7 +198,7 @@ def check_inputs(spec: TrtBuildSpec) -> None:
 #   {int8,int4,...}, --fp8_kv_cache, --int8_kv_cache;
 # - tensorrt_llm/commands/build.py @65f1d153: --checkpoint_dir, --output_dir, --max_batch_size, --max_input_len,
 #   --max_seq_len, --max_num_tokens, --kv_cache_type {continuous,paged,disabled} (--paged_kv_cache deprecated),
-#   --workers; tensorrt_llm/plugin/plugin.py @c20322ff (shared/reference/TRTLLM-BUILD-API.md):
+#   --workers; tensorrt_llm/plugin/plugin.py @c20322ff:
 #   --remove_input_padding, --context_fmha, --use_paged_context_fmha {enable,disable}, --gpt_attention_plugin
 #   auto, --gemm_plugin {auto,fp8,...}, --tokens_per_block (32).
 def convert_command(spec: TrtBuildSpec) -> list[str]:

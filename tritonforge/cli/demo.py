@@ -7,7 +7,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..builder.build import BuildOptions, build
+from ..builder.build import build
+from ..builder.options import BuildOptions
 from ..facts.settings import add_arguments, given, positive_int, setting
 from ..tools.tiny_model import TOKENIZER_FAMILIES
 from .arguments import say
@@ -35,7 +36,7 @@ def demo_command(args: argparse.Namespace) -> int:
         # --force replaces only the files an earlier demo or build recorded writing there.
         repository = build(BuildOptions(model=model, output=options.output or work / "model_repository",
                                         max_input_len=256, max_seq_len=512, frontends=("ensemble", "bls"),
-                                        force=True))
+                                        force=True), progress=say)
         return _demo_serve(options, repository)
 
 

@@ -10,8 +10,8 @@ import argparse
 import logging
 import sys
 
-from ..builder.build import AccuracyGateFailed
 from ..builder.trtllm import EngineMismatch, TensorRTLLMMissing
+from ..tools.accuracy_gate import AccuracyGateFailed
 from . import accuracy, bench, build, demo, gateway, generate, make_tiny_model, probe, serve, tune
 from .arguments import RepositoryInUse, ToolMissing
 

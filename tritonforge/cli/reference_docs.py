@@ -168,7 +168,8 @@ def _default_text(default) -> str:
 
 
 def model_parameters_page() -> str:
-    from ..builder.build import BuildOptions, tensorrtllm_engine_parameters
+    from ..builder.engines import tensorrtllm
+    from ..builder.options import BuildOptions
 
     text = [GENERATED.format(source="tritonforge/facts/model_parameters.py"), "# Model parameters\n\n",
             "The `parameters` of each Python model's `config.pbtxt`: one typed dataclass per model, written by the "
@@ -189,7 +190,7 @@ def model_parameters_page() -> str:
             text.append(f" Also every key of `{base.__name__}`.")
         text.append("\n\n" + _table(["key", "type", "default"], rows))
     options = BuildOptions(model=Path("checkpoint"), output=Path("model_repository"), engine="tensorrtllm")
-    backend = tensorrtllm_engine_parameters(options)
+    backend = tensorrtllm.parameters(options)
     text.append("\n## The `tensorrtllm` backend's keys\n\n"
                 "With `--engine tensorrtllm` the engine step is NVIDIA's C++ backend, which reads its own keys. The "
                 "build writes every key that backend reads; these are the values of a default build (`--engine "
@@ -229,19 +230,29 @@ def _flag_rows(cls) -> list[list[str]]:
 
 
 def build_flags_page() -> str:
-    from ..builder.build import BuildOptions
+    from ..builder.engines import ENGINE_KINDS
+    from ..builder.options import BuildOptions
+    from ..tools.accuracy_gate import GateOptions
 
     header = ["flag", "setting", "default", "meaning"]
     return "".join([
-        GENERATED.format(source="the fields of BuildOptions (tritonforge/builder/build.py) and ServingConfig "
-                                "(tritonforge/builder/model_configs.py)"),
+        GENERATED.format(source="the fields of BuildOptions (tritonforge/builder/options.py), GateOptions "
+                                "(tritonforge/tools/accuracy_gate.py) and ServingConfig "
+                                "(tritonforge/builder/model_configs.py), and the engine kinds (tritonforge/builder/"
+                                "engines/)"),
         "# Build flags\n\n",
         "Every option of `tritonforge build` (and `python build_engine.py`, the same command). Each is one field of "
         "`BuildOptions` or `ServingConfig` that holds its default, its help and its flag; the command line is "
         "generated from those fields (`tritonforge/facts/settings.py`), and the settings are validated on "
         "construction. "
         "A boolean setting is a switch that flips its default.\n\n",
-        "## Build (`BuildOptions`)\n\n", _table(header, _flag_rows(BuildOptions)),
+        "## Engine kinds (`--engine`)\n\n",
+        _table(["kind", "what it is", "served by"],
+               [[f"`{kind.name}`", kind.summary,
+                 f"`{kind.model_source}/1/model.py`" if kind.model_source else "its own backend"]
+                for kind in ENGINE_KINDS.values()]),
+        "\n## Build (`BuildOptions`)\n\n", _table(header, _flag_rows(BuildOptions)),
+        "\n## Accuracy gate (`GateOptions`)\n\n", _table(header, _flag_rows(GateOptions)),
         "\n## Serving (`ServingConfig`)\n\n",
         "What Triton decides at serve time (batching, instances, queues, streaming), written into the configs.\n\n",
         _table(header, _flag_rows(configs.ServingConfig)),

@@ -10,7 +10,6 @@ import signal
 import threading
 from pathlib import Path
 
-from ..builder import model_configs as configs
 from ..builder.trtllm import EngineMismatch
 from ..facts.settings import add_arguments, given
 from ..serve.options import ServeOptions
@@ -18,22 +17,19 @@ from .arguments import say
 
 
 def check_repository_engine(repository: Path) -> int:
-    """For a TensorRT-LLM repository: fail now if its engine was built for another GPU or release."""
-    import json
+    """Refuse a repository that failed its accuracy gate, or whose engine cannot serve here (a TensorRT-LLM
+    engine built for another GPU or release); return the server processes (MPI ranks) it takes."""
+    from ..builder.engines import ENGINE_KINDS
+    from ..builder.manifest import MANIFEST, read_manifest
 
-    from ..builder.repository import ENGINE_SUBDIR, MANIFEST
-    from ..builder.trtllm import check_engine, runtime_facts
-
-    manifest = json.loads((repository / MANIFEST).read_text()) if (repository / MANIFEST).exists() else {}
-    if manifest.get("ready") is False:
+    manifest = read_manifest(repository)
+    if manifest is None:
+        return 1
+    if manifest.ready is False:
         raise EngineMismatch(f"{repository} failed its accuracy gate at build time (figures in {MANIFEST}): "
                              f"rebuild it, or rebuild without --accuracy-gate to serve it anyway")
-    build = manifest.get("tritonforge_build", {})
-    if build.get("engine") != "tensorrtllm":
-        return 1
-    world_size = int(build.get("tp_size", 1)) * int(build.get("pp_size", 1))
-    check_engine(repository / configs.ENGINE_MODEL / "1" / ENGINE_SUBDIR, runtime_facts(), world_size)
-    return world_size
+    kind = ENGINE_KINDS.get(manifest.engine or "")
+    return kind.serving_ranks(repository, manifest.build) if kind else 1
 
 
 def serve_command(args: argparse.Namespace) -> int:
@@ -75,7 +71,7 @@ def serve_command(args: argparse.Namespace) -> int:
     gateway = None
     try:
         if options.openai_port:
-            from ..gateway.app import GatewayThread, api_key_from_environment
+            from ..gateway.options import GatewayThread, api_key_from_environment
 
             gateway = GatewayThread(server.grpc_url, host=options.address, port=options.openai_port,
                                     model=options.openai_model, served_model_name=options.served_model_name,

@@ -10,20 +10,21 @@ output tokens/s with no errors, the one with the fewest Python instances (CPU le
 the lowest worst TTFT p99; if none reaches it, the best worst-path efficiency. Efficiency is the steady one
 (ramp and drain left out, `tritonforge.tools.benchmark`) when every measured path has it, else the whole run's for
 all alike. The chosen settings are written back into the repository's configs. The engine step keeps its
-own settings: it batches itself.
+own settings: it batches itself. Configs are rendered again from the plan the build recorded in the manifest
+(`builder/manifest.py`) through the same typed builders, never edited as text.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2 as mc
-
-from ..builder.repository import tokenizer_dir
+from ..builder import model_configs as configs
+from ..builder.manifest import MANIFEST, Manifest, read_manifest
+from ..builder.repository import RepositoryPlan, build_configs, tokenizer_dir
 from ..facts.contract import BLS_MODEL, POSTPROCESSING_MODEL, PREPROCESSING_MODEL
 from ..serve.server import TritonServer
 from .benchmark import add_efficiency, make_prompts, measure_server
@@ -64,33 +65,33 @@ def _config_path(repository: Path, model: str) -> Path:
     return repository / model / "config.pbtxt"
 
 
-def _read(path: Path) -> mc.ModelConfig:
-    return text_format.Parse(path.read_text(), mc.ModelConfig())
+def _recorded(repository: Path) -> tuple[Manifest, RepositoryPlan]:
+    manifest = read_manifest(repository)
+    if manifest is None or manifest.plan is None:
+        raise ValueError(f"{repository} holds no repository plan in its {MANIFEST} (built by an older tritonforge, "
+                         f"or not by tritonforge): build it again to tune it")
+    return manifest, manifest.plan
 
 
 def current(repository: Path) -> Candidate:
-    counts = {}
-    for field, model in INSTANCE_MODELS.items():
-        path = _config_path(repository, model)
-        counts[field] = _read(path).instance_group[0].count if path.is_file() else 0
-    post = _config_path(repository, "postprocessing")
-    delay = _read(post).dynamic_batching.max_queue_delay_microseconds if post.is_file() else 0
-    return Candidate(**counts, postprocessing_delay_us=delay)
+    serving = _recorded(repository)[1].serving
+    return Candidate(preprocessing=serving.preprocessing_instances, postprocessing=serving.postprocessing_instances,
+                     bls=serving.bls_instances, postprocessing_delay_us=serving.postprocessing_delay_microseconds)
 
 
 def apply(repository: Path, candidate: Candidate) -> None:
-    """Write a candidate's settings into the repository's configs (models it lacks are left out)."""
-    for field, model in INSTANCE_MODELS.items():
-        path = _config_path(repository, model)
-        if not path.is_file():
-            continue
-        config = _read(path)
-        if not config.instance_group:
-            config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU)
-        config.instance_group[0].count = getattr(candidate, field)
-        if model == "postprocessing":
-            config.dynamic_batching.max_queue_delay_microseconds = candidate.postprocessing_delay_us
-        path.write_text(text_format.MessageToString(config))
+    """Render the configs of the Python steps again with a candidate's settings (the models the repository
+    has), and record the new plan in the manifest."""
+    manifest, plan = _recorded(repository)
+    serving = dataclasses.replace(plan.serving, preprocessing_instances=candidate.preprocessing,
+                                  postprocessing_instances=candidate.postprocessing, bls_instances=candidate.bls,
+                                  postprocessing_delay_microseconds=candidate.postprocessing_delay_us)
+    plan = dataclasses.replace(plan, serving=serving)
+    rendered = build_configs(plan)
+    for model in INSTANCE_MODELS.values():
+        if model in rendered and _config_path(repository, model).is_file():
+            _config_path(repository, model).write_text(configs.to_text(rendered[model]))
+    dataclasses.replace(manifest, plan=plan).write(repository)
 
 
 def _path_rows(rows: list[dict], candidate: Candidate) -> dict[str, dict]:
@@ -126,8 +127,8 @@ def tune(repository: Path, candidates: list[Candidate], *, concurrency: int = 12
     which is first answered alone on every path (what its streams are checked against)."""
     paths = ["direct", "ensemble"] + (["bls"] if (repository / BLS_MODEL).is_dir() else [])
     prompt_set = make_prompts(tokenizer_dir(repository), prompts, 32)
-    originals = {path: path.read_text() for model in INSTANCE_MODELS.values()
-                 if (path := _config_path(repository, model)).is_file()}
+    originals = {path: path.read_text() for path in [repository / MANIFEST] + [
+        _config_path(repository, model) for model in INSTANCE_MODELS.values()] if path.is_file()}
     rows: list[dict] = []
     try:
         for candidate in candidates:

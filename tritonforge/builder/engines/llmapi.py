@@ -1,0 +1,60 @@
+"""`--engine tensorrtllm-pytorch`: TensorRT-LLM's PyTorch workflow (`tensorrt_llm.LLM`) serving the checkpoint
+itself, no engine to build, in a Python model (`tensorrt_llm_pytorch/`, `runtime/engine/llmapi/`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from ...facts.model_parameters import PyTorchEngineParameters
+from .. import trtllm
+from ..repository import CHECKPOINT_SUBDIR
+from . import EngineKind, EnginePlan, Progress
+
+if TYPE_CHECKING:
+    from ..options import BuildOptions
+
+
+def check(options: BuildOptions) -> None:
+    for flag, value, allowed in (("--dtype", options.dtype, trtllm.LLMAPI_DTYPES),
+                                 ("--kv-cache-dtype", options.kv_cache_dtype, trtllm.LLMAPI_KV_CACHE_DTYPES)):
+        if value not in allowed:
+            raise ValueError(f"{flag} must be one of {allowed}, got {value!r}")
+    if options.quantization != "none":
+        raise ValueError(f"--quantization {options.quantization} is for engine builds: the LLM API reads the "
+                         f"quantization from the checkpoint (quantize it with ModelOpt first, which writes "
+                         f"hf_quant_config.json beside the weights)")
+    if options.tp_size < 1 or options.pp_size < 1:
+        raise ValueError("--tp-size and --pp-size must be >= 1")
+    if not 0 < options.kv_cache_free_gpu_mem_fraction < 1:
+        raise ValueError(f"--kv-cache-free-gpu-mem-fraction must be in (0, 1), got "
+                         f"{options.kv_cache_free_gpu_mem_fraction}")
+    if options.max_num_tokens < options.max_input_len and not options.enable_chunked_context:
+        raise ValueError(f"--max-num-tokens ({options.max_num_tokens}) must be >= --max-input-len "
+                         f"({options.max_input_len}) unless --chunked-context splits prompts")
+
+
+def parameters(options: BuildOptions, vocab_size: int) -> dict[str, str]:
+    """The checkpoint and the `LLM(...)` settings."""
+    return PyTorchEngineParameters(
+        model_path=f"1/{CHECKPOINT_SUBDIR}", vocab_size=vocab_size, max_batch_size=options.max_batch_size,
+        max_input_len=options.max_input_len, max_seq_len=options.max_seq_len, dtype=options.dtype,
+        kv_cache_dtype=options.kv_cache_dtype, tensor_parallel_size=options.tp_size,
+        pipeline_parallel_size=options.pp_size,
+        kv_cache_free_gpu_memory_fraction=options.kv_cache_free_gpu_mem_fraction,
+        max_num_tokens=options.max_num_tokens, enable_block_reuse=options.enable_kv_cache_reuse,
+        enable_chunked_prefill=options.enable_chunked_context, stream_interval=options.stream_interval,
+        response_lanes=options.response_lanes,
+        exclude_input_in_output=options.serving.exclude_input_in_output).to_config()
+
+
+def plan(options: BuildOptions, checkpoint_config: dict, progress: Progress) -> EnginePlan:
+    serving = dataclasses.replace(options.serving, target_triton=options.target_triton or trtllm.TRITON_VERSION)
+    return EnginePlan(parameters=parameters(options, checkpoint_config["vocab_size"]), serving=serving,
+                      manifest={"tensorrt_llm": trtllm.TRTLLM_VERSION, "image": trtllm.TRITON_IMAGE})
+
+
+KIND = EngineKind(
+    name="tensorrtllm-pytorch", summary="TensorRT-LLM's PyTorch workflow (the LLM API): the checkpoint served with "
+    "no engine build", model_source="tensorrt_llm_pytorch", runtime_room="llmapi", plan=plan, check=check,
+    weight_patterns=("*.safetensors",), needs_vocab_size=True, serves_checkpoint=True)

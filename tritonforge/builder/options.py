@@ -1,0 +1,106 @@
+"""Every build setting, declared once (`BuildOptions`): its default, its help and its `tritonforge build` flag.
+What applies to one engine kind alone is checked by that kind (`builder/engines/`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..facts.model_parameters import EngineParameters
+from ..facts.settings import comma_list, setting
+from . import model_configs as configs
+from . import trtllm
+from .engines import DEFAULT_ENGINE, ENGINE_KINDS, ENGINE_NAMES, engine_kind
+from .native import TEXT_BACKENDS
+
+TRT = "TensorRT-LLM (--engine tensorrtllm)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildOptions:
+    """Every build setting, declared once: its default, its help and its `tritonforge build` flag (the CLI is
+    generated from these fields and from `ServingConfig`'s, tritonforge/facts/settings.py), validated here."""
+
+    model: Path = setting(help="Hugging Face checkpoint directory", parse=Path)
+    output: Path = setting(Path("model_repository"), "repository to write")
+    engine: str = setting(DEFAULT_ENGINE, choices=ENGINE_NAMES)
+    frontends: tuple[str, ...] = setting(("ensemble", "bls"), "client-facing models, comma-separated: ensemble, bls",
+                                         parse=comma_list)
+    max_batch_size: int = setting(8, "sequences the engine runs at once")
+    max_input_len: int = setting(1024, "tokens of a prompt")
+    max_seq_len: int = setting(2048, "prompt + generated tokens")
+    dtype: str = setting("auto", "auto | float32 | float16 | bfloat16")
+    device: str = setting("auto", "transformers engine: auto | cpu | cuda")
+    serving: configs.ServingConfig = configs.ServingConfig()
+    force: bool = setting(False, "replace the files an earlier build recorded writing in the output folder")
+    replay_step_ms: float = setting(8.5, "--engine replay (benchmarking only): ms per step, one token per running "
+                                    "request")
+    replay_native: bool = setting(False, "--engine replay: the engine as a C++ backend compiled at build time "
+                                  "(costs the pipeline no Python, as NVIDIA's C++ backend; needs g++)")
+    replay_sender_threads: int = setting(1, "--replay-native: threads sending the engine's responses, each running "
+                                         "its share of the batch")
+    stream_interval: int = setting(1, "transformers, replay and tensorrtllm-pytorch engines (the LLM API's "
+                                   "stream_interval): streamed tokens per response after the first (fewer "
+                                   "responses through the pipeline, chunks that many steps apart); 1 streams "
+                                   "every token, as the tensorrtllm backend always does")
+    response_lanes: int = setting(EngineParameters.response_lanes, "transformers, replay and tensorrtllm-pytorch "
+                                  "engines: threads that build and send responses off the engine's thread, "
+                                  "each row's in order (0: the engine's thread sends them)")
+    text_backend: str = setting("python", "postprocessing (the detokenizer) as a Python model or as the C++ backend "
+                                "beside it, compiled at build time (no Python per token; needs a C++ compiler); "
+                                "auto: C++ where a compiler exists", choices=TEXT_BACKENDS)
+    tp_size: int = setting(1, "tensor parallel size", group=TRT)
+    pp_size: int = setting(1, "pipeline parallel size", group=TRT)
+    quantization: str = setting("none", choices=trtllm.QUANTIZATIONS, group=TRT)
+    kv_cache_dtype: str = setting("auto", choices=trtllm.KV_CACHE_DTYPES, group=TRT)
+    max_num_tokens: int = setting(8192, "tokens per engine step (prefill budget)", group=TRT)
+    kv_cache_free_gpu_mem_fraction: float = setting(0.9, "share of the GPU memory left after the weights that the KV "
+                                                    "cache takes", group=TRT)
+    batch_scheduler_policy: str = setting("guaranteed_no_evict", choices=trtllm.BATCH_SCHEDULER_POLICIES, group=TRT)
+    enable_kv_cache_reuse: bool = setting(True, "disable KV-cache (prefix) reuse", flag="--no-kv-cache-reuse",
+                                          group=TRT)
+    enable_chunked_context: bool = setting(False, "enable chunked prefill", flag="--chunked-context", group=TRT)
+    cuda_graphs: bool = setting(False, "run decoding steps as CUDA graphs", group=TRT)
+    gpu_memory_gib: float | None = setting(None, "plan for this GPU size without a GPU", parse=float, group=TRT)
+    examples_dir: str = setting(trtllm.EXAMPLES_DIR, "TensorRT-LLM's examples/ folder (convert_checkpoint.py, "
+                                "quantize.py) at the pinned release", group=TRT)
+    calib_dataset: str | None = setting(None, "fp8 / int8_sq / int4_awq: local calibration dataset folder (a "
+                                        "'train' split with a 'text' column, e.g. train.jsonl); nothing is "
+                                        "downloaded", parse=str, group=TRT)
+    repository_mount: str = setting("/models", "repository path inside the server container", group=TRT)
+    target_triton: tuple[int, int] | None = setting(None, "Triton version the configs are for (default: the pinned "
+                                                    "image's), e.g. 2.51, or a container, e.g. 25.12",
+                                                    parse=trtllm.parse_target_triton, group=TRT)
+    dry_run: bool = setting(False, "print the plan and commands, write configs, build nothing", group=TRT)
+    planned_instances: bool = True  # TensorRT-LLM: pre/post/BLS instance counts from the plan unless set
+
+    def __post_init__(self):
+        kind = engine_kind(self.engine)
+        if self.max_input_len < 1 or self.max_seq_len <= self.max_input_len:
+            raise ValueError(f"--max-seq-len ({self.max_seq_len}) must exceed --max-input-len ({self.max_input_len})")
+        if self.max_batch_size < 1:
+            raise ValueError(f"--max-batch-size must be >= 1, got {self.max_batch_size}")
+        if self.serving.max_batch_size < self.max_batch_size:
+            # Triton's batch limit never below the engine's: a batched request of every slot must fit through.
+            object.__setattr__(self, "serving", dataclasses.replace(self.serving, max_batch_size=self.max_batch_size))
+        if self.response_lanes < 0:
+            raise ValueError(f"--response-lanes must be >= 0, got {self.response_lanes}")
+        if self.stream_interval < 1:
+            raise ValueError(f"--stream-interval must be >= 1, got {self.stream_interval}")
+        for other in ENGINE_KINDS.values():
+            for name in other.own_options if other is not kind else ():
+                if getattr(self, name) != _DEFAULTS[name]:
+                    raise ValueError(f"{_flag(name)} is for --engine {other.name} only")
+        if self.serving.engine_instances > 1 and not kind.several_instances:
+            several = ", ".join(k.name for k in ENGINE_KINDS.values() if k.several_instances)
+            raise ValueError(f"--engine-instances > 1 is for the {several} engine only; the {self.engine} engine runs "
+                             f"as one instance that batches in flight")
+        kind.check(self)
+
+
+_DEFAULTS = {field.name: field.default for field in dataclasses.fields(BuildOptions)}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
