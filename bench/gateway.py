@@ -30,8 +30,8 @@ from tritonforge.builder.build import BuildOptions, build
 from tritonforge.builder.repository import tokenizer_dir
 from tritonforge.facts.contract import BLS_MODEL, ENSEMBLE_MODEL
 from tritonforge.facts.settings import positive_ints
-from tritonforge.gateway.app import DEFAULT_MODEL, SERVED_MODEL_NAME
 from tritonforge.gateway.metrics import ITL_METRIC, TTFT_METRIC
+from tritonforge.gateway.serving import DEFAULT_MODEL, SERVED_MODEL_NAME
 from tritonforge.serve.server import TritonServer, free_port
 from tritonforge.tools.benchmark import (
     Timing,

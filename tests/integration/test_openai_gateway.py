@@ -17,7 +17,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tritonforge.gateway.app import GatewayThread
+from tritonforge.gateway.options import GatewayThread
 from tritonforge.serve.server import free_port
 
 MODEL = "tiny"

@@ -12,7 +12,7 @@ import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tritonforge.facts.contract import NUM_OUTPUT_TOKENS, TEXT_OUTPUT
-from tritonforge.gateway.app import GatewayThread
+from tritonforge.gateway.options import GatewayThread
 from tritonforge.serve.server import free_port
 
 from ..conftest import serving_grpc

@@ -9,7 +9,8 @@ import openai
 import pytest
 
 from tritonforge.facts.environment import API_KEY_ENV
-from tritonforge.gateway.app import GatewayThread, api_key_from_environment, authorized
+from tritonforge.gateway.options import GatewayThread, api_key_from_environment
+from tritonforge.gateway.routes import authorized
 from tritonforge.serve.server import free_port
 
 KEY = "sk-test-7f3a"

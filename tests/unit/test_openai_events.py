@@ -12,7 +12,12 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tritonforge.clients.client import GenerationError, ResponseTimeout, ServerUnavailable
 from tritonforge.facts.contract import CLIENT_OUTPUTS, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS, TEXT_OUTPUT
-from tritonforge.gateway.app import GATEWAY_OUTPUTS, GatewayThread, _chunk, _sse, _TextEvents, _triton_error
+from tritonforge.gateway.options import GatewayThread
+from tritonforge.gateway.protocol import TextEvents as _TextEvents
+from tritonforge.gateway.protocol import sse_event as _sse
+from tritonforge.gateway.protocol import stream_chunk as _chunk
+from tritonforge.gateway.serving import GATEWAY_OUTPUTS
+from tritonforge.gateway.serving import to_openai_error as _triton_error
 from tritonforge.serve.server import free_port
 
 from ..conftest import serving_grpc
@@ -56,7 +61,8 @@ def test_a_server_that_cannot_be_reached_is_503():
 
 @pytest.mark.parametrize(("kind", "obj"), [("completions", "text_completion"), ("chat", "chat.completion")])
 def test_a_whole_answer_is_openais_object_with_its_usage(kind, obj):
-    from tritonforge.gateway.app import Generation, _whole
+    from tritonforge.gateway.protocol import Generation
+    from tritonforge.gateway.protocol import whole_response as _whole
 
     generation = Generation(max_tokens=4, prompt_tokens=3, completion_tokens=2, chunks=["Hel", "lo"])
     whole = _whole(kind, "id-1", 1700000000, "tiny", generation)

@@ -19,7 +19,8 @@ from tritonforge.facts.contract import (
     TEXT_OUTPUT,
     TOP_K,
 )
-from tritonforge.gateway.app import Generation, OpenAIError, TritonBackend, parse_request
+from tritonforge.gateway.protocol import Generation, OpenAIError
+from tritonforge.gateway.serving import TritonBackend, parse_request
 
 PROMPT = {"prompt": "Hello"}
 CHAT = {"messages": [{"role": "user", "content": "Hello"}]}

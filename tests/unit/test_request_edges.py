@@ -9,7 +9,7 @@ import pytest
 from tritonforge.clients.client import GenerationError
 from tritonforge.facts.errors import QueueFullError, RequestError
 from tritonforge.facts.limits import EngineLimits
-from tritonforge.gateway.app import _triton_error
+from tritonforge.gateway.serving import to_openai_error as _triton_error
 from tritonforge.runtime.engine.generation import GenerationRequest, check_limits
 from tritonforge.runtime.text.preprocess import PREPROCESSING_TENSORS, Preprocessor
 from tritonforge.runtime.triton_adapter import answer_each, to_triton_error

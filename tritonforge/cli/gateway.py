@@ -6,12 +6,12 @@ import argparse
 import sys
 
 from ..facts.settings import add_arguments, given
-from ..gateway.app import GatewayOptions
+from ..gateway.options import GatewayOptions
 from .arguments import say
 
 
 def openai_command(args: argparse.Namespace) -> int:
-    from ..gateway.app import run
+    from ..gateway.options import run
     from ..serve.server import check_ports_free
 
     options = GatewayOptions(**given(args, GatewayOptions))

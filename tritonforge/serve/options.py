@@ -9,8 +9,9 @@ from pathlib import Path
 from ..facts.contract import BLS_MODEL, ENSEMBLE_MODEL
 from ..facts.ports import GRPC_PORT, HTTP_PORT, LOOPBACK, METRICS_PORT, port_number
 from ..facts.settings import setting
-from ..gateway.app import API_KEY_HELP, SERVED_MODEL_NAME
-from ..gateway.app import DEFAULT_MODEL as OPENAI_DEFAULT_MODEL
+from ..gateway.options import API_KEY_HELP
+from ..gateway.serving import DEFAULT_MODEL as OPENAI_DEFAULT_MODEL
+from ..gateway.serving import SERVED_MODEL_NAME
 from .liveness import DEFAULT_WEDGED_AFTER_S
 
 

@@ -1,0 +1,99 @@
+"""`tritonforge openai`'s options, and the gateway run from them: in this process, in worker processes
+sharing the port (`workers`), or in a background thread beside `tritonforge serve` and in tests.
+
+The API key: `--api-key`, else $TRITONFORGE_API_KEY, so that it can come from a Kubernetes Secret.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+
+from ..facts.contract import BLS_MODEL, ENSEMBLE_MODEL
+from ..facts.environment import API_KEY_ENV
+from ..facts.ports import GRPC_PORT, LOOPBACK, OPENAI_PORT, port_number
+from ..facts.settings import positive_int, setting
+from .metrics import MULTIPROCESS_DIR_ENV, forget_worker
+from .routes import create_app
+from .serving import DEFAULT_MODEL, SERVED_MODEL_NAME
+
+API_KEY_HELP = ("require 'Authorization: Bearer KEY' on every OpenAI request but GET /health (401 otherwise); "
+                f"default: ${API_KEY_ENV}, no key when unset")
+
+
+def api_key_from_environment(explicit: str | None = None) -> str | None:
+    """The API key the gateway requires: the one given, else $TRITONFORGE_API_KEY; None (or empty) = no key."""
+    key = explicit if explicit is not None else os.environ.get(API_KEY_ENV)
+    return key or None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayOptions:
+    """What `tritonforge openai` takes (its flags are generated from these fields)."""
+
+    url: str = setting(help=f"Triton's gRPC address, e.g. localhost:{GRPC_PORT}")
+    host: str = setting(LOOPBACK, "address to listen on")
+    port: int = setting(OPENAI_PORT, "port to listen on", parse=port_number)
+    model: str = setting(DEFAULT_MODEL, "what it calls", choices=(BLS_MODEL, ENSEMBLE_MODEL))
+    served_model_name: str = setting(SERVED_MODEL_NAME, "the model name /v1/models shows, and the only one "
+                                                        "requests may name")
+    api_key: str | None = setting(None, API_KEY_HELP, parse=str)
+    workers: int = setting(1, "gateway processes sharing the port: one handles a few thousand streamed chunks a "
+                              "second", parse=positive_int)
+
+    def __post_init__(self):
+        if self.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {self.workers}")
+
+
+def run(options: GatewayOptions, *, on_ready=lambda line: None) -> None:
+    """Serve the gateway until interrupted. One process handles a few thousand streamed chunks a second;
+    `options.workers` processes share the port, each connection going to the one with the fewest open
+    connections (`tritonforge.gateway.workers`), and share their metrics; `on_ready(line)` once they
+    all serve. The API key: `options.api_key`, else $TRITONFORGE_API_KEY."""
+    import uvicorn
+
+    make_app = functools.partial(create_app, options.url, model=options.model,
+                                 served_model_name=options.served_model_name,
+                                 api_key=api_key_from_environment(options.api_key))
+    if options.workers == 1:
+        uvicorn.run(make_app(), host=options.host, port=options.port, log_level="warning")
+        return
+    from .workers import serve_workers
+
+    with tempfile.TemporaryDirectory(prefix="tritonforge-gateway-metrics-") as metrics_dir:
+        os.environ[MULTIPROCESS_DIR_ENV] = metrics_dir  # read by the workers' metrics (spawned after this)
+        serve_workers(make_app, host=options.host, port=options.port, workers=options.workers,
+                      on_worker_exit=forget_worker, on_ready=on_ready)
+
+
+class GatewayThread:
+    """The gateway served by uvicorn in a background thread (beside `tritonforge serve`, and in tests)."""
+
+    def __init__(self, url: str, *, host: str = "127.0.0.1", port: int = OPENAI_PORT, model: str = DEFAULT_MODEL,
+                 served_model_name: str = SERVED_MODEL_NAME, api_key: str | None = None):
+        import threading
+
+        import uvicorn
+
+        app = create_app(url, model=model, served_model_name=served_model_name, api_key=api_key)
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.base_url = f"http://{host}:{port}"
+        self.thread = threading.Thread(target=self.server.run, name="openai-gateway", daemon=True)
+
+    def start(self, timeout_s: float = 30) -> GatewayThread:
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError(f"the OpenAI gateway did not start on {self.base_url}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
