@@ -22,8 +22,9 @@ RUN python3 -m pip install --no-cache-dir --no-deps -e . \
     && python3 -m pip install --no-cache-dir "tritonclient[grpc,http]" \
     && python3 -m pip install --no-cache-dir "fastapi>=0.110" "uvicorn>=0.30,<1" uvloop httptools prometheus_client \
     && python3 -c "import tritonforge.cli"
-# The build runs TensorRT-LLM's convert_checkpoint.py / quantize.py from trtllm.EXAMPLES_DIR (/app/examples, where
-# NVIDIA's image recipe copies them): make sure they are there, at the pinned release, whatever the image ships.
+# The build runs TensorRT-LLM's convert_checkpoint.py / quantize.py from EXAMPLES_DIR in
+# tritonforge/builder/trtllm.py (/app/examples, where NVIDIA's image recipe copies them): make sure they are
+# there, at the pinned release, whatever the image ships.
 RUN python3 scripts/ensure_trtllm_examples.py
 
 ENTRYPOINT ["tritonforge"]

@@ -3,13 +3,13 @@ backend's own BLS API (`InferenceRequest.exec(decoupled=True)`), run against the
 engine over the server's gRPC stream (tritonforge/runtime/bls/engine_stream.py); with --supervised, under
 `tritonforge serve`'s supervisor.
 
-The cycle it met (python_backend r24.10 source, unchanged on its main branch; README, Faults, "A deadlock in
-Triton's Python backend"): a row thread returning from `exec` held the GIL and waited for the stub's
-response-iterator map lock; the stub's thread that delivers BLS responses held that lock and waited for one
-iterator's lock; that iterator's row thread, woken inside `__next__`, held it and waited for the GIL. With one
-BLS instance running 64 rows it stalled within 0 to 13 rounds in each of seven runs
-(`bench/results/bls-deadlock-cpu.md`, `-supervised.md`, `-one-row-per-instance.md`: the BLS of commit
-e588cb4); the BLS over gRPC ran 20 rounds clean (`bls-deadlock-cpu-engine-stream.md`).
+The cycle it met (python_backend r24.10 source, unchanged on its main branch;
+docs/design/faults.md#a-deadlock-in-tritons-python-backend-and-why-the-bls-calls-the-engine-over-grpc): a row
+thread returning from `exec` held the GIL and waited for the stub's response-iterator map lock; the stub's thread
+that delivers BLS responses held that lock and waited for one iterator's lock; that iterator's row thread, woken
+inside `__next__`, held it and waited for the GIL. With one BLS instance running 64 rows it stalled within 0 to 13
+rounds in each of seven runs (`bench/results/bls-deadlock-cpu.md`, `-supervised.md`, `-one-row-per-instance.md`:
+the BLS of commit e588cb4); the BLS over gRPC ran 20 rounds clean (`bls-deadlock-cpu-engine-stream.md`).
 
 Rounds of closed-loop BLS streams (short requests, a fast replay engine, one BLS instance: many engine calls
 and responses a second) until one makes no progress for --stall-s, or --rounds pass.

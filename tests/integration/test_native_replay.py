@@ -63,8 +63,8 @@ def test_the_engine_streams_its_first_token_at_once_then_interval_tokens_a_respo
 @pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
 def test_every_concurrent_stream_is_its_non_streamed_answer(served, model):
     """More streams than slots, each checked against its answer alone: text complete and in order (the
-    ensemble's chunks are decoded alone, so a character straddling two of them differs: README, Streaming
-    text; every single-byte character stays in place)."""
+    ensemble's chunks are decoded alone, so a character straddling two of them differs: docs/design/streaming.md;
+    every single-byte character stays in place)."""
     server, _ = served
     client = GrpcClient(server.grpc_url, model)
     prompts = [f"The server {index}" for index in range(STREAMS)]

@@ -244,7 +244,7 @@ def test_streams_still_open_when_the_stop_deadline_comes_end_unavailable_and_not
     """A stop that gives open requests 1 s, less than the open streams need: the engine ends them with
     UNAVAILABLE, the ensemble's included, within that time and the engine's few seconds to end them. (Triton
     2.51 then keeps those ensemble requests in flight, so that server may still need its kill after its own
-    timeouts: README, Faults; a 2 s exit timeout keeps that wait short.)"""
+    timeouts: docs/design/faults.md#supervisor; a 2 s exit timeout keeps that wait short.)"""
     server = TritonServer(repository, drain_timeout_s=1, exit_timeout_s=2).start()
     first_chunk = threading.Barrier(2 * STREAMS + 1)
     outcomes = open_streams(server.grpc_url, first_chunk)

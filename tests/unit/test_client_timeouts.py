@@ -1,8 +1,8 @@
 """A server that takes requests and answers nothing (a frozen engine) must not hold our clients: the stream ends
 with ResponseTimeout at the client's limit, and the `stop` the client then sends the engine gives up after
 STOP_TIMEOUT_S; `tritonforge probe` says so with its exit status. The frozen server is a test double of
-Triton's gRPC service: a real frozen server comes only from a race (README, Faults, "A deadlock in Triton's
-Python backend")."""
+Triton's gRPC service: a real frozen server comes only from a race
+(docs/design/faults.md#a-deadlock-in-tritons-python-backend-and-why-the-bls-calls-the-engine-over-grpc)."""
 
 import asyncio
 import threading

@@ -1,4 +1,4 @@
-"""The `tritonforge` command's exit status for a request's error, by its kind (spec/errors.py's table): 2 where
+"""The `tritonforge` command's exit status for a request's error, by its kind (facts/errors.py's table): 2 where
 the command line must change (a bad request, a model the server does not serve), 1 where the server is at
 fault or away (tests/integration/test_user_mistakes.py runs the command itself)."""
 

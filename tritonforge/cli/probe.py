@@ -24,8 +24,9 @@ class ProbeOptions:
 
 def probe_command(args: argparse.Namespace) -> int:
     """A liveness check through the engine, for servers that run without our supervisor: Triton's own
-    /v2/health/live still says 200 when the engine is frozen (README, Faults). Exit 0 when a one-token
-    generation answers within --timeout-s, 1 otherwise."""
+    /v2/health/live still says 200 when the engine is frozen
+    (docs/design/faults.md#a-deadlock-in-tritons-python-backend-and-why-the-bls-calls-the-engine-over-grpc).
+    Exit 0 when a one-token generation answers within --timeout-s, 1 otherwise."""
     from ..clients.client import GenerateRequest, GenerationError, GrpcClient
 
     options = ProbeOptions(**given(args, ProbeOptions))

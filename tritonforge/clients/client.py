@@ -89,7 +89,8 @@ def _callback_error(url: str, error) -> GenerationError:
 
 
 # A stream that gets nothing from the server for this long ends with `ResponseTimeout` instead of waiting for
-# ever (a frozen server: README, Faults); far above any wait for a first token in the engine's queue.
+# ever on a frozen server; far above any wait for a first token in the engine's queue. How a server freezes:
+# docs/design/faults.md#a-deadlock-in-tritons-python-backend-and-why-the-bls-calls-the-engine-over-grpc.
 RESPONSE_TIMEOUT_S = 300.0
 
 

@@ -110,7 +110,7 @@ class EngineParameters(ModelParameters):
     # responses for the pipeline to carry, at the price of chunks that arrive that many steps apart.
     stream_interval: int = 1
     # Threads that build and send responses off the engine's thread (0: the engine's thread sends them);
-    # tritonforge/runtime/engine/response_lanes.py says why.
+    # tritonforge/runtime/sending.py says why.
     response_lanes: int = 2
 
 
@@ -126,7 +126,7 @@ class ReplayEngineParameters(EngineParameters):
     replay_tokens: str
     replay_step_ms: float
     vocab_size: int
-    shared_batch: bool = False  # several instances share one batch (replay_engine.SharedBatch)
+    shared_batch: bool = False  # several instances share one batch (runtime/engine/replay/engine.SharedBatch)
 
 
 @dataclass(frozen=True, kw_only=True)

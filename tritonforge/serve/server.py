@@ -284,7 +284,8 @@ def _help_text(executable: Path, library_path: Path | None) -> str:
 
 @functools.lru_cache(maxsize=8)
 def _note_no_http_limit(executable: Path) -> None:
-    """Said once per binary, as information: Triton 2.51 has no cap on HTTP bodies (README, Limits)."""
+    """Said once per binary, as information: Triton 2.51 has no cap on HTTP bodies
+    (docs/design/faults.md#limits-before-work)."""
     logger.info("%s has no --http-max-input-size (Triton 2.53 and later have it): HTTP request bodies are not "
                 "capped; prompts are still checked by size before tokenizing", executable)
 
@@ -336,7 +337,8 @@ class TritonServer:
     extra_args: list[str] = field(default_factory=list)
     log_file: Path | None = None  # kept after stop; None: a log in the work folder, removed with it
     # The largest HTTP request body accepted, where the server has the option (--http-max-input-size, Triton
-    # 2.53+); 2.51 has none, and a 10 MB body to its `generate` endpoint can crash it (README, Limits).
+    # 2.53+); 2.51 has none, and a 10 MB body to its `generate` endpoint can crash it
+    # (docs/design/faults.md#limits-before-work).
     http_max_input_bytes: int = HTTP_MAX_INPUT_BYTES
 
     def __post_init__(self):

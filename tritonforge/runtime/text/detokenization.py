@@ -112,7 +112,7 @@ class TokenBytes:
         # a decoupled step and the client), so BOS is how it tells an echoed prompt from a completion; a
         # completion whose FIRST token is a generated BOS therefore loses its leading space. Streamed
         # responses never carry the prompt, and this project's engines send a generated BOS that heads a
-        # longer chunk alone (`engine_service.streamed_responses`), so a stream decodes chunk by chunk to its
+        # longer chunk alone (`runtime/engine/service.streamed_responses`), so a stream decodes chunk by chunk to its
         # whole text.
         self._strip_first_space = self.family == SENTENCEPIECE
 

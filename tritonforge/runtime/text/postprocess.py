@@ -5,7 +5,7 @@ decode any chunk: each call decodes the tokens it is given with the byte table o
 `tritonforge.runtime.text.detokenization` (so SentencePiece word spaces survive), then turns bytes that do not form a
 character into U+FFFD, as the tokenizer's own decode does. A streamed chunk therefore equals its exact text
 whenever its edges fall between characters; a character whose bytes straddle two chunks shows as U+FFFD in
-each (the BLS keeps such characters whole). See the README, "Streaming text".
+each (the BLS keeps such characters whole). See docs/design/streaming.md.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The preprocessing model's logic: prompts (or chat messages) and word lists in, engine tensors out.
 
-Tensor names are NVIDIA's (../INTERFACE.md), plus one of ours: ``MESSAGES`` (the ensemble's ``messages``),
-a JSON list of ``{"role", "content"}`` objects rendered with the tokenizer's chat template. A request sends
-``QUERY`` or ``MESSAGES``, not both.
+Tensor names are NVIDIA's (docs/reference/tensors.md#preprocessing-the-tokenizer), plus one of ours:
+``MESSAGES`` (the ensemble's ``messages``), a JSON list of ``{"role", "content"}`` objects rendered with the
+tokenizer's chat template. A request sends ``QUERY`` or ``MESSAGES``, not both.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ It stands in for the engine step when the question is how much of an engine's to
 pipeline around it (tokenization, detokenization, Triton's scheduling), at rates the transformers engine
 cannot reach: it models an in-flight batching engine whose every step takes `step_ms` and gives one token
 to each running request, up to `max_batch_size` of them. At 128 streams, 8.5 ms a step is ~15k tokens/s,
-the rate of TensorRT-LLM on one GPU in the measurement the README cites.
+the rate of TensorRT-LLM on one GPU at which docs/performance.md measures the pipeline.
 
 It answers through the same `EngineService` as the transformers engine, so its tensors, streaming,
 `stop` input and cancellation behave alike. It computes nothing: the tokens are a slice of `token_ids`

@@ -8,7 +8,7 @@ their log probs) read from the static tensors it wrote.
 
 A graph is captured lazily, the first time a step needs it, for one cache length (`graph_bucket`: the step's
 length rounded up to a multiple of 128, coarser past 2048 so that a bucket pads at most an eighth) and
-one set of sampling features (the optional ops a step runs: see `_Features` in inflight_engine.py). A capture
+one set of sampling features (the optional ops a step runs: see `_Features` in inflight.py). A capture
 that fails, or a replay, logs one warning and the engine runs eagerly from then on: this is an optimisation,
 never a reason for a request to fail. Nothing here runs on a CPU (the engine is eager there); `capture=False`
 runs the same step body without a graph, which is how the tests check its logic.
