@@ -29,6 +29,7 @@ from pathlib import Path
 
 from tritonforge.builder import model_configs as configs
 from tritonforge.builder.build import BuildOptions, build
+from tritonforge.builder.native import TEXT_BACKENDS
 from tritonforge.builder.repository import tokenizer_dir
 from tritonforge.facts.paths import PATHS, path_list
 from tritonforge.facts.settings import positive_ints
@@ -62,7 +63,7 @@ def build_repository(args, model_dir: Path, engine: str, output: Path) -> None:
                        max_seq_len=args.max_prompt_tokens + 8 + args.output_tokens, dtype=args.dtype,
                        serving=serving, replay_step_ms=args.replay_step_ms, replay_native=args.replay_native,
                        replay_sender_threads=args.replay_sender_threads, stream_interval=args.stream_interval,
-                       response_lanes=args.response_lanes,
+                       response_lanes=args.response_lanes, text_backend=args.text_backend,
                        force=True), progress=lambda _: None)
 
 
@@ -155,6 +156,8 @@ def main() -> int:
     parser.add_argument("--postprocessing-delay-us", type=int,
                         default=configs.ServingConfig.postprocessing_delay_microseconds,
                         help="postprocessing's dynamic-batching queue delay (default: the build's)")
+    parser.add_argument("--text-backend", choices=TEXT_BACKENDS, default=BuildOptions.text_backend,
+                        help="postprocessing as the Python model or its C++ twin (build --text-backend)")
     parser.add_argument("--postprocessing-unordered", action="store_true",
                         help="postprocessing without preserve_ordering (NVIDIA's setting)")
     parser.add_argument("--bls-max-concurrency", type=int, default=configs.ServingConfig.bls_max_concurrency,

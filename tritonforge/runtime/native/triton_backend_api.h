@@ -1,6 +1,7 @@
-// The part of Triton's C API that replay_backend.cc calls: declarations of functions exported by
-// libtritonserver.so (the server process provides them when it loads the backend), with the enum values of
-// tritonserver.h / tritonbackend.h (triton-inference-server/core, API 1.x, unchanged from Triton 2.51 on).
+// The part of Triton's C API that our C++ backends call (replay_backend.cc, postprocessing_backend.cc):
+// declarations of functions exported by libtritonserver.so (the server process provides them when it loads the
+// backend), with the enum values of tritonserver.h / tritonbackend.h (triton-inference-server/core, API 1.x,
+// unchanged from Triton 2.51 on).
 // Declared here so the backend compiles with a plain C++ compiler and no Triton headers installed.
 #pragma once
 
@@ -32,12 +33,17 @@ enum TRITONSERVER_Error_Code {
   TRITONSERVER_ERROR_ALREADY_EXISTS, TRITONSERVER_ERROR_CANCELLED
 };
 enum TRITONBACKEND_ArtifactType { TRITONBACKEND_ARTIFACT_FILESYSTEM };
+enum TRITONSERVER_LogLevel {
+  TRITONSERVER_LOG_INFO, TRITONSERVER_LOG_WARN, TRITONSERVER_LOG_ERROR, TRITONSERVER_LOG_VERBOSE
+};
 constexpr uint32_t TRITONSERVER_REQUEST_RELEASE_ALL = 1;
 constexpr uint32_t TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1;
 
 TRITONSERVER_Error* TRITONSERVER_ErrorNew(TRITONSERVER_Error_Code code, const char* msg);
 void TRITONSERVER_ErrorDelete(TRITONSERVER_Error* error);
 const char* TRITONSERVER_ErrorMessage(TRITONSERVER_Error* error);
+TRITONSERVER_Error* TRITONSERVER_LogMessage(TRITONSERVER_LogLevel level, const char* filename, const int line,
+                                           const char* msg);
 TRITONSERVER_Error* TRITONSERVER_MessageSerializeToJson(TRITONSERVER_Message* message, const char** base,
                                                         size_t* byte_size);
 TRITONSERVER_Error* TRITONSERVER_MessageDelete(TRITONSERVER_Message* message);
@@ -46,6 +52,9 @@ TRITONSERVER_Error* TRITONBACKEND_ModelConfig(TRITONBACKEND_Model* model, uint32
                                               TRITONSERVER_Message** model_config);
 TRITONSERVER_Error* TRITONBACKEND_ModelRepository(TRITONBACKEND_Model* model,
                                                   TRITONBACKEND_ArtifactType* artifact_type, const char** location);
+TRITONSERVER_Error* TRITONBACKEND_ModelName(TRITONBACKEND_Model* model, const char** name);
+TRITONSERVER_Error* TRITONBACKEND_ModelState(TRITONBACKEND_Model* model, void** state);
+TRITONSERVER_Error* TRITONBACKEND_ModelSetState(TRITONBACKEND_Model* model, void* state);
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceModel(TRITONBACKEND_ModelInstance* instance,
                                                      TRITONBACKEND_Model** model);
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceState(TRITONBACKEND_ModelInstance* instance, void** state);
@@ -74,6 +83,7 @@ TRITONSERVER_Error* TRITONBACKEND_InputBuffer(TRITONBACKEND_Input* input, uint32
                                               uint64_t* buffer_byte_size, TRITONSERVER_MemoryType* memory_type,
                                               int64_t* memory_type_id);
 
+TRITONSERVER_Error* TRITONBACKEND_ResponseNew(TRITONBACKEND_Response** response, TRITONBACKEND_Request* request);
 TRITONSERVER_Error* TRITONBACKEND_ResponseFactoryNew(TRITONBACKEND_ResponseFactory** factory,
                                                      TRITONBACKEND_Request* request);
 TRITONSERVER_Error* TRITONBACKEND_ResponseFactoryDelete(TRITONBACKEND_ResponseFactory* factory);

@@ -1,0 +1,275 @@
+// The postprocessing model as a C++ Triton backend ("tritonforge_postprocessing"): token ids in, the exact
+// UTF-8 bytes of their text out, the same bytes as the Python model (postprocessing/1/model.py) for every
+// request. Why C++: at one token a response, the Python stub's ~200 us of CPU a response is most of the
+// pipeline's cost; here a response costs a few microseconds.
+//
+// | input           | dtype | dims (after the batch dim) |                                 |
+// | TOKENS_BATCH    | INT32 | [-1, -1]                   | [beams, tokens]                 |
+// | SEQUENCE_LENGTH | INT32 | [-1]                       | valid tokens per beam           |
+// | output          |       |                            |                                 |
+// | OUTPUT          | BYTES | [-1]                       | one string per beam, flat: [B * beams] |
+//
+// One response per request, in order, each decoded alone (stateless: streamed chunks may go to any instance;
+// a character split across two responses shows as U+FFFD in each, as in Python). A request Python refuses
+// with INVALID_ARG gets the same message; one bad request never fails the others of its batch.
+// Config parameters, as the Python model's (PostprocessingParameters): `tokenizer_dir` (required; relative
+// to the model's folder), where the build saved the byte table (detokenizer.h). The table is loaded once per
+// model and shared, read-only, by every instance; each instance's Execute runs on that instance's own thread
+// and keeps no state past its return.
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "detokenizer.h"
+#include "triton_backend_api.h"
+
+namespace {
+
+namespace text = tritonforge::text;
+
+constexpr char kOutput[] = "OUTPUT";  // contract.POST_OUTPUT
+constexpr char kTokenizerDir[] = "tokenizer_dir";  // PostprocessingParameters.tokenizer_dir
+
+uint64_t NowNs() {  // the clock Triton's own statistics use
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct ErrorDelete {
+  void operator()(TRITONSERVER_Error* error) const { TRITONSERVER_ErrorDelete(error); }
+};
+using Error = std::unique_ptr<TRITONSERVER_Error, ErrorDelete>;  // owns an error that is not handed on
+
+struct MessageDelete {
+  void operator()(TRITONSERVER_Message* message) const { Error(TRITONSERVER_MessageDelete(message)); }
+};
+
+void Log(TRITONSERVER_LogLevel level, int line, const std::string& message) {
+  Error(TRITONSERVER_LogMessage(level, __FILE__, line, ("tritonforge_postprocessing: " + message).c_str()));
+}
+
+// Logs and releases an error that nothing can be done about (a failed send, a statistics report).
+void LogIfError(TRITONSERVER_Error* raw, const char* what, int line) {
+  Error error(raw);
+  if (error) Log(TRITONSERVER_LOG_ERROR, line, std::string(what) + ": " + TRITONSERVER_ErrorMessage(error.get()));
+}
+
+TRITONSERVER_Error* NewError(TRITONSERVER_Error_Code code, const std::string& message) {
+  return TRITONSERVER_ErrorNew(code, message.c_str());
+}
+
+struct ModelState {
+  text::TokenBytes table;
+};
+
+// The model's config as Triton holds it (JSON), parsed.
+TRITONSERVER_Error* ReadConfig(TRITONBACKEND_Model* model, text::json::Value* config) {
+  TRITONSERVER_Message* raw = nullptr;
+  if (TRITONSERVER_Error* error = TRITONBACKEND_ModelConfig(model, 1, &raw)) return error;
+  std::unique_ptr<TRITONSERVER_Message, MessageDelete> message(raw);
+  const char* json = nullptr;
+  size_t size = 0;
+  if (TRITONSERVER_Error* error = TRITONSERVER_MessageSerializeToJson(message.get(), &json, &size)) return error;
+  try {
+    *config = text::json::Parse(std::string_view(json, size));
+  } catch (const std::exception& error) {
+    return NewError(TRITONSERVER_ERROR_INTERNAL, std::string("the model config is not JSON: ") + error.what());
+  }
+  return nullptr;
+}
+
+// The string value of a config parameter, "" when absent (Triton keeps parameters as strings).
+std::string Parameter(const text::json::Value& config, const char* key) {
+  const text::json::Value* parameters = config.Find("parameters");
+  const text::json::Value* entry = parameters == nullptr ? nullptr : parameters->Find(key);
+  const text::json::Value* value = entry == nullptr ? nullptr : entry->Find("string_value");
+  return value != nullptr && value->kind == text::json::Value::Kind::kString ? value->text : "";
+}
+
+bool Decoupled(const text::json::Value& config) {
+  const text::json::Value* policy = config.Find("model_transaction_policy");
+  const text::json::Value* decoupled = policy == nullptr ? nullptr : policy->Find("decoupled");
+  return decoupled != nullptr && decoupled->kind == text::json::Value::Kind::kBool && decoupled->boolean;
+}
+
+// An INT32 input, copied out (its buffers may be several, and need not be aligned for int32).
+TRITONSERVER_Error* ReadInt32(TRITONBACKEND_Request* request, const char* name, std::vector<int32_t>* values,
+                              std::vector<int64_t>* shape) {
+  TRITONBACKEND_Input* input = nullptr;
+  if (Error missing{TRITONBACKEND_RequestInput(request, name, &input)})
+    return NewError(TRITONSERVER_ERROR_INVALID_ARG, std::string(name) + ": missing");
+  TRITONSERVER_DataType datatype = TRITONSERVER_TYPE_INVALID;
+  const int64_t* dims = nullptr;
+  uint32_t rank = 0, buffers = 0;
+  uint64_t byte_size = 0;
+  if (TRITONSERVER_Error* error =
+          TRITONBACKEND_InputProperties(input, nullptr, &datatype, &dims, &rank, &byte_size, &buffers))
+    return error;
+  if (datatype != TRITONSERVER_TYPE_INT32)
+    return NewError(TRITONSERVER_ERROR_INVALID_ARG, std::string(name) + ": must be INT32");
+  shape->assign(dims, dims + rank);
+  uint64_t count = 1;
+  for (int64_t dim : *shape) {
+    if (dim < 0 || (dim > 0 && count > UINT64_MAX / 4 / static_cast<uint64_t>(dim)))
+      return NewError(TRITONSERVER_ERROR_INVALID_ARG, std::string(name) + ": a shape of no size");
+    count *= static_cast<uint64_t>(dim);
+  }
+  if (count * sizeof(int32_t) != byte_size)  // Triton passes a batch of 0 rows with its shape but no data
+    return NewError(TRITONSERVER_ERROR_INVALID_ARG, std::string(name) + ": " + std::to_string(byte_size) +
+                                                        " bytes do not fill its shape");
+  values->resize(count);
+  char* into = reinterpret_cast<char*>(values->data());
+  for (uint32_t i = 0; i < buffers; ++i) {
+    const void* buffer = nullptr;
+    uint64_t size = 0;
+    TRITONSERVER_MemoryType memory_type = TRITONSERVER_MEMORY_CPU;
+    int64_t memory_id = 0;
+    if (TRITONSERVER_Error* error = TRITONBACKEND_InputBuffer(input, i, &buffer, &size, &memory_type, &memory_id))
+      return error;
+    if (memory_type == TRITONSERVER_MEMORY_GPU)
+      return NewError(TRITONSERVER_ERROR_UNSUPPORTED, std::string(name) + ": GPU memory is not read, send it in "
+                                                      "CPU memory");
+    if (size > byte_size - (into - reinterpret_cast<char*>(values->data())))
+      return NewError(TRITONSERVER_ERROR_INTERNAL, std::string(name) + ": buffers larger than the tensor");
+    if (size > 0) std::memcpy(into, buffer, size);
+    into += size;
+  }
+  return nullptr;
+}
+
+bool Requested(TRITONBACKEND_Request* request, const char* name) {
+  uint32_t count = 0;
+  LogIfError(TRITONBACKEND_RequestOutputCount(request, &count), "output count", __LINE__);
+  if (count == 0) return true;  // none named: every output
+  for (uint32_t i = 0; i < count; ++i) {
+    const char* requested = nullptr;
+    LogIfError(TRITONBACKEND_RequestOutputName(request, i, &requested), "output name", __LINE__);
+    if (requested != nullptr && std::strcmp(requested, name) == 0) return true;
+  }
+  return false;
+}
+
+// One request's OUTPUT, added to `response`; an error (its response's, not yet sent) when it is refused.
+TRITONSERVER_Error* Answer(const ModelState& state, TRITONBACKEND_Request* request, TRITONBACKEND_Response* response) {
+  std::vector<int32_t> tokens, lengths;
+  std::vector<int64_t> tokens_shape, lengths_shape;
+  if (TRITONSERVER_Error* error = ReadInt32(request, text::kTokensBatch, &tokens, &tokens_shape)) return error;
+  if (TRITONSERVER_Error* error = ReadInt32(request, text::kSequenceLength, &lengths, &lengths_shape)) return error;
+  std::string serialized;
+  size_t elements = 0;
+  const auto problem = text::DecodeBatch(state.table, tokens.data(), tokens_shape, lengths.data(), lengths.size(),
+                                         &serialized, &elements);
+  if (problem) return NewError(TRITONSERVER_ERROR_INVALID_ARG, problem->message());
+  if (!Requested(request, kOutput)) return nullptr;
+  TRITONBACKEND_Output* output = nullptr;
+  const int64_t shape[1] = {static_cast<int64_t>(elements)};  // flat, as NVIDIA's postprocessing answers
+  if (TRITONSERVER_Error* error = TRITONBACKEND_ResponseOutput(response, &output, kOutput, TRITONSERVER_TYPE_BYTES,
+                                                               shape, 1))
+    return error;
+  void* buffer = nullptr;
+  TRITONSERVER_MemoryType memory_type = TRITONSERVER_MEMORY_CPU;
+  int64_t memory_id = 0;
+  if (TRITONSERVER_Error* error = TRITONBACKEND_OutputBuffer(output, &buffer, serialized.size(), &memory_type,
+                                                             &memory_id))
+    return error;
+  if (memory_type == TRITONSERVER_MEMORY_GPU && !serialized.empty())
+    return NewError(TRITONSERVER_ERROR_UNSUPPORTED, std::string(kOutput) + ": GPU memory is not written, ask for "
+                                                    "it in CPU memory");
+  if (!serialized.empty()) std::memcpy(buffer, serialized.data(), serialized.size());
+  return nullptr;
+}
+
+}  // namespace
+
+extern "C" {
+
+TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
+  const char* name = nullptr;
+  if (TRITONSERVER_Error* error = TRITONBACKEND_ModelName(model, &name)) return error;
+  text::json::Value config;
+  if (TRITONSERVER_Error* error = ReadConfig(model, &config)) return error;
+  if (Decoupled(config))
+    return NewError(TRITONSERVER_ERROR_INVALID_ARG, std::string(name) + ": tritonforge_postprocessing answers each "
+                                                    "request with one response: its config must not be decoupled");
+  const std::string tokenizer_dir = Parameter(config, kTokenizerDir);
+  if (tokenizer_dir.empty())
+    return NewError(TRITONSERVER_ERROR_INVALID_ARG, std::string(name) + ": config parameter '" + kTokenizerDir +
+                                                    "' is required by tritonforge_postprocessing");
+  TRITONBACKEND_ArtifactType artifact = TRITONBACKEND_ARTIFACT_FILESYSTEM;
+  const char* location = nullptr;
+  if (TRITONSERVER_Error* error = TRITONBACKEND_ModelRepository(model, &artifact, &location)) return error;
+  // Relative to the model's folder, resolved as triton_adapter.resolve_path does, so a repository mounts anywhere.
+  std::error_code unresolved;
+  std::filesystem::path joined = std::filesystem::path(location) / tokenizer_dir;
+  std::filesystem::path resolved = std::filesystem::weakly_canonical(joined, unresolved);
+  const std::string path = (unresolved ? joined : resolved).string();
+  std::unique_ptr<ModelState> state;
+  try {
+    state.reset(new ModelState{text::TokenBytes::Load(path)});
+  } catch (const std::exception& error) {  // nothing may cross the C ABI into the server
+    return NewError(TRITONSERVER_ERROR_INVALID_ARG, std::string(name) + ": " + error.what());
+  }
+  Log(TRITONSERVER_LOG_INFO, __LINE__, std::string(name) + ": " + std::to_string(state->table.size()) +
+                                           " token byte strings from " + path);
+  if (TRITONSERVER_Error* error = TRITONBACKEND_ModelSetState(model, state.get())) return error;
+  state.release();  // the model owns it now, until TRITONBACKEND_ModelFinalize
+  return nullptr;
+}
+
+TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {
+  void* state = nullptr;
+  TRITONSERVER_Error* error = TRITONBACKEND_ModelState(model, &state);
+  delete static_cast<ModelState*>(state);
+  return error;
+}
+
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance* instance,
+                                                       TRITONBACKEND_Request** requests, const uint32_t count) {
+  // From here every request is ours: each gets its response and is released, whatever fails.
+  TRITONBACKEND_Model* model = nullptr;
+  void* raw_state = nullptr;
+  Error failed(TRITONBACKEND_ModelInstanceModel(instance, &model));
+  if (!failed) failed.reset(TRITONBACKEND_ModelState(model, &raw_state));
+  const auto* state = static_cast<const ModelState*>(raw_state);
+  const uint64_t batch_start_ns = NowNs();
+  for (uint32_t i = 0; i < count; ++i) {
+    TRITONBACKEND_Request* request = requests[i];
+    const uint64_t start_ns = NowNs();
+    TRITONBACKEND_Response* response = nullptr;
+    Error error(TRITONBACKEND_ResponseNew(&response, request));
+    if (!error) {
+      try {
+        error.reset(failed ? NewError(TRITONSERVER_ERROR_INTERNAL, TRITONSERVER_ErrorMessage(failed.get()))
+                           : Answer(*state, request, response));
+      } catch (const std::exception& exception) {  // out of memory: this request fails, not the server
+        error.reset(NewError(TRITONSERVER_ERROR_INTERNAL, std::string("internal error: ") + exception.what()));
+      }
+      if (error) {  // an error response carries no half-made outputs
+        LogIfError(TRITONBACKEND_ResponseDelete(response), "delete response", __LINE__);
+        response = nullptr;
+        LogIfError(TRITONBACKEND_ResponseNew(&response, request), "new response", __LINE__);
+      }
+      if (response != nullptr)  // the send takes the response; the error stays ours
+        LogIfError(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, error.get()),
+                   "send response", __LINE__);
+    } else {
+      Log(TRITONSERVER_LOG_ERROR, __LINE__, std::string("new response: ") + TRITONSERVER_ErrorMessage(error.get()));
+    }
+    const uint64_t end_ns = NowNs();
+    LogIfError(TRITONBACKEND_ModelInstanceReportStatistics(instance, request, !error, start_ns, start_ns, end_ns,
+                                                           end_ns),
+               "statistics", __LINE__);
+    LogIfError(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL), "release request", __LINE__);
+  }
+  const uint64_t batch_end_ns = NowNs();
+  LogIfError(TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, count, batch_start_ns, batch_start_ns,
+                                                              batch_end_ns, batch_end_ns),
+             "batch statistics", __LINE__);
+  return nullptr;
+}
+
+}  // extern "C"
