@@ -29,7 +29,7 @@ fi
 WORKERS=${TEST_WORKERS:-3}
 # test_container_transformers compares the running transformers with the container's: there they are one.
 CONTAINER_PASS=("${PYTEST[@]}" -m transformers tests/unit tests/integration/test_ensemble.py
-                --deselect tests/unit/test_container_transformers.py)
+                --deselect tests/unit/builder/test_container_transformers.py)
 CONTAINER_TITLE="--- again on the container's transformers ($(grep '^transformers' scripts/container-transformers.txt)) ---"
 if [ "$WORKERS" -le 1 ]; then
   "${PYTEST[@]}"

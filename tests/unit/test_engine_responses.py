@@ -13,8 +13,8 @@ from tritonforge.facts.contract import stop_request_inputs
 from tritonforge.facts.limits import EngineLimits
 from tritonforge.runtime.engine.generation import GenerationResult
 from tritonforge.runtime.engine.replay.engine import ReplayEngine
-from tritonforge.runtime.engine.response_lanes import run_here
 from tritonforge.runtime.engine.service import EngineService, EngineSettings, _RowSink, checkpoint_bos_token_id
+from tritonforge.runtime.sending import Senders
 from tritonforge.runtime.text.tokenization import load_tokenizer
 from tritonforge.runtime.triton_adapter import RequestRows
 
@@ -179,34 +179,37 @@ def test_a_client_that_goes_away_midway_stops_its_row_long_before_its_end():
     assert len(sender.sent) < 5000
 
 
-class HeldLane:
-    """A response lane that runs nothing until told: the sends a busy server has not taken yet."""
+class HeldSenders:
+    """Senders (a test double of `sending.Senders`) that send nothing until told: the sends a busy server has
+    not taken yet. `run` gives the held rows their turns as a sender does, until none wants another."""
 
     def __init__(self):
         self.held = []
 
-    def post(self, send):
-        self.held.append(send)
+    def schedule(self, outbox):
+        self.held.append(outbox)
 
     def run(self):
-        held, self.held = self.held, []
-        for send in held:
-            send()
+        while self.held:
+            outbox = self.held.pop(0)
+            if outbox.take_turn():
+                self.held.append(outbox)
 
 
-def row_sink(sender: Sender, *, post=run_here, stream: bool = True, exclude_input: bool = True,
+def row_sink(sender: Sender, *, senders=None, stream: bool = True, exclude_input: bool = True,
              return_perf_metrics: bool = False, stream_interval: int = 1, bos_token_id: int | None = None) -> _RowSink:
-    """One row's sink, asking for log probs; its sends run through `post` (a lane, or at once)."""
+    """One row's sink, asking for log probs; its sends run on `senders` (held, or at once by default)."""
     row = SimpleNamespace(stream=stream, exclude_input=exclude_input, prompt_ids=PROMPT, return_log_probs=True,
                           return_num_input_tokens=False, return_num_output_tokens=False,
                           return_perf_metrics=return_perf_metrics)
     state = RequestRows(PB_UTILS_STAND_IN, sender, 1, None, check_period_s=1.0)
-    return _RowSink(state, row, 0, threading.Event(), stream_interval, post, bos_token_id)
+    senders = senders if senders is not None else Senders(0, depth=1, name="test-send")
+    return _RowSink(state, row, 0, threading.Event(), senders, stream_interval, bos_token_id)
 
 
-def streaming_sink(lane: HeldLane, sender: Sender, *, stream_interval: int = 1,
+def streaming_sink(senders: HeldSenders, sender: Sender, *, stream_interval: int = 1,
                    bos_token_id: int | None = None) -> _RowSink:
-    return row_sink(sender, post=lane.post, stream_interval=stream_interval, bos_token_id=bos_token_id)
+    return row_sink(sender, senders=senders, stream_interval=stream_interval, bos_token_id=bos_token_id)
 
 
 def streamed(sender: Sender) -> list[tuple[list[int], list[float], bool]]:
@@ -217,64 +220,64 @@ def streamed(sender: Sender) -> list[tuple[list[int], list[float], bool]]:
              flags == 1) for r, flags in sender.sent]
 
 
-def test_tokens_that_come_while_a_rows_send_waits_on_its_lane_join_that_send():
-    lane, sender = HeldLane(), Sender()
-    sink = streaming_sink(lane, sender)
+def test_tokens_that_come_while_a_rows_send_waits_for_a_sender_join_that_send():
+    senders, sender = HeldSenders(), Sender()
+    sink = streaming_sink(senders, sender)
     for token in (13, 14, 15):
         sink.tokens([token], [-0.5])
-    assert len(lane.held) == 1  # one send queued for the three tokens
-    lane.run()
-    sink.tokens([16], [-0.25])  # the lane is free again: this token goes out on its own
-    lane.run()
+    assert len(senders.held) == 1  # one send queued for the three tokens
+    senders.run()
+    sink.tokens([16], [-0.25])  # the row's send is done: this token goes out on its own
+    senders.run()
     sink.tokens([17], [-0.5])
     sink.finish(GenerationResult([13, 14, 15, 16, 17, 18], [-0.5] * 6, "length"), None)
-    lane.run()
+    senders.run()
     assert streamed(sender) == [([13, 14, 15], [-0.5] * 3, False), ([16], [-0.25], False),
                                 ([17], [-0.5], False), ([18], [-0.5], True)]
 
 
 def test_a_stream_interval_still_waits_for_its_tokens_and_the_last_response_takes_the_rest():
-    lane, sender = HeldLane(), Sender()
-    sink = streaming_sink(lane, sender, stream_interval=3)
+    senders, sender = HeldSenders(), Sender()
+    sink = streaming_sink(senders, sender, stream_interval=3)
     sink.tokens([13], [0.0])  # the first token at once
-    lane.run()
+    senders.run()
     sink.tokens([14], [0.0])
     sink.tokens([15], [0.0])
-    assert lane.held == []  # two of three: nothing queued yet
+    assert senders.held == []  # two of three: nothing queued yet
     sink.tokens([16], [0.0])
     sink.tokens([17], [0.0])  # joins the queued send
     sink.finish(GenerationResult([13, 14, 15, 16, 17], [0.0] * 5, "length"), None)
-    lane.run()
+    senders.run()
     assert [(ids, final) for ids, _, final in streamed(sender)] == [([13], False), ([14, 15, 16, 17], False),
                                                                    ([], True)]
 
 
 def test_a_streamed_chunk_that_could_not_be_sent_ends_the_row_with_an_error_not_a_stream_with_a_gap():
-    lane, sender = HeldLane(), Sender(fail_at=2)
-    sink = streaming_sink(lane, sender)
+    senders, sender = HeldSenders(), Sender(fail_at=2)
+    sink = streaming_sink(senders, sender)
     sink.tokens([13], [0.0])
-    lane.run()
+    senders.run()
     sink.tokens([14], [0.0])  # its send raises: the client would miss token 14
-    lane.run()
+    senders.run()
     assert sink.cancelled()  # the engine stops the row
     sink.finish(GenerationResult([13, 14, 15], [0.0] * 3, "length"), None)
-    lane.run()
+    senders.run()
     (first, _), (last, flags) = sender.sent
     assert dict(first.tensors)["output_ids"].reshape(-1).tolist() == [13]
     assert flags == 1 and last.error is not None and "could not be sent" in last.error.message
 
 
 def test_a_generated_bos_heading_a_streamed_chunk_goes_alone_so_postprocessing_keeps_the_next_words_space():
-    lane, sender = HeldLane(), Sender()
-    sink = streaming_sink(lane, sender, bos_token_id=1)
+    senders, sender = HeldSenders(), Sender()
+    sink = streaming_sink(senders, sender, bos_token_id=1)
     sink.tokens([13], [-0.5])
-    lane.run()
+    senders.run()
     for token in (1, 1, 5, 1):  # joined in one send: the BOS run heads it, the last BOS does not
         sink.tokens([token], [-0.25])
-    lane.run()
+    senders.run()
     sink.tokens([1], [-0.5])
     sink.finish(GenerationResult([13, 1, 1, 5, 1, 1, 7], [-0.5, *[-0.25] * 4, -0.5, -0.5], "length"), None)
-    lane.run()
+    senders.run()
     assert [(ids, final) for ids, _, final in streamed(sender)] == [
         ([13], False), ([1], False), ([1], False), ([5, 1], False), ([1], False), ([7], True)]
     assert [log_probs for _, log_probs, _ in streamed(sender)][1:4] == [[-0.25], [-0.25], [-0.25, -0.25]]
@@ -303,15 +306,15 @@ def test_a_rows_perf_metrics_are_the_moments_of_its_own_events(monkeypatch):
 
     clock = iter(range(100, 200))
     monkeypatch.setattr(engine_service, "_now_ns", lambda: next(clock))
-    lane, sender = HeldLane(), Sender()
-    sink = row_sink(sender, post=lane.post, return_perf_metrics=True)  # arrives at 100
+    senders, sender = HeldSenders(), Sender()
+    sink = row_sink(sender, senders=senders, return_perf_metrics=True)  # arrives at 100
     sink.scheduled()  # 101
     sink.tokens([13], [-0.5])  # 102
-    lane.run()
+    senders.run()
     sink.tokens([14], [-0.25])  # 103
-    lane.run()
+    senders.run()
     sink.finish(GenerationResult([13, 14, 15, 16], [-0.5, -0.25, -0.125, -0.0625], "length"), None)  # 104
-    lane.run()
+    senders.run()
     last = dict(sender.sent[-1][0].tensors)
     times = [last[name].item() for name in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
                                             "last_token_time_ns")]

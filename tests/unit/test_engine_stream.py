@@ -9,9 +9,9 @@ import grpc
 import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
-from tritonforge.runtime.bls.engine_stream import EngineStream
 
 from tritonforge.facts.errors import EngineCallError, EngineStreamError
+from tritonforge.runtime.bls.engine_stream import EngineStream
 from tritonforge.serve.server import free_port
 
 from ..conftest import serving_grpc

@@ -7,8 +7,8 @@
 - A `stop` is answered by the engine's thread, so an engine whose thread is stuck leaves it unanswered: the
   liveness probe (a stop for an unused id) then finds the engine wedged, where an answer from the stub alone
   would have said it was fine.
-- Response lanes (responses sent off the engine's thread): each row's responses in order, its final one
-  last; a send stuck in one lane holds only the rows of that lane.
+- Sender threads (responses sent off the engine's thread, `runtime/sending.py`): each row's responses in
+  order, its final one last; a send stuck for one row holds only that row.
 
 The Python backend exists only inside the server's stub, so `pb_utils` is a stand-in here with just what
 `EngineService` calls; the engine is the real replay engine.
@@ -23,7 +23,6 @@ import pytest
 from tritonforge.facts.contract import OUTPUT_IDS, stop_request_inputs
 from tritonforge.facts.limits import EngineLimits
 from tritonforge.runtime.engine.replay.engine import ReplayEngine
-from tritonforge.runtime.engine.response_lanes import ResponseLanes
 from tritonforge.runtime.engine.service import EngineService, EngineSettings
 
 from .pb_utils_stand_in import FINAL, PB_UTILS_STAND_IN
@@ -88,14 +87,14 @@ class Request:
         return []
 
 
-def make_service(lanes: int, stream_interval: int = 1) -> EngineService:
+def make_service(sender_threads: int, stream_interval: int = 1) -> EngineService:
     limits = EngineLimits(max_batch_size=4, max_input_len=8, max_seq_len=64)
     engine = ReplayEngine(list(range(10, 50)), step_ms=2, limits=limits, vocab_size=100)
-    return EngineService(PB_UTILS_STAND_IN, EngineSettings(limits=limits, response_lanes=lanes,
+    return EngineService(PB_UTILS_STAND_IN, EngineSettings(limits=limits, response_lanes=sender_threads,
                                                            stream_interval=stream_interval), engine)
 
 
-@pytest.fixture(params=[0, 2], ids=["sent-by-engine-thread", "two-response-lanes"])
+@pytest.fixture(params=[0, 2], ids=["sent-by-engine-thread", "two-sender-threads"])
 def service(request):
     service = make_service(request.param)
     yield service
@@ -113,9 +112,9 @@ def test_a_failed_send_ends_its_request_with_an_error_and_the_engine_serves_on(s
     assert "could not be sent" in last.error.message
     assert len(failing.sent) < 20  # stopped after the failure, not run to the end
     # The healthy request gets, without an error, the tokens it gets alone, in order (under load, tokens that
-    # come while a send waits on its lane join that send: fewer responses, the same tokens).
+    # come while a send waits for a sender join that send: fewer responses, the same tokens).
     assert [response.error for response, _ in healthy.sent] == [None] * len(healthy.sent)
-    alone = make_service(lanes=0)
+    alone = make_service(sender_threads=0)
     try:
         reference = Sender()
         alone.handle(Request("healthy", reference, tokens=20))
@@ -130,7 +129,7 @@ def test_a_failed_send_ends_its_request_with_an_error_and_the_engine_serves_on(s
 
 
 def test_a_stop_is_answered_by_the_engine_thread_and_not_while_that_thread_is_stuck():
-    service = make_service(lanes=0)  # the engine's thread sends, so a stuck send holds that thread
+    service = make_service(sender_threads=0)  # the engine's thread sends, so a stuck send holds that thread
     try:
         stop_waits_for_a_stuck_engine_thread(service)
     finally:
@@ -152,14 +151,14 @@ def stop_waits_for_a_stuck_engine_thread(service):
     assert stop.final.wait(WAIT_S) and stuck.final.wait(WAIT_S)
 
 
-def test_a_send_stuck_in_one_lane_holds_only_its_rows_and_each_row_keeps_its_order():
-    service = make_service(lanes=2)  # rows are dealt to lanes in turn: the first lane 0, the second lane 1
+def test_a_send_stuck_for_one_row_holds_only_that_row_and_each_row_keeps_its_order():
+    service = make_service(sender_threads=2)  # two sender threads: the stuck send holds one of them
     try:
         stuck, free = BlockingSender(), Sender()
         service.handle(Request("stuck", stuck, tokens=6))
         assert stuck.sending.wait(WAIT_S)
         service.handle(Request("free", free, tokens=6))
-        assert free.final.wait(WAIT_S)  # its lane sent all of it while the other lane's send was stuck
+        assert free.final.wait(WAIT_S)  # the other sender sent all of it while the first send was stuck
         assert not stuck.sent
         stuck.release.set()
         assert stuck.final.wait(WAIT_S)
@@ -171,9 +170,9 @@ def test_a_send_stuck_in_one_lane_holds_only_its_rows_and_each_row_keeps_its_ord
         assert [flags for _, flags in sender.sent] == [0] * (len(ids) - 1) + [FINAL]
 
 
-@pytest.mark.parametrize("lanes", [0, 2])
-def test_a_stream_interval_sends_the_first_token_at_once_then_that_many_a_response(lanes):
-    service = make_service(lanes, stream_interval=3)
+@pytest.mark.parametrize("sender_threads", [0, 2])
+def test_a_stream_interval_sends_the_first_token_at_once_then_that_many_a_response(sender_threads):
+    service = make_service(sender_threads, stream_interval=3)
     try:
         sender = Sender()
         service.handle(Request("interval", sender, tokens=9))
@@ -183,45 +182,7 @@ def test_a_stream_interval_sends_the_first_token_at_once_then_that_many_a_respon
     ids = [dict(response.tensors)["output_ids"].reshape(-1).tolist() for response, _ in sender.sent]
     assert sum(ids, []) == list(range(13, 22))  # every token once, in order (offset: the prompt's sum)
     sizes = [len(chunk) for chunk in ids]
-    if lanes == 0:  # sent by the engine's thread as they come: exactly the interval's pattern
+    if sender_threads == 0:  # sent by the engine's thread as they come: exactly the interval's pattern
         assert sizes == [1, 3, 3, 2]  # the last two go out with the final flag
-    else:  # tokens that come while a send waits for its lane join it: a late lane sends more, never fewer
+    else:  # tokens that come while a send waits for a sender join it: a late sender sends more, never fewer
         assert all(size >= 3 for size in sizes[1:-1]), sizes
-
-
-def test_a_send_that_raises_leaves_its_lane_serving_the_rows_after_it():
-    lanes = ResponseLanes(1, depth=4)
-    served = threading.Event()
-
-    def failing_send():
-        raise RuntimeError("a response that could not be built")
-
-    try:
-        post = lanes.lane()
-        post(failing_send)
-        post(served.set)
-        assert served.wait(WAIT_S)
-    finally:
-        lanes.close(WAIT_S)
-
-
-def test_closing_the_lanes_runs_what_they_hold_and_ends_their_threads():
-    before = set(threading.enumerate())
-    lanes = ResponseLanes(2, depth=4)
-    ran = []
-    for index in range(6):
-        lanes.lane()(lambda index=index: ran.append(index))
-    lanes.close(WAIT_S)
-    assert sorted(ran) == list(range(6))
-    assert [thread for thread in set(threading.enumerate()) - before if thread.is_alive()] == []
-
-
-@pytest.mark.parametrize(("lanes", "depth"), [(0, 4), (2, 0)])
-def test_response_lanes_need_a_lane_and_a_bounded_queue(lanes, depth):
-    """A queue of depth 0 would be unbounded: a slow server would pile responses up instead of slowing the
-    engine."""
-    from tritonforge.runtime.engine.response_lanes import ResponseLanes
-
-    with pytest.raises(ValueError, match=f"^response lanes need lanes >= 1 and depth >= 1, got {lanes} and {depth}$"):
-        ResponseLanes(lanes, depth)
-

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tritonforge.builder.engines import ENGINE_KINDS, ENGINE_NAMES
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "tritonforge"
 # Bottom to top: a module may import its own layer and those before it, never one after it.
@@ -63,8 +65,8 @@ def test_every_module_lies_in_a_layer():
 
 def test_the_reader_sees_relative_lazy_and_package_imports():
     """Guards the guard: a reader that found nothing would pass every test below."""
-    assert "tritonforge.serve.server" in imported(PACKAGE / "build" / "builder.py")  # inside a function
-    assert "tritonforge.facts.contract" in imported(PACKAGE / "build" / "model_configs.py")  # from ..spec import
+    assert "tritonforge.serve.server" in imported(PACKAGE / "tools" / "accuracy_gate.py")  # inside a function
+    assert "tritonforge.facts.contract" in imported(PACKAGE / "builder" / "model_configs.py")  # from ..facts import
     assert "tritonforge.cli.main" in imported(PACKAGE / "cli" / "reference_docs.py")
     assert "tritonforge.runtime.text.preprocess" in imported(ROOT / "preprocessing" / "1" / "model.py")
 
@@ -75,6 +77,42 @@ def test_a_module_imports_only_its_own_layer_and_those_below(path):
     allowed = LAYERS[: LAYERS.index(own) + 1]
     upward = sorted(target for target in imported(path) if layer(target) not in allowed)
     assert not upward, f"{path.relative_to(ROOT)} ({own}) imports {upward}; {own} may import only {allowed}"
+
+
+# Inside the runtime, its rooms bottom to top: the modules at its top (the Triton edge, the sender) serve every
+# room; text knows no engine, the engine no BLS, and the BLS sits on both.
+RUNTIME = PACKAGE / "runtime"
+RUNTIME_ROOMS = ("", "text", "engine", "bls")
+
+
+def runtime_room(dotted: str) -> str | None:
+    parts = dotted.split(".")
+    if parts[:2] != ["tritonforge", "runtime"]:
+        return None
+    return parts[2] if len(parts) > 3 and parts[2] in RUNTIME_ROOMS else ""
+
+
+@pytest.mark.parametrize("path", sorted(RUNTIME.rglob("*.py")), ids=lambda path: str(path.relative_to(RUNTIME)))
+def test_a_runtime_module_imports_only_its_own_room_and_those_below(path):
+    own = runtime_room(module_name(path))
+    allowed = RUNTIME_ROOMS[: RUNTIME_ROOMS.index(own) + 1] if own else ("",)
+    upward = sorted(target for target in imported(path)
+                    if (room := runtime_room(target)) is not None and room not in allowed)
+    assert not upward, f"{path.relative_to(ROOT)} ({own or 'runtime top'}) imports {upward}"
+
+
+@pytest.mark.parametrize("name", ENGINE_NAMES)
+def test_an_engine_kinds_model_runs_its_own_room_of_the_runtime(name):
+    """Adding an engine is its record (builder/engines/) and its own folder (runtime/engine/<room>/), which its
+    Triton model imports; a kind served by a backend of its own has neither."""
+    kind = ENGINE_KINDS[name]
+    if kind.model_source is None:
+        assert kind.runtime_room is None
+        return
+    room = f"tritonforge.runtime.engine.{kind.runtime_room}"
+    assert (RUNTIME / "engine" / kind.runtime_room / "__init__.py").is_file()
+    model = ROOT / kind.model_source / "1" / "model.py"
+    assert any(target.startswith(room) for target in imported(model)), f"{model} imports nothing of {room}"
 
 
 @pytest.mark.parametrize("path", TRITON_MODELS, ids=lambda path: str(path.relative_to(ROOT)))

@@ -1,5 +1,5 @@
 // Byte-exact detokenization in C++: the twin of `TokenBytes` (tritonforge/runtime/text/detokenization.py) and
-// of `Postprocessor` (postprocess.py), held to the same bytes by tests/unit/test_native_detokenizer.py. Plain
+// of `Postprocessor` (postprocess.py), held to the same bytes by tests/unit/runtime/text/test_native_detokenizer.py. Plain
 // functions with no Triton in them: postprocessing_backend.cc serves them, detokenizer_capi.cc tests them.
 //
 // The byte table is the JSON file the build saves beside the tokenizer (`tritonforge_token_bytes.json`):

@@ -23,7 +23,7 @@ from tritonforge.runtime.engine.llmapi.engine import (
 )
 from tritonforge.runtime.engine.sampling import SamplingParams
 
-DOUBLE = Path(__file__).resolve().parent.parent / "llmapi_test_double"
+DOUBLE = Path(__file__).resolve().parents[4] / "llmapi_test_double"
 VOCAB = 1000
 WAIT_S = 30
 LIMITS = EngineLimits(max_batch_size=4, max_input_len=16, max_seq_len=600)

@@ -10,6 +10,7 @@ import urllib.request
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from tests.conftest import serving_grpc
 from tritonforge.clients.client import GenerationError, ResponseTimeout, ServerUnavailable
 from tritonforge.facts.contract import CLIENT_OUTPUTS, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS, TEXT_OUTPUT
 from tritonforge.gateway.options import GatewayThread
@@ -19,8 +20,6 @@ from tritonforge.gateway.protocol import stream_chunk as _chunk
 from tritonforge.gateway.serving import GATEWAY_OUTPUTS
 from tritonforge.gateway.serving import to_openai_error as _triton_error
 from tritonforge.serve.server import free_port
-
-from ..conftest import serving_grpc
 
 
 @pytest.mark.parametrize("kind", ["completions", "chat"])

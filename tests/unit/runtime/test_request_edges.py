@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from tests.unit.pb_utils_stand_in import PB_UTILS_STAND_IN
 from tritonforge.clients.client import GenerationError
 from tritonforge.facts.errors import QueueFullError, RequestError
 from tritonforge.facts.limits import EngineLimits
@@ -13,8 +14,6 @@ from tritonforge.gateway.serving import to_openai_error as _triton_error
 from tritonforge.runtime.engine.generation import GenerationRequest, check_limits
 from tritonforge.runtime.text.preprocess import PREPROCESSING_TENSORS, Preprocessor
 from tritonforge.runtime.triton_adapter import answer_each, to_triton_error
-
-from .pb_utils_stand_in import PB_UTILS_STAND_IN
 
 LIMITS = EngineLimits(max_input_len=32, max_seq_len=101, max_batch_size=2, max_queue_size=3)
 PROMPT = [5, 6, 7, 8]

@@ -13,7 +13,7 @@ from tritonforge.serve.liveness import LivenessProbes, probed_models
 from tritonforge.serve.server import TritonServer
 from tritonforge.serve.supervisor import Supervisor, _alive
 
-SOURCE_REPOSITORY = Path(__file__).resolve().parents[2]  # the committed config.pbtxt of every model
+SOURCE_REPOSITORY = Path(__file__).resolve().parents[3]  # the committed config.pbtxt of every model
 MODELS = ["ensemble", "postprocessing", "preprocessing", "tensorrt_llm_bls"]
 WEDGED_AFTER_S = 1
 NOTICE_S = 9  # a probe is wedged exactly WEDGED_AFTER_S after it was sent; the rest absorbs a loaded machine

@@ -5,11 +5,10 @@ fault or away (tests/integration/test_user_mistakes.py runs the command itself).
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from tests.conftest import serving_grpc
 from tritonforge.cli.main import _exit_status
 from tritonforge.clients.client import GenerationError, ResponseTimeout, ServerUnavailable, _rpc_failure, check_serving
 from tritonforge.facts.errors import ErrorKind
-
-from ..conftest import serving_grpc
 
 
 @pytest.mark.parametrize("error, status", [

@@ -11,6 +11,7 @@ import time
 import pytest
 from tritonclient.grpc import service_pb2_grpc
 
+from tests.conftest import serving_grpc
 from tritonforge.clients import client as client_module
 from tritonforge.clients.client import (
     AsyncGrpcClient,
@@ -19,8 +20,6 @@ from tritonforge.clients.client import (
     ResponseTimeout,
     stop_engine_request,
 )
-
-from ..conftest import serving_grpc
 
 STOP_TIMEOUT_S = 0.5  # the clients' limit for a stop's answer, shortened here: what is checked is that it ends
 GIVE_UP_S = STOP_TIMEOUT_S + 10  # the client's limits plus a margin: beyond it the client hangs

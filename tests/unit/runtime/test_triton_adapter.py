@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from tests.unit.pb_utils_stand_in import FINAL, PB_UTILS_STAND_IN, TritonErrorStandIn
 from tritonforge.facts.errors import (
     EngineCallError,
     EngineStreamError,
@@ -21,8 +22,6 @@ from tritonforge.facts.errors import (
     UnsupportedError,
 )
 from tritonforge.runtime.triton_adapter import output_tensors, requested_outputs, to_triton_error
-
-from .pb_utils_stand_in import FINAL, PB_UTILS_STAND_IN, TritonErrorStandIn
 
 OUTPUTS = {"output_ids": np.zeros((1, 1, 2), np.int32), "sequence_length": np.ones((1, 1), np.int32),
            "cum_log_probs": np.zeros((1, 1), np.float32)}

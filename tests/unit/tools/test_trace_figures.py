@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-TRACE_SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "trace.py"
+TRACE_SCRIPT = Path(__file__).resolve().parents[3] / "bench" / "trace.py"
 
 
 @pytest.fixture(scope="module")

@@ -230,7 +230,7 @@ def test_the_pin_is_the_newest_container_of_the_pinned_release():
     assert TRITON_IMAGE == "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
     newest = max(CONTAINERS)
     assert CONTAINERS[newest] == (parse_target_triton("26.07"), TRTLLM_VERSION) and TRTLLM_VERSION == "1.2.1"
-    assert f"FROM {TRITON_IMAGE}\n" in (Path(__file__).resolve().parents[2] / "Dockerfile").read_text()
+    assert f"FROM {TRITON_IMAGE}\n" in (Path(__file__).resolve().parents[3] / "Dockerfile").read_text()
 
 
 @pytest.mark.parametrize("text, expected", [("2.51", (2, 51)), ("2.71", (2, 71)), ("25.12", (2, 64)),

@@ -15,6 +15,7 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from tests.conftest import serving_grpc
 from tritonforge.clients.client import (
     AsyncGrpcClient,
     GenerateRequest,
@@ -24,8 +25,6 @@ from tritonforge.clients.client import (
     stop_engine_request,
 )
 from tritonforge.facts.contract import BLS_MODEL, ENGINE_MODEL, ENSEMBLE_MODEL, FINAL_RESPONSE_PARAMETER, TEXT_OUTPUT
-
-from ..conftest import serving_grpc
 
 WAIT_S = 30
 
