@@ -1,8 +1,9 @@
 """The engine step on TensorRT-LLM's PyTorch workflow, served as the `tensorrt_llm` model (Python backend).
 
 `tensorrt_llm.LLM` runs the Hugging Face checkpoint in `1/checkpoint` (no engine build); the tensors,
-response flags and cancellation are those of NVIDIA's `tensorrtllm` backend (INTERFACE.md), decoupled:
-one response per streamed output when `streaming` (`stream_interval` tokens each), else one per row.
+response flags and cancellation are those of NVIDIA's `tensorrtllm` backend
+(docs/reference/tensors.md#tensorrt_llm-the-engine-step), decoupled: one response per streamed output when
+`streaming` (`stream_interval` tokens each), else one per row.
 
 | input | dtype | dims | |
 |---|---|---|---|

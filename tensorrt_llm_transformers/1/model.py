@@ -1,7 +1,7 @@
 """The engine step on Hugging Face transformers, served as the `tensorrt_llm` model (Python backend).
 
-Same tensors as NVIDIA's `tensorrtllm` backend (INTERFACE.md), decoupled; one response per new token when
-`streaming`, else one response per row:
+Same tensors as NVIDIA's `tensorrtllm` backend (docs/reference/tensors.md#tensorrt_llm-the-engine-step),
+decoupled; one response per new token when `streaming`, else one response per row:
 
 | input | dtype | dims | |
 |---|---|---|---|
@@ -25,8 +25,12 @@ import triton_python_backend_utils as pb_utils
 
 from tritonforge.facts.model_parameters import TransformersEngineParameters
 from tritonforge.runtime.engine.service import EngineModel
+from tritonforge.runtime.engine.transformers.loading import make_engine
 
 
 class TritonPythonModel(EngineModel):
     PB_UTILS = pb_utils
     PARAMETERS = TransformersEngineParameters
+
+    def make_engine(self, args, parameters, settings):
+        return make_engine(settings)

@@ -12,7 +12,7 @@ import tritonclient.grpc as grpcclient
 
 from tritonforge.builder.build import BuildOptions, build
 from tritonforge.clients.client import AsyncGrpcClient, GenerateRequest, GrpcClient, HttpClient, ResponseTimeout
-from tritonforge.gateway.app import GatewayThread
+from tritonforge.gateway.options import GatewayThread
 from tritonforge.runtime.text.tokenization import load_tokenizer
 from tritonforge.serve.server import free_port
 

@@ -20,7 +20,7 @@ from tritonforge.builder import model_configs as configs
 from tritonforge.builder.build import BuildOptions, build
 from tritonforge.clients.client import GenerateRequest, GrpcClient
 from tritonforge.facts.contract import stop_request_inputs
-from tritonforge.gateway.app import GatewayThread
+from tritonforge.gateway.options import GatewayThread
 from tritonforge.runtime.text.tokenization import load_tokenizer
 from tritonforge.serve.server import free_port
 

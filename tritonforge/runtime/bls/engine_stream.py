@@ -9,8 +9,10 @@ r24.10, unchanged since) deadlocks when many requests of one instance stream fro
 thread returning from `exec` holds the GIL and waits for the stub's response-iterator map; the stub's
 response thread holds that map and waits for one iterator's lock; that iterator's reader, woken in
 `__next__`, holds its lock and waits for the GIL. The engine then stops for every path, since the server
-waits on the stub to take each response (README, Faults). A gRPC stream takes no lock of the stub's, and an
-engine call no longer holds one of the backend's 32 threads until its first token.
+waits on the stub to take each response
+(docs/design/faults.md#a-deadlock-in-tritons-python-backend-and-why-the-bls-calls-the-engine-over-grpc). A gRPC
+stream takes no lock of the stub's, and an engine call no longer holds one of the backend's 32 threads until its
+first token.
 """
 
 from __future__ import annotations

@@ -4,11 +4,12 @@ Same client contract as the ensemble, with what the ensemble cannot do:
 - per-request incremental detokenization: every streamed chunk is complete UTF-8 characters;
 - string-level stop phrases (held back until decided, never emitted), which then stop the engine's request
   through its `stop` input so its slot frees; a client's cancel does the same;
-- many requests per instance, so concurrency is `max_concurrency` per instance, not one: each request's
-  worker thread (of the instance's pool) starts its engine call, watches for the client's cancel and ends
-  the stream; its engine responses are handled as they arrive by the reader thread of the instance's one
-  gRPC stream to the engine (`engine_stream`: why not the Python backend's own BLS calls);
-- streamed text coalesced under load (`_StreamOutbox`): the stream's reader only detokenizes, a few
+- many requests per instance, so concurrency is `max_concurrency` per instance, not one: each row of a
+  request is a `RowStream` (row_stream.py, which says which thread owns what) run by a worker thread of the
+  instance's pool, which starts its engine call, watches for the client's cancel and ends the row; its
+  engine responses are handled as they arrive by the reader thread of the instance's one gRPC stream to the
+  engine (`engine_stream`: why not the Python backend's own BLS calls);
+- streamed text coalesced under load (`runtime/sending.py`): the stream's reader only detokenizes, a few
   sender threads send. While a response of a stream is being sent, the text the engine delivers meanwhile
   waits and goes out as one chunk. A response send is a round trip to the server that one stub makes one
   at a time; at a real engine's ~15k tokens/s that, not decoding, is the limit, and coalescing turns it
@@ -21,10 +22,7 @@ even when the client asked for one non-streamed answer. Deployed non-decoupled (
 
 from __future__ import annotations
 
-import collections
 import logging
-import threading
-import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
@@ -47,17 +45,16 @@ from ...facts.contract import (
     STREAM,
     STREAMING,
     TEXT_INPUT,
-    TEXT_OUTPUT,
 )
-from ...facts.errors import RequestError, ResponseSendError
+from ...facts.errors import RequestError
 from ...facts.limits import EngineLimits
-from ...facts.model_parameters import CANCELLATION_CHECK_PERIOD_MS
-from ..text.detokenization import IncrementalDetokenizer, TokenBytes
+from ..sending import Senders
+from ..text.detokenization import TokenBytes
 from ..text.preprocess import CLIENT_TENSORS, EncodedRequest, Preprocessor
-from ..text.stop_phrases import StopPhraseFilter
 from ..text.tokenization import decode_utf8
 from ..triton_adapter import RequestRows, answer_error, request_inputs, requested_outputs
 from .engine_stream import EngineStream
+from .row_stream import CANCEL_CHECK_PERIOD_S, RowRequest, RowStream
 
 logger = logging.getLogger(__name__)
 
@@ -69,91 +66,11 @@ ENGINE_STATISTICS = [t.name for t in ENGINE_PASSTHROUGH_OUTPUTS
 CLIENT_TO_ENGINE = {client: engine for engine, client in ENGINE_FROM_CLIENT.items()}
 # Inputs the BLS sets itself on every engine request.
 FORCED_ENGINE_INPUTS = {STREAMING, EXCLUDE_INPUT_IN_OUTPUT}
-CANCEL_CHECK_PERIOD_S = CANCELLATION_CHECK_PERIOD_MS / 1000
 SENDER_THREADS = 4  # per instance: they send the coalesced chunks of every stream
 # How long finalize waits for the open requests to send their last response once the engine stream is closed
 # (each then ends at once with UNAVAILABLE): a bound, so that a stuck request cannot hold the server's exit.
 SHUTDOWN_WAIT_S = 5.0
-class _Senders:
-    """A few threads that send the streams' pending chunks: a plain deque and a condition (a thread pool's
-    futures cost more than the send they wrap, once per token)."""
-
-    def __init__(self, threads: int):
-        self._ready: collections.deque = collections.deque()  # outboxes with text to send
-        self._condition = threading.Condition()
-        self._stopping = False
-        self._threads = [threading.Thread(target=self._run, name=f"bls-send-{n}", daemon=True) for n in range(threads)]
-        for thread in self._threads:
-            thread.start()
-
-    def schedule(self, outbox: _StreamOutbox) -> None:
-        with self._condition:
-            self._ready.append(outbox)
-            self._condition.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._condition:
-                while not self._ready and not self._stopping:
-                    self._condition.wait()
-                if self._stopping:
-                    return
-                outbox = self._ready.popleft()
-            outbox.send_pending()
-
-    def shutdown(self) -> None:
-        with self._condition:
-            self._stopping = True
-            self._condition.notify_all()
-
-
-class _StreamOutbox:
-    """One stream's text not yet sent, and whether a sender holds it (at most one at a time, so chunks go
-    out in order). `add` is called by the stream's reader thread; a sender takes everything pending."""
-
-    def __init__(self, senders: _Senders, completion: RequestRows, make_response):
-        self.senders, self.completion, self.make_response = senders, completion, make_response
-        self.condition = threading.Condition()
-        self.text: list[str] = []
-        self.tokens = 0
-        self.busy = False  # queued for or held by a sender
-        self.send_failed = False  # a chunk could not be sent: the stream must end with an error, not a gap
-
-    def add(self, text: str, tokens: int) -> None:
-        with self.condition:
-            self.text.append(text)
-            self.tokens += tokens
-            if self.busy:
-                return  # the sender that holds this stream takes it on its next turn
-            self.busy = True
-        self.senders.schedule(self)
-
-    def send_pending(self) -> None:
-        while True:
-            with self.condition:
-                if self.send_failed:  # no chunk after a lost one: the stream's reader ends it with an error
-                    self.text, self.tokens = [], 0
-                if not self.text:
-                    self.busy = False
-                    self.condition.notify_all()
-                    return
-                text, tokens = "".join(self.text), self.tokens
-                self.text, self.tokens = [], 0
-            try:
-                sent = self.completion.send(self.make_response(text, tokens))
-            except Exception:  # noqa: BLE001 - a response that could not be built: the stream's reader ends it
-                logger.exception("could not build a streamed chunk")
-                sent = False
-            if not sent:
-                self.send_failed = True
-
-    def drain(self) -> tuple[str, int]:
-        """Wait until no sender holds the stream; return what is left, for the stream's last response."""
-        with self.condition:
-            self.condition.wait_for(lambda: not self.busy)
-            text, tokens = "".join(self.text), self.tokens
-            self.text, self.tokens = [], 0
-            return text, tokens
+SENDERS_CLOSE_S = 1.0  # then, how long the senders may take to send what they still hold
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,40 +87,56 @@ class BlsSettings:
 
 
 class BlsOrchestrator:
-    def __init__(self, pb_utils, settings: BlsSettings):
+    """The BLS's requests in, each row run as a `RowStream` on a worker of the pool; one stream to the engine
+    and a few senders shared by every row of the instance."""
+
+    def __init__(self, pb_utils, settings: BlsSettings, engine: EngineStream | None = None):
         self.pb_utils = pb_utils
         self.settings = settings
         self.preprocessor = Preprocessor(settings.tokenizer_dir, settings.limits, settings.add_special_tokens)
         self.token_bytes = TokenBytes(self.preprocessor.tokenizer)
         self.pool = ThreadPoolExecutor(max_workers=settings.max_concurrency, thread_name_prefix="bls")
-        self.senders = _Senders(SENDER_THREADS)
-        self.engine = EngineStream(settings.engine_url, settings.engine_model)
+        # A row is queued at most once and holds its worker until its last response is sent: at most
+        # `max_concurrency` rows wait for a sender, so the stream's reader never waits for room.
+        self.senders = Senders(SENDER_THREADS, depth=settings.max_concurrency, name="bls-send")
+        self.engine = engine if engine is not None else EngineStream(settings.engine_url, settings.engine_model)
         self._running: set = set()  # the rows' futures not yet done
 
     def submit(self, request) -> None:
-        """Called from execute(): parse now (errors answer at once), generate in the pool."""
+        """Called from execute(): parse now (errors answer at once), run the rows in the pool."""
         sender = request.get_response_sender()
+        requested = requested_outputs(request)
         try:
-            inputs = request_inputs(request)
-            encoded = self.preprocessor.encode(inputs, CLIENT_TENSORS)
-            batch = encoded.batch
-            stop_phrases = self._stop_phrases(inputs, batch)
-            stream = _flag(inputs, STREAM)
-            exclude_input = _flag(inputs, EXCLUDE_INPUT_IN_OUTPUT, default=True)
-            if not self.settings.decoupled and (stream or batch > 1):
-                raise RequestError(STREAM if stream else TEXT_INPUT,
-                                   "streaming and batched requests need the BLS deployed decoupled "
-                                   "(build with streaming enabled)")
+            rows = self._rows(request_inputs(request), requested)
         except Exception as error:  # noqa: BLE001 - the client gets the error, the model keeps serving
             answer_error(self.pb_utils, sender, error)
             return
-        completion = RequestRows(self.pb_utils, sender, batch, requested_outputs(request), CANCEL_CHECK_PERIOD_S)
-        for row in range(batch):
-            future = self.pool.submit(self._run_row, inputs, encoded, row, stop_phrases[row], stream, exclude_input,
-                                      completion)
+        completion = RequestRows(self.pb_utils, sender, len(rows), requested, CANCEL_CHECK_PERIOD_S)
+        for row in rows:
+            stream = RowStream(row, completion, self.engine, self.token_bytes, self.senders,
+                               engine_stoppable=self.settings.decoupled)
+            future = self.pool.submit(stream.run)
             self._running.add(future)
             future.add_done_callback(self._running.discard)
             future.add_done_callback(_log_failure)
+
+    def _rows(self, inputs: dict[str, np.ndarray], requested: frozenset[str] | None) -> list[RowRequest]:
+        encoded = self.preprocessor.encode(inputs, CLIENT_TENSORS)
+        batch = encoded.batch
+        stop_phrases = self._stop_phrases(inputs, batch)
+        stream = _flag(inputs, STREAM)
+        if not self.settings.decoupled and (stream or batch > 1):
+            raise RequestError(STREAM if stream else TEXT_INPUT,
+                               "streaming and batched requests need the BLS deployed decoupled "
+                               "(build with streaming enabled)")
+        exclude_input = _flag(inputs, EXCLUDE_INPUT_IN_OUTPUT, default=True)
+        return_log_probs, count_tokens = _flag(inputs, RETURN_LOG_PROBS), _flag(inputs, RETURN_NUM_OUTPUT_TOKENS)
+        statistics = [name for name in ENGINE_STATISTICS if requested is None or name in requested]
+        return [RowRequest(row=row, batch=batch, engine_inputs=self._engine_inputs(inputs, encoded, row),
+                           engine_outputs=[*ENGINE_OUTPUTS, *statistics], prompt_ids=encoded.prompt_ids[row],
+                           stop_phrases=stop_phrases[row], stream=stream, exclude_input=exclude_input,
+                           return_log_probs=return_log_probs, count_tokens=count_tokens, statistics=statistics)
+                for row in range(batch)]
 
     def _stop_phrases(self, inputs: dict[str, np.ndarray], batch: int) -> list[list[str]]:
         value = inputs.get(STOP_WORDS)
@@ -224,117 +157,6 @@ class BlsOrchestrator:
                 tensors[engine_name] = value[row:row + 1] if value.shape[0] > 1 else value
         return tensors
 
-    def _stop_engine(self, request_id: str) -> None:
-        """Stop the engine's request through its `stop` input (how NVIDIA's clients cancel one request of a
-        stream). A non-decoupled engine has always finished by the time the BLS could ask."""
-        if self.settings.decoupled:
-            self.engine.stop(request_id)
-
-    def _run_row(self, inputs, encoded: EncodedRequest, row: int, stop_phrases: list[str], stream: bool,
-                 exclude_input: bool, completion: RequestRows) -> None:
-        request_id = uuid.uuid4().hex
-        batch = encoded.batch
-        detokenizer = IncrementalDetokenizer(self.token_bytes)
-        stop_filter = StopPhraseFilter(stop_phrases)
-        return_log_probs = _flag(inputs, RETURN_LOG_PROBS)
-        count_tokens = _flag(inputs, RETURN_NUM_OUTPUT_TOKENS)
-        pieces: list[str] = []
-        log_probs: list[float] = []
-        wanted_statistics = self._wanted_statistics(completion)
-        statistics: dict[str, np.ndarray] = {}  # the engine's last statistics outputs
-        tokens_unsent = 0  # generated tokens not yet reported in a response (num_output_tokens)
-        stopped_engine = False
-
-        def streamed_response(text: str, tokens: int):
-            return self._response(completion, text, row, batch, list(log_probs) if return_log_probs else None,
-                                  dict(statistics), tokens if count_tokens else None)
-
-        outbox = _StreamOutbox(self.senders, completion, streamed_response)
-
-        def on_response(tensors: dict[str, np.ndarray]) -> None:
-            """One engine response, in the engine stream's reader thread: detokenize, hand text to the outbox."""
-            nonlocal tokens_unsent, stopped_engine
-            ids_tensor = tensors.get(OUTPUT_IDS)
-            if ids_tensor is None:  # a response without tokens
-                return
-            ids = ids_tensor.reshape(-1)
-            length = int(tensors[SEQUENCE_LENGTH].reshape(-1)[0])
-            tokens_unsent += length
-            for name in wanted_statistics:
-                value = tensors.get(name)
-                if value is not None:
-                    statistics[name] = value
-            if return_log_probs:
-                log_probs.extend(tensors[OUTPUT_LOG_PROBS].reshape(-1)[:length].tolist())
-            if stopped_engine:
-                return
-            text = stop_filter.push(detokenizer.push(ids[:length].tolist()))
-            if stream and text:
-                outbox.add(text, tokens_unsent)
-                tokens_unsent = 0
-            elif text:
-                pieces.append(text)
-            if outbox.send_failed:
-                raise ResponseSendError()
-            if stop_filter.stopped:
-                self._stop_engine(request_id)
-                stopped_engine = True
-
-        try:
-            # A non-decoupled engine answers once, with every token; a decoupled one streams. This thread
-            # only watches for the client's cancel meanwhile (an IPC round trip, kept off the reader).
-            engine_call = self.engine.call(request_id, self._engine_inputs(inputs, encoded, row),
-                                           [*ENGINE_OUTPUTS, *wanted_statistics], on_response)
-            while not engine_call.wait(CANCEL_CHECK_PERIOD_S):
-                if not stopped_engine and completion.cancelled():
-                    self._stop_engine(request_id)
-                    stopped_engine = True
-            unsent, unsent_tokens = outbox.drain()
-            if outbox.send_failed:  # one of the last chunks: still an error, not a stream with a gap
-                stopped_engine = True  # the engine has already finished this request
-                raise ResponseSendError()
-            tokens_unsent += unsent_tokens
-            tail = unsent + stop_filter.push(detokenizer.flush()) + stop_filter.flush()
-            if not exclude_input and not stream:
-                prompt = self.token_bytes.decode_sequence(encoded.prompt_ids[row])
-                pieces.insert(0, prompt.decode("utf-8", errors="replace"))
-            if not stream:
-                completion.send(self._response(completion, "".join(pieces) + tail, row, batch,
-                                               log_probs if return_log_probs else None, statistics,
-                                               tokens_unsent if count_tokens else None), row_done=True)
-            elif tail or (count_tokens and tokens_unsent):
-                completion.send(self._response(completion, tail, row, batch, None, statistics,
-                                               tokens_unsent if count_tokens else None), row_done=True)
-            else:
-                completion.send(row_done=True)
-        except Exception as error:  # noqa: BLE001 - the stream must always end, with the error
-            outbox.drain()  # no chunk may follow the final response
-            if not stopped_engine:
-                try:
-                    self._stop_engine(request_id)
-                except Exception:  # noqa: BLE001
-                    logger.exception("could not stop engine request %s", request_id)
-            completion.send(completion.error_response(error), row_done=True)
-
-    @staticmethod
-    def _wanted_statistics(completion: RequestRows) -> list[str]:
-        requested = completion.requested
-        return [name for name in ENGINE_STATISTICS if requested is None or name in requested]
-
-    def _response(self, completion: RequestRows, text: str, row: int, batch: int, log_probs: list[float] | None,
-                  statistics: dict[str, np.ndarray], new_tokens: int | None):
-        """One response to the client, shaped as NVIDIA's BLS answers: `text_output` flat (one string),
-        `batch_index` only for a batched request, the engine's statistics as it sent them last."""
-        outputs = {TEXT_OUTPUT: np.array([text.encode("utf-8")], dtype=object), **statistics}
-        if batch > 1:
-            outputs[BATCH_INDEX] = np.array([[row]], dtype=np.int32)
-        if new_tokens is not None:
-            outputs[NUM_OUTPUT_TOKENS] = np.array([[new_tokens]], dtype=np.int32)
-        if log_probs is not None:
-            outputs[OUTPUT_LOG_PROBS] = np.array(log_probs, dtype=np.float32).reshape(1, 1, -1)
-            outputs[CUM_LOG_PROBS] = np.array([[sum(log_probs)]], dtype=np.float32)
-        return completion.response(outputs)
-
     def shutdown(self) -> None:
         """Called by finalize, as the server stops: close the stream to the engine first, which ends every open
         request with an error that its row sends to its client while the stub can still send, and never leave
@@ -347,7 +169,7 @@ class BlsOrchestrator:
             if left:
                 logger.warning("%d BLS requests did not end within %.0f s of the shutdown", len(left),
                                SHUTDOWN_WAIT_S)
-        self.senders.shutdown()
+        self.senders.close(SENDERS_CLOSE_S)
 
 
 def _log_failure(future) -> None:

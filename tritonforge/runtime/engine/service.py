@@ -44,6 +44,7 @@ from ...facts.contract import (
 from ...facts.errors import RequestError, ResponseSendError, ServerStopping
 from ...facts.limits import EngineLimits
 from ...facts.model_parameters import CANCELLATION_CHECK_PERIOD_MS, EngineParameters, TransformersEngineParameters
+from ..sending import Outbox, Senders
 from ..triton_adapter import (
     RequestRows,
     answer_error,
@@ -56,14 +57,15 @@ from ..triton_adapter import (
 )
 from .generation import GenerationRequest, GenerationResult
 from .requests import EngineRow, is_stop_request, parse_engine_request
-from .response_lanes import Post, ResponseLanes, run_here
 
 logger = logging.getLogger(__name__)
 
 REQUIRED_OUTPUTS = frozenset({OUTPUT_IDS, SEQUENCE_LENGTH})
 DRAIN_END_S = 5.0  # how long `drain` waits for the engine to end the rows it was told to end
-LANE_CLOSE_S = 5.0  # how long shutdown waits for each response lane to send what it holds
-LANE_DEPTH = 128  # sends a lane holds before the engine waits for it (a 128-row step's worth)
+SENDERS_CLOSE_S = 5.0  # how long shutdown waits for the sender threads to send what they hold
+# Rows waiting for a sender before the engine's thread waits for one (two 128-row steps' worth): a server that
+# takes responses slower than the engine makes them slows the engine instead of a queue without bound.
+SEND_QUEUE_DEPTH = 256
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +80,7 @@ class EngineSettings:
     cancellation_check_period_ms: int = CANCELLATION_CHECK_PERIOD_MS
     decoupled: bool = True
     stream_interval: int = 1  # streamed tokens per response after the first (model_parameters.EngineParameters)
-    response_lanes: int = EngineParameters.response_lanes  # threads sending responses off the engine's thread
+    response_lanes: int = EngineParameters.response_lanes  # sender threads (runtime/sending.py); 0: the engine's
     bos_token_id: int | None = None  # the checkpoint's (config.json): see `streamed_responses`
 
     @classmethod
@@ -117,18 +119,6 @@ def checkpoint_bos_token_id(model_path: str) -> int | None:
     return bos if isinstance(bos, int) else None
 
 
-def load_model(settings: EngineSettings):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    device = settings.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = "auto" if settings.dtype == "auto" else getattr(torch, settings.dtype)
-    model = AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=dtype, trust_remote_code=False)
-    return model.to(device).eval()
-
-
 def streamed_responses(token_ids: list[int], log_probs: list[float],
                        bos_token_id: int | None) -> list[tuple[list[int], list[float]]]:
     """A row's streamed tokens of one send, as the responses that carry them: a BOS heading more tokens goes
@@ -152,25 +142,25 @@ class _RowSink:
     Every response carries `output_ids` and `sequence_length`; the optional outputs appear only when the
     request asked for them (`return_*` inputs), `batch_index` only for a batched request, `sequence_index`
     never (one sequence per request) — as `ModelInstanceState::fillTritonResponse` does.
+
+    Threads: the engine's thread calls `scheduled`, `tokens`, `finish` and `cancelled`, and owns the token
+    times and `delivered`. The row's sends and its last response run on a sender (`sending.Outbox`: one at a
+    time, in order), which owns `streamed`. What crosses between them goes through the outbox's lock: the
+    tokens (with their log probs), and the row's end; the outbox's `failed` tells the engine to stop the row.
     """
 
     def __init__(self, state: RequestRows, row: EngineRow, batch_index: int, server_stopping: threading.Event,
-                 stream_interval: int = 1, post: Post = run_here, bos_token_id: int | None = None):
+                 senders: Senders, stream_interval: int = 1, bos_token_id: int | None = None):
         self.state = state
         self.bos_token_id = bos_token_id
-        self.post = post  # runs this row's sends in order: on a response lane, or here
         self.server_stopping = server_stopping  # set: every open row ends now, with ServerStopping
         self.row = row
         self.batch_index = batch_index
-        self.stream_interval = stream_interval
-        # Streamed tokens not yet sent, whether a send for them is queued on the lane, and how many were sent:
-        # written by the engine's thread and the lane's, under `pending_lock`.
-        self.pending_lock = threading.Lock()
-        self.pending: tuple[list[int], list[float]] = ([], [])
-        self.send_queued = False
-        self.streamed = 0
-        self.delivered = 0  # tokens the engine gave this row (the engine's thread alone)
-        self.send_failed = False  # a streamed response could not be sent: the engine drops the row
+        # Streamed tokens wait here while the row's send waits for a sender, and join it.
+        self.outbox: Outbox[tuple[list[int], list[float]]] = Outbox(senders, self._send_tokens,
+                                                                     interval=stream_interval)
+        self.streamed = 0  # tokens sent in streamed responses (the sender holding the row)
+        self.delivered = 0  # tokens the engine gave this row (the engine's thread)
         self.arrival_ns = _now_ns()
         self.scheduled_ns = self.first_token_ns = self.last_token_ns = 0
 
@@ -214,45 +204,34 @@ class _RowSink:
 
     def tokens(self, token_ids: list[int], log_probs: list[float]) -> None:
         """New tokens of a streaming row: sent at once when they are its first, else once `stream_interval`
-        of them wait (the rest go out with `finish`). Tokens that come while the row's last send still waits
-        on its lane join that send: a server slower than the engine gets fewer, longer responses instead of a
-        backlog, and an idle one gets every token as it comes."""
+        of them wait (the rest go out with `finish`). Tokens that come while the row's send waits for a sender
+        join that send: a server slower than the engine gets fewer, longer responses instead of a backlog, and
+        an idle one gets every token as it comes."""
         self._token_times()
         self.delivered += len(token_ids)
-        with self.pending_lock:
-            pending_ids, pending_log_probs = self.pending
-            pending_ids.extend(token_ids)
-            pending_log_probs.extend(log_probs)
-            if self.send_queued or (self.streamed and len(pending_ids) < self.stream_interval):
-                return
-            self.send_queued = True
-        self.post(self._send_pending)
+        self.outbox.add((token_ids, log_probs), size=len(token_ids))
 
-    def _send_pending(self) -> None:
-        with self.pending_lock:
-            (token_ids, log_probs), self.pending = self.pending, ([], [])
-            self.send_queued = False
-            self.streamed += len(token_ids)
-        self._send_streamed(streamed_responses(token_ids, log_probs, self.bos_token_id))
+    def _send_tokens(self, pieces: list[tuple[list[int], list[float]]]) -> bool:
+        """Every token that waited, in streamed responses none flagged final; False at the first not sent."""
+        token_ids = [token for ids, _ in pieces for token in ids]
+        log_probs = [value for _, values in pieces for value in values]
+        self.streamed += len(token_ids)
+        return self._send_streamed(streamed_responses(token_ids, log_probs, self.bos_token_id))
 
-    def _send_streamed(self, responses: list[tuple[list[int], list[float]]]) -> None:
-        """Streamed responses, none flagged final; the first that cannot be sent ends the sending."""
-        for token_ids, log_probs in responses:
-            if self.send_failed:
-                return
-            if not self.state.send(self._response(token_ids, log_probs), row_done=False):
-                self.send_failed = True
+    def _send_streamed(self, responses: list[tuple[list[int], list[float]]]) -> bool:
+        return all(self.state.send(self._response(token_ids, log_probs), row_done=False)
+                   for token_ids, log_probs in responses)  # all() stops at the first that was not sent
 
     def finish(self, result: GenerationResult | None, error: Exception | None) -> None:
         """The row's end: its last response, after every one sent before it (which may have taken tokens
         given after it was queued: the tokens not yet streamed are counted when the last response is made)."""
         if result is not None and result.token_ids[self.delivered:]:
             self._token_times()
-        cut_short = self.server_stopping.is_set()  # as the engine ended the row, not when its lane sends
-        self.post(lambda: self._finish(result, error, cut_short))
+        cut_short = self.server_stopping.is_set()  # as the engine ended the row, not when its sender sends
+        self.outbox.end(lambda _: self._finish(result, error, cut_short))  # the result holds every token
 
     def _finish(self, result: GenerationResult | None, error: Exception | None, cut_short: bool) -> None:
-        if error is None and self.send_failed:  # the client missed a chunk: end with an error, not a gap
+        if error is None and self.outbox.failed:  # the client missed a chunk: end with an error, not a gap
             error = ResponseSendError()
         if error is None and cut_short:  # the server was stopping: not a whole answer
             error = ServerStopping()
@@ -262,8 +241,7 @@ class _RowSink:
         if self.row.stream:  # the tokens not yet streamed (none after an end id), the last flagged final
             *heads, (tokens, log_probs) = streamed_responses(result.token_ids[self.streamed:],
                                                              result.log_probs[self.streamed:], self.bos_token_id)
-            self._send_streamed(heads)
-            if self.send_failed:
+            if not self._send_streamed(heads):
                 self.state.send(self.state.error_response(ResponseSendError()), row_done=True)
                 return
         elif self.row.exclude_input:
@@ -276,20 +254,15 @@ class _RowSink:
     def cancelled(self) -> bool:
         """The client went away, or a response could not be sent: either way the engine stops the row, and
         its finish tries once more to end the request (with what the row has). So does a server that stops."""
-        return self.send_failed or self.server_stopping.is_set() or self.state.cancelled()
+        return self.outbox.failed or self.server_stopping.is_set() or self.state.cancelled()
 
 
 class EngineService:
-    def __init__(self, pb_utils, settings: EngineSettings, engine=None):
+    def __init__(self, pb_utils, settings: EngineSettings, engine):
         self.pb_utils = pb_utils
         self.settings = settings
-        if engine is None:
-            from .transformers.inflight import InflightBatchingEngine  # torch: loaded only for the transformers engine
-
-            engine = InflightBatchingEngine(load_model(settings), settings.limits)
         self.engine = engine
-        self.lanes = (ResponseLanes(settings.response_lanes, LANE_DEPTH)
-                      if settings.response_lanes else None)
+        self.senders = Senders(settings.response_lanes, SEND_QUEUE_DEPTH, name="engine-send")
         self.metrics = None
         # Set when the stopping server's time for open requests is up (`drain`): the engine stops every row,
         # and each ends with ServerStopping.
@@ -358,8 +331,8 @@ class EngineService:
                     max_new_tokens=row.max_new_tokens, end_id=row.end_id, sampling=row.sampling,
                     stop_sequences=row.stop_sequences, bad_sequences=row.bad_sequences, stream=row.stream,
                     return_log_probs=row.return_log_probs, embedding_bias=row.embedding_bias,
-                    sink=_RowSink(state, row, index, self.server_stopping, self.settings.stream_interval,
-                                  self.lanes.lane() if self.lanes else run_here, self.settings.bos_token_id))
+                    sink=_RowSink(state, row, index, self.server_stopping, self.senders,
+                                  self.settings.stream_interval, self.settings.bos_token_id))
                 self.engine.validate(generation)
                 requests.append(generation)
         except Exception as error:  # noqa: BLE001 - every failure becomes this request's error response
@@ -373,8 +346,7 @@ class EngineService:
         if self.metrics is not None:
             self.metrics.stop()
         self.engine.shutdown()
-        if self.lanes is not None:  # after the engine, whose last rows end through them
-            self.lanes.close(LANE_CLOSE_S)
+        self.senders.close(SENDERS_CLOSE_S)  # after the engine, whose last rows end through them
 
 
 class EngineModel:
@@ -387,8 +359,8 @@ class EngineModel:
     METRICS = True  # publish the backend's nv_trt_llm_* families on Triton's /metrics
 
     def make_engine(self, args: dict, parameters: EngineParameters, settings: EngineSettings):
-        """The engine the service runs; None: the transformers engine (`InflightBatchingEngine`)."""
-        return None
+        """The engine the service runs: each engine model names its own (runtime/engine/<kind>/)."""
+        raise NotImplementedError
 
     def initialize(self, args):
         parameters = self.PARAMETERS.from_model_args(args)

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from tests.unit.runtime.engine.test_engine_thread_faults import PB_UTILS_STAND_IN, WAIT_S, Request, Sender
 from tritonforge.facts.contract import stop_request_inputs
 from tritonforge.facts.limits import EngineLimits
 from tritonforge.runtime.engine.generation import GenerationResult
@@ -17,8 +18,6 @@ from tritonforge.runtime.engine.service import EngineService, EngineSettings, _R
 from tritonforge.runtime.sending import Senders
 from tritonforge.runtime.text.tokenization import load_tokenizer
 from tritonforge.runtime.triton_adapter import RequestRows
-
-from .test_engine_thread_faults import PB_UTILS_STAND_IN, WAIT_S, Request, Sender
 
 PROMPT = [1, 2]
 REPLAYED = list(range(10, 50))  # the prompt's sum, 3, starts its answer at 13

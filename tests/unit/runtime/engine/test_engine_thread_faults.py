@@ -20,12 +20,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from tests.unit.pb_utils_stand_in import FINAL, PB_UTILS_STAND_IN
 from tritonforge.facts.contract import OUTPUT_IDS, stop_request_inputs
 from tritonforge.facts.limits import EngineLimits
 from tritonforge.runtime.engine.replay.engine import ReplayEngine
 from tritonforge.runtime.engine.service import EngineService, EngineSettings
-
-from .pb_utils_stand_in import FINAL, PB_UTILS_STAND_IN
 
 WAIT_S = 60
 
