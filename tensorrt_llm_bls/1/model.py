@@ -10,11 +10,11 @@ a client's cancel and a stop phrase both stop the engine's request. One instance
 import os
 
 import triton_python_backend_utils as pb_utils
-from tritonforge.runtime.bls.orchestrator import BlsOrchestrator, BlsSettings
 
 from tritonforge.facts.environment import ENGINE_GRPC_URL_ENV
 from tritonforge.facts.limits import EngineLimits
 from tritonforge.facts.model_parameters import BlsParameters
+from tritonforge.runtime.bls.orchestrator import BlsOrchestrator, BlsSettings
 from tritonforge.runtime.text.tokenization import tokenizer_only_process
 from tritonforge.runtime.triton_adapter import is_decoupled, resolve_path, start_heartbeat
 
