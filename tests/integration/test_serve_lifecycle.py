@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tritonforge.builder.build import BuildOptions, build
@@ -139,6 +140,54 @@ def test_a_second_serve_on_the_same_ports_is_refused_and_the_first_keeps_serving
 def test_generate_over_http_at_the_grpc_port_says_it_is_not_triton_http(serve):
     result = tritonforge("generate", "hi", "--protocol", "http", "--url", serve.url)
     assert_one_line(result, 1, f"no Triton server answers at {serve.url} (HTTP)")
+
+
+def test_eval_at_the_http_port_says_it_answers_http_not_grpc(serve, tiny_models):
+    """Triton's HTTP port closes a gRPC connection without a word ("Socket closed"): the client asks it in HTTP."""
+    url = f"127.0.0.1:{serve.http_port}"
+    result = tritonforge("eval", "--url", url, "--reference", str(tiny_models["bpe"]))
+    assert_one_line(result, 1, f"no Triton server answers at {url} (gRPC): it answers HTTP, not gRPC")
+
+
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_a_request_without_max_tokens_is_refused_naming_it_on_every_protocol(serve, model):
+    """Triton 2.51 runs no ensemble step whose required input is missing: without our optional max_tokens the
+    ensemble answered HTTP 200 with no text (gRPC: an empty final response), where the BLS named the field."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    for endpoint in ("generate", "generate_stream"):
+        request = urllib.request.Request(f"http://127.0.0.1:{serve.http_port}/v2/models/{model}/{endpoint}",
+                                         data=json.dumps({"text_input": "The server"}).encode())
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=60)
+        assert refused.value.code == 400, (endpoint, refused.value.read())
+        assert "max_tokens: is required" in refused.value.read().decode(), endpoint
+    assert grpc_answer(serve.url, model, {"text_input": np.array([[b"The server"]], dtype=np.object_)}) == \
+        "max_tokens: is required"
+
+
+def grpc_answer(url: str, model: str, inputs: dict) -> str | None:
+    """One request on a gRPC stream: the error its stream ends with, or None for a final response."""
+    import tritonclient.grpc as grpcclient
+
+    from tritonforge.clients.client import grpc_tensors, is_final
+
+    client = grpcclient.InferenceServerClient(url)
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        client.async_stream_infer(model, grpc_tensors(grpcclient, inputs), enable_empty_final_response=True)
+        while True:
+            result, error = answers.get(timeout=60)
+            if error is not None:
+                return str(error).removeprefix("in ensemble 'ensemble', ")
+            if is_final(result):
+                return None
+    finally:
+        client.stop_stream()
+        client.close()
 
 
 def test_tune_refuses_a_repository_that_a_running_serve_uses_and_changes_nothing(serve, repository):

@@ -128,6 +128,72 @@ def test_serve_on_a_port_in_use_says_which_before_starting_anything(repository):
     assert_one_line(result, 2, f"--grpc-port: 127.0.0.1:{port} is already in use")
 
 
+@pytest.mark.parametrize("flags, line", [
+    (("--http-port", "{a}", "--grpc-port", "{a}", "--metrics-port", "{b}"), "--grpc-port {a} is also --http-port"),
+    (("--http-port", "{a}", "--grpc-port", "{b}", "--metrics-port", "{a}"), "--metrics-port {a} is also --http-port"),
+    (("--http-port", "{a}", "--grpc-port", "{b}", "--metrics-port", "{c}", "--openai-port", "{a}"),
+     "--openai-port {a} is also --http-port"),
+], ids=["grpc", "metrics", "openai"])
+def test_serve_with_two_endpoints_on_one_port_is_refused_before_anything_starts(repository, flags, line):
+    """tritonserver itself exits with its usage text (the reason last); the OpenAI gateway would fail only after
+    the server loaded. One stderr line: no "starting tritonserver" before it."""
+    ports = {"a": free_port(), "b": free_port(), "c": free_port()}
+    result = tritonforge("serve", str(repository), *(flag.format(**ports) for flag in flags))
+    assert_one_line(result, 2, line.format(**ports))
+
+
+@pytest.fixture(scope="module")
+def pytorch_workflow_repository(tiny_models, tmp_path_factory) -> Path:
+    return build(BuildOptions(model=tiny_models["bpe"], output=tmp_path_factory.mktemp("llmapi") / "repo",
+                              engine="tensorrtllm-pytorch", max_input_len=64, max_seq_len=256))
+
+
+def test_serve_of_a_pytorch_workflow_repository_without_tensorrt_llm_says_so_before_starting(
+        pytorch_workflow_repository):
+    result = tritonforge("serve", str(pytorch_workflow_repository), "--http-port", str(free_port()), "--grpc-port",
+                         str(free_port()), "--metrics-port", str(free_port()))
+    assert_one_line(result, 1, "tensorrtllm-pytorch engine, and TensorRT-LLM is not installed here",
+                    "26.07-trtllm-python-py3")
+
+
+def test_serve_of_a_checkpoint_suggests_a_build_that_works(tiny_models, tmp_path):
+    checkpoint = tiny_models["bpe"]
+    line = assert_one_line(tritonforge("serve", str(checkpoint)), 2, "is a Hugging Face checkpoint")
+    suggested = line.split("`")[1].split()
+    assert suggested[:2] == ["tritonforge", "build"], line
+    started = time.monotonic()
+    built = subprocess.run([sys.executable, "-m", "tritonforge.cli", *suggested[1:]], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=ANSWER_WITHIN_S * 4)
+    assert built.returncode == 0, (line, built.stderr, time.monotonic() - started)
+    from tritonforge.serve.server import check_repository
+
+    assert check_repository(tmp_path / suggested[suggested.index("--output") + 1])
+
+
+def test_eval_without_a_server_says_none_answers_before_loading_the_reference(tiny_models):
+    port = closed_port()
+    result = tritonforge("eval", "--url", f"127.0.0.1:{port}", "--reference", str(tiny_models["bpe"]))
+    assert_one_line(result, 1, f"no Triton server answers at 127.0.0.1:{port}", "tritonforge serve")
+
+
+def test_eval_names_a_missing_or_malformed_prompt_file_and_its_line(tiny_models, tmp_path):
+    reference = str(tiny_models["bpe"])
+    missing = tmp_path / "missing.jsonl"
+    assert_one_line(tritonforge("eval", "--url", "127.0.0.1:1", "--reference", reference, "--prompts", str(missing)),
+                    2, f"{missing}: no such file")
+    malformed = tmp_path / "prompts.jsonl"
+    malformed.write_text('{"prompt": "The server"}\n{"prompt": "The"\n')
+    assert_one_line(tritonforge("eval", "--url", "127.0.0.1:1", "--reference", reference, "--prompts",
+                                str(malformed)), 2, f"{malformed}:2: not JSON")
+
+
+def test_demo_into_a_folder_of_other_files_is_refused_before_it_makes_a_model(tmp_path):
+    (tmp_path / "notes.txt").write_text("not the demo's")
+    result = tritonforge("demo", "--output", str(tmp_path))
+    assert_one_line(result, 2, f"{tmp_path} is not empty")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["notes.txt"]
+
+
 def test_bad_flag_values_are_one_line_usage_errors(repository):
     assert_one_line(tritonforge("serve", str(repository), "--http-port", "99999"), 2, "--http-port")
     assert_one_line(tritonforge("generate", "hi", "--max-tokens", "0"), 2, "--max-tokens")

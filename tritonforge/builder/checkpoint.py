@@ -26,11 +26,12 @@ def read_checkpoint_config(model: Path) -> dict:
 
 def check_checkpoint(options: BuildOptions, kind: EngineKind) -> dict:
     """Everything the build reads from the checkpoint, checked before anything is written: its config, its
-    tokenizer, and what the engine kind needs of it. Returns the config."""
+    tokenizer, and what the engine kind needs of it. Returns the config. A dry run plans from config.json and
+    writes the tokenizer, so it needs no weights (a download of a large model's small files is enough)."""
     from ..runtime.text.tokenization import load_tokenizer
 
     checkpoint_config = read_checkpoint_config(options.model)
-    patterns = kind.weight_patterns
+    patterns = () if options.dry_run else kind.weight_patterns
     weights = [path for pattern in patterns for path in options.model.glob(pattern)]
     if patterns and not any(path.is_file() for path in weights):
         found = sorted(path.name for path in options.model.glob("*.bin"))

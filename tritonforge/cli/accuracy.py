@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..facts.ports import host_port
 from ..facts.settings import add_arguments, given, positive_int
 
 
@@ -27,7 +28,8 @@ def add_parser(command) -> None:
     from ..tools.accuracy import Thresholds
 
     evaluation = command("eval", "does the served engine answer like its checkpoint?")
-    evaluation.add_argument("--url", required=True, help="Triton's gRPC address of the served repository")
+    evaluation.add_argument("--url", required=True, type=host_port,
+                            help="Triton's gRPC address of the served repository, HOST:PORT")
     evaluation.add_argument("--reference", type=Path, required=True, help="the Hugging Face checkpoint")
     evaluation.add_argument("--tokenizer", type=Path, default=None,
                             help="tokenizer folder (default: the checkpoint's; the repository's is preprocessing/"

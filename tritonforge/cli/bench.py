@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..facts.paths import PATH_MODELS, PATHS, path_list
-from ..facts.ports import LOCAL_GRPC_URL
+from ..facts.ports import LOCAL_GRPC_URL, host_port
 from ..facts.settings import add_arguments, given, positive_int, positive_ints, setting
 from ..runtime.text.tokenization import tokenizer_only_process
 from .arguments import LoadOptions, repository_tokenizer, require_tool, say
@@ -15,7 +15,7 @@ from .arguments import LoadOptions, repository_tokenizer, require_tool, say
 
 @dataclass(frozen=True, kw_only=True)
 class BenchOptions(LoadOptions):
-    url: str = setting(LOCAL_GRPC_URL, "gRPC host:port")
+    url: str = setting(LOCAL_GRPC_URL, "gRPC host:port", parse=host_port)
     paths: tuple[str, ...] = setting(PATHS, "comma-separated: " + ", ".join(
         path if PATH_MODELS[path] == path else f"{path} ({PATH_MODELS[path]})" for path in PATHS), parse=path_list)
     concurrency: tuple[int, ...] = setting((1, 8, 32, 128), "concurrent streams per point, comma-separated",

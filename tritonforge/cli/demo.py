@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..builder.build import build
+from ..builder.manifest import written_files
 from ..builder.options import BuildOptions
+from ..builder.repository import prepare_output
 from ..facts.settings import add_arguments, given, positive_int, setting
 from ..tools.tiny_model import TOKENIZER_FAMILIES
 from .arguments import say
@@ -29,6 +31,9 @@ def demo_command(args: argparse.Namespace) -> int:
     from ..tools.tiny_model import make_tiny_model
 
     options = DemoOptions(**given(args, DemoOptions))
+    if options.output is not None and options.output.exists() and written_files(options.output) is None:
+        # Refused by the build at once (not empty, and no earlier build's record), not after the tiny model.
+        prepare_output(options.output, force=False)
     # Its own work folder: a temporary one, removed at exit, unless --work-dir names one to keep.
     with tempfile.TemporaryDirectory(prefix="tritonforge-demo-") as temporary:
         work = options.work_dir or Path(temporary)

@@ -16,7 +16,7 @@ from ..facts.contract import (
     TOP_K,
     TOP_P,
 )
-from ..facts.ports import LOCAL_GRPC_URL, LOCAL_HTTP_URL
+from ..facts.ports import LOCAL_GRPC_URL, LOCAL_HTTP_URL, host_port
 from ..facts.settings import add_arguments, given, positive_int, setting
 
 
@@ -26,10 +26,12 @@ class GenerateOptions:
 
     stream: bool = setting(False, "print the text as it is generated")
     protocol: str = setting("grpc", "how to reach the server", choices=("grpc", "http"))
-    url: str | None = setting(None, f"host:port (default {LOCAL_GRPC_URL} gRPC, {LOCAL_HTTP_URL} HTTP)", parse=str)
+    url: str | None = setting(None, f"host:port (default {LOCAL_GRPC_URL} gRPC, {LOCAL_HTTP_URL} HTTP)",
+                              parse=host_port)
     model: str = setting(ENSEMBLE_MODEL, "which model answers", choices=(ENSEMBLE_MODEL, BLS_MODEL))
     max_tokens: int = setting(DEFAULT_MAX_TOKENS, "tokens to generate at most", parse=positive_int)
-    temperature: float | None = setting(None, "sampling temperature (default: greedy)", parse=float)
+    temperature: float | None = setting(None, "sampling temperature; the engine samples only with --top-k > 1 or "
+                                              "--top-p < 1, so alone it stays greedy", parse=float)
     top_k: int | None = setting(None, "sample from the k likeliest tokens", parse=int)
     top_p: float | None = setting(None, "sample from the smallest set of this mass", parse=float)
     seed: int | None = setting(None, "sampling seed", parse=int)

@@ -11,6 +11,7 @@ import logging
 import sys
 
 from ..builder.trtllm import EngineMismatch, TensorRTLLMMissing
+from ..gateway import GatewayFailed
 from ..tools.accuracy_gate import AccuracyGateFailed
 from . import accuracy, bench, build, demo, gateway, generate, make_tiny_model, probe, serve, tune
 from .arguments import RepositoryInUse, ToolMissing
@@ -73,7 +74,7 @@ def _exit_status(error: BaseException) -> int | None:
     if isinstance(error, (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError)):
         return 2
     if isinstance(error, (ServerError, ToolMissing, RepositoryInUse, TensorRTLLMMissing, EngineMismatch,
-                          AccuracyGateFailed, OSError)):
+                          AccuracyGateFailed, GatewayFailed, OSError)):
         return 1
     return None
 
@@ -82,9 +83,20 @@ def _advice(error: BaseException) -> str:
     """What to do, where the message does not say it."""
     from ..clients.client import ServerUnavailable
 
-    if isinstance(error, ServerUnavailable):
+    if isinstance(error, ServerUnavailable) and not error.listening:
         return "; is `tritonforge serve` running there? (start it in another terminal, or pass --url HOST:PORT)"
     return ""
+
+
+def one_line(error: BaseException) -> str:
+    """An error's message in one line: its first, and where that only announces what follows ("...:"), the
+    first line after it too (the reason, e.g. a log line); `-v` shows the rest."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    if lines[0].endswith(":") and len(lines) > 1:
+        return f"{lines[0]} {lines[1]}"
+    return lines[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,6 +116,5 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {type(error).__name__}: {error} (a bug: `tritonforge -v {args.command} ...` shows where)",
                   file=sys.stderr)
             return 1
-        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        print(f"error: {message}{_advice(error)}", file=sys.stderr)
+        print(f"error: {one_line(error)}{_advice(error)}", file=sys.stderr)
         return status

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 from ..clients.client import STOP_TIMEOUT_S
 from ..facts.contract import BLS_MODEL, ENSEMBLE_MODEL
-from ..facts.ports import LOCAL_GRPC_URL
+from ..facts.ports import LOCAL_GRPC_URL, host_port
 from ..facts.settings import add_arguments, given, positive_seconds, setting
 
 
 @dataclass(frozen=True, kw_only=True)
 class ProbeOptions:
-    url: str = setting(LOCAL_GRPC_URL, "gRPC host:port")
+    url: str = setting(LOCAL_GRPC_URL, "gRPC host:port", parse=host_port)
     model: str = setting(ENSEMBLE_MODEL, "which model answers", choices=(ENSEMBLE_MODEL, BLS_MODEL))
     timeout_s: float = setting(60.0, "how long a generation may take to answer, queueing included (a busy engine "
                                      f"queues the probe too); a timed-out probe then spends up to "

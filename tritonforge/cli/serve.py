@@ -39,8 +39,7 @@ def serve_command(args: argparse.Namespace) -> int:
     repository, options = args.repository, ServeOptions(**given(args, ServeOptions))
     models = check_repository(repository)
     world_size = check_repository_engine(repository)
-    check_ports_free(options.address, {"--http-port": options.http_port, "--grpc-port": options.grpc_port,
-                                       "--metrics-port": options.metrics_port, "--openai-port": options.openai_port})
+    check_ports_free(options.address, options.ports())
     server = TritonServer(repository, executable=options.tritonserver, http_port=options.http_port,
                           grpc_port=options.grpc_port, metrics_port=options.metrics_port, address=options.address,
                           log_verbose=options.log_verbose, world_size=world_size,

@@ -43,7 +43,7 @@ from ..facts.contract import (
     stop_request_inputs,
 )
 from ..facts.errors import AnsweredError, ErrorKind, grpc_status_kind
-from ..facts.ports import HTTP_PORT
+from ..facts.ports import GRPC_PORT, HTTP_PORT
 
 logger = logging.getLogger(__name__)
 
@@ -61,30 +61,56 @@ class GenerationError(AnsweredError):
 
 
 class ServerUnavailable(GenerationError):
-    """No server answers at the client's address: nothing listens there, or what listens is no Triton."""
+    """No server answers at the client's address: nothing listens there (`listening` False), or what listens
+    is no Triton, or speaks another protocol."""
 
-    def __init__(self, url: str, protocol: str, detail: str):
-        self.url = url
+    def __init__(self, url: str, protocol: str, detail: str, *, listening: bool = False):
+        self.url, self.listening = url, listening
         super().__init__(f"no Triton server answers at {url} ({protocol}): {detail}", ErrorKind.UNAVAILABLE)
 
 
-def _rpc_failure(url: str, code, details: str | None) -> GenerationError:
+# What gRPC says of a server that answers its HTTP/2 preface in HTTP/1 (a web server); Triton's HTTP port
+# closes the connection without a word ("Socket closed"), which only asking it in HTTP/1.1 tells apart.
+_HTTP1_ANSWERS = ("Failed parsing HTTP/2", "http1.x server")
+HTTP_PROBE_TIMEOUT_S = 2.0
+
+
+def answers_http(url: str, timeout_s: float = HTTP_PROBE_TIMEOUT_S) -> bool:
+    """Whether what listens at host:port answers an HTTP/1.1 request."""
+    import socket
+
+    host, _, port = url.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as connection:
+            connection.sendall(f"GET /v2/health/live HTTP/1.1\r\nHost: {url}\r\nConnection: close\r\n\r\n".encode())
+            return connection.recv(5) == b"HTTP/"
+    except (OSError, ValueError):
+        return False
+
+
+def _rpc_failure(url: str, code, details: str | None, *, probe_http: bool = False) -> GenerationError:
     """The error for a gRPC call that failed as a call (not an error the server answered): UNAVAILABLE is a
-    server that cannot be reached."""
+    server that cannot be reached; with `probe_http` (a blocking check, so not on an event loop) one that
+    turns out to answer HTTP is named as such."""
     import grpc
 
     name = code.name if isinstance(code, grpc.StatusCode) else str(code).removeprefix("StatusCode.")
     detail = (details or "").strip() or name
+    if name == "UNAVAILABLE" and (any(words in detail for words in _HTTP1_ANSWERS)
+                                  or probe_http and "Connection refused" not in detail and answers_http(url)):
+        return ServerUnavailable(url, "gRPC", f"it answers HTTP, not gRPC: is it the HTTP port? (Triton's gRPC "
+                                              f"port is {GRPC_PORT} unless set otherwise)", listening=True)
     if name == "UNAVAILABLE":  # gRPC's detail nests the cause last: "failed to connect ...: Connection refused"
         return ServerUnavailable(url, "gRPC", detail.rsplit(": ", 1)[-1].rstrip("] "))
     return GenerationError(f"{name}: {detail}", grpc_status_kind(name))
 
 
-def _callback_error(url: str, error) -> GenerationError:
+def stream_error(url: str, error, *, probe_http: bool = False) -> GenerationError:
     """A tritonclient stream callback's error: an RPC failure carries its status, an answered error none."""
     status = error.status() if hasattr(error, "status") else None
     if status:
-        return _rpc_failure(url, status, error.message() if hasattr(error, "message") else str(error))
+        return _rpc_failure(url, status, error.message() if hasattr(error, "message") else str(error),
+                            probe_http=probe_http)
     return GenerationError(str(error))
 
 
@@ -148,7 +174,7 @@ def check_serving(url: str, models: dict[str, str]) -> None:
         try:
             ready = client.is_server_ready(client_timeout=SERVING_CHECK_TIMEOUT_S)
         except InferenceServerException as error:
-            raise _callback_error(url, error) from None
+            raise stream_error(url, error, probe_http=True) from None
         if not ready:
             raise ServerUnavailable(url, "gRPC", "the server is not ready (still loading, or stopping)")
         for model, asked_by in models.items():
@@ -329,14 +355,14 @@ class GrpcClient:
                     _, error = responses.get(timeout=STOP_TIMEOUT_S)
                 except queue.Empty:
                     raise GenerationError(f"the gRPC stream to {self.url} failed before the request was sent") from None
-                raise _callback_error(self.url, error) from None
+                raise stream_error(self.url, error, probe_http=True) from None
             while True:
                 try:
                     result, error = responses.get(timeout=timeout_s)
                 except queue.Empty:
                     raise ResponseTimeout(self.model, timeout_s) from None
                 if error is not None:
-                    raise _callback_error(self.url, error)
+                    raise stream_error(self.url, error, probe_http=True)
                 if result.as_numpy(TEXT_OUTPUT) is not None:
                     yield _chunk_bytes(result.as_numpy(TEXT_OUTPUT))
                 if is_final(result):
@@ -466,7 +492,7 @@ class AsyncGrpcClient:
                     await wait_call_ended(stream)
                     return
         except InferenceServerException as error:
-            raise _callback_error(self.url, error) from None
+            raise stream_error(self.url, error) from None
         except grpc.RpcError as error:  # the call itself failed: tritonclient's aio stream passes these on
             failure = _rpc_failure(self.url, error.code(), error.details())
             finished = finished or isinstance(failure, ServerUnavailable)  # nothing to stop on no server
@@ -554,7 +580,7 @@ class HttpClient:
             raise ResponseTimeout(model or self.model, self.timeout_s) from None
         except (http.client.HTTPException, ConnectionError) as error:
             raise ServerUnavailable(address, "HTTP", f"what answers there speaks no HTTP/1.1 ({error!r}): is it "
-                                                     f"Triton's HTTP port?") from None
+                                                     f"Triton's HTTP port?", listening=True) from None
 
     def _stop_engine_request(self, request_id: str) -> None:
         scalars = {name: value.reshape(-1)[0].item() for name, value in stop_request_inputs().items()}
@@ -609,7 +635,7 @@ def _answer(response: http.client.HTTPResponse, address: str) -> dict:
         payload = None
     if not isinstance(payload, dict):
         raise ServerUnavailable(address, "HTTP", f"what answers is not Triton's generate endpoint (HTTP "
-                                                 f"{response.status}, {body[:60]!r})")
+                                                 f"{response.status}, {body[:60]!r})", listening=True)
     return payload
 
 

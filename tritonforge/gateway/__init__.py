@@ -10,3 +10,8 @@ Cut as vLLM's OpenAI entrypoint is:
 - `options`: `tritonforge openai`'s options, and running the app from them;
 - `workers`: several gateway processes sharing one port; `metrics`: its Prometheus metrics.
 """
+
+
+class GatewayFailed(RuntimeError):
+    """The gateway could not start (a worker that died before it served, a listener that never came up): the
+    message names the cause."""

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from ..facts.contract import BLS_MODEL, ENSEMBLE_MODEL
 from ..facts.environment import API_KEY_ENV
-from ..facts.ports import GRPC_PORT, LOOPBACK, OPENAI_PORT, port_number
+from ..facts.ports import GRPC_PORT, LOOPBACK, OPENAI_PORT, host_port, port_number
 from ..facts.settings import positive_int, setting
+from . import GatewayFailed
 from .metrics import MULTIPROCESS_DIR_ENV, forget_worker
 from .routes import create_app
 from .serving import DEFAULT_MODEL, SERVED_MODEL_NAME
@@ -34,7 +35,7 @@ def api_key_from_environment(explicit: str | None = None) -> str | None:
 class GatewayOptions:
     """What `tritonforge openai` takes (its flags are generated from these fields)."""
 
-    url: str = setting(help=f"Triton's gRPC address, e.g. localhost:{GRPC_PORT}")
+    url: str = setting(help=f"Triton's gRPC address, e.g. localhost:{GRPC_PORT}", parse=host_port)
     host: str = setting(LOOPBACK, "address to listen on")
     port: int = setting(OPENAI_PORT, "port to listen on", parse=port_number)
     model: str = setting(DEFAULT_MODEL, "what it calls", choices=(BLS_MODEL, ENSEMBLE_MODEL))
@@ -90,7 +91,7 @@ class GatewayThread:
         deadline = time.monotonic() + timeout_s
         while not self.server.started:
             if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError(f"the OpenAI gateway did not start on {self.base_url}")
+                raise GatewayFailed(f"the OpenAI gateway did not start on {self.base_url} (its error is above)")
             time.sleep(0.05)
         return self
 

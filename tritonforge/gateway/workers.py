@@ -11,7 +11,9 @@ open connections; each publishes its count in a shared array. A waiting connecti
 socket is level-triggered) until the least loaded one's event loop takes it. The check and the accept happen
 under one lock shared by the workers: without it two workers that both read the same counts both accept, and
 the counts drift apart. The parent process starts the
-workers, starts a new one in place of one that died, and stops them all on SIGINT or SIGTERM.
+workers, starts a new one in place of one that died after it served, and stops them all on SIGINT or SIGTERM; a
+worker that dies before it ever served (its app failing to build, say) stops them all, naming its error: its
+successor would fail the same way, for ever.
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ import multiprocessing
 import os
 import signal
 import socket
+import sys
 import time
 
 import uvicorn
+
+from . import GatewayFailed
 
 logger = logging.getLogger(__name__)
 
@@ -54,16 +59,21 @@ def serve_workers(make_app, *, host: str, port: int, workers: int, log_level: st
                   on_worker_exit=None, on_ready=lambda line: None) -> None:
     """Serve the ASGI app `make_app()` builds (a picklable callable: each worker builds its own) from `workers`
     processes on host:port until SIGINT or SIGTERM; `on_worker_exit(pid)` is called for a worker that died,
-    `on_ready(line)` once, when every worker takes connections."""
+    `on_ready(line)` once, when every worker takes connections. Raises GatewayFailed when a worker dies before
+    it served."""
     context = multiprocessing.get_context("spawn")
     counts = context.Array("i", [NOT_SERVING] * workers, lock=False)
+    served = context.Array("b", [0] * workers, lock=False)  # set by a worker once it takes connections
+    failures = context.SimpleQueue()  # (index, error) of a worker that could not start
     accepting = context.Lock()
     sock = listening_socket(host, port)
     stopping = False
 
     def start(index: int):
+        served[index] = 0
         process = context.Process(target=_worker_main, name=f"openai-gateway-{index}",
-                                  args=(index, sock, counts, accepting, os.getpid(), make_app, log_level))
+                                  args=(index, sock, counts, served, failures, accepting, os.getpid(), make_app,
+                                        log_level))
         process.start()
         return process
 
@@ -83,6 +93,9 @@ def serve_workers(make_app, *, host: str, port: int, workers: int, log_level: st
             for index, process in enumerate(processes):
                 if not process.is_alive() and not stopping:
                     counts[index] = NOT_SERVING
+                    if not served[index]:
+                        raise GatewayFailed(f"gateway worker {index} exited (status {process.exitcode}) before it "
+                                            f"served: {_failure_of(index, failures)}")
                     logger.error("gateway worker %d (pid %s) exited with %s; starting another", index,
                                  process.pid, process.exitcode)
                     if on_worker_exit is not None:
@@ -111,24 +124,38 @@ def _free_if_held_by_the_dead(accepting) -> None:
     accepting.release()
 
 
-def _worker_main(index: int, sock: socket.socket, counts, accepting, parent_pid: int, make_app,
+def _failure_of(index: int, failures) -> str:
+    """What the worker `index` reported before it exited, or where to look when it could not report."""
+    reported = {}
+    while not failures.empty():
+        worker, error = failures.get()
+        reported[worker] = error
+    return reported.get(index, "its error is above (uvicorn's log, or Python's traceback)")
+
+
+def _worker_main(index: int, sock: socket.socket, counts, served, failures, accepting, parent_pid: int, make_app,
                  log_level: str) -> None:
-    config = uvicorn.Config(make_app(), log_level=log_level)
-    BalancedServer(config, ConnectionBalancer(index, sock, counts, accepting), parent_pid).run()
+    try:
+        config = uvicorn.Config(make_app(), log_level=log_level)
+    except Exception as error:  # noqa: BLE001 - any error building the app: the parent stops the gateway with it
+        failures.put((index, f"{type(error).__name__}: {error}"))
+        sys.exit(1)
+    BalancedServer(config, ConnectionBalancer(index, sock, counts, accepting), parent_pid, served).run()
 
 
 class BalancedServer(uvicorn.Server):
     """uvicorn's server without a listener of its own: its startup runs the app's lifespan (`sockets=[]`),
     then its balancer takes connections from the shared socket; its shutdown closes them as uvicorn does."""
 
-    def __init__(self, config, balancer: ConnectionBalancer, parent_pid: int):
+    def __init__(self, config, balancer: ConnectionBalancer, parent_pid: int, served):
         super().__init__(config)
-        self.balancer, self.parent_pid = balancer, parent_pid
+        self.balancer, self.parent_pid, self.served = balancer, parent_pid, served
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets=[])
         if not self.should_exit:
             self.balancer.start(self)
+            self.served[self.balancer.index] = 1
 
     async def on_tick(self, counter: int) -> bool:
         self.balancer.publish()  # so that closed connections count off without waiting for a new one

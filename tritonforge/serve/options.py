@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..facts.contract import BLS_MODEL, ENSEMBLE_MODEL
-from ..facts.ports import GRPC_PORT, HTTP_PORT, LOOPBACK, METRICS_PORT, port_number
+from ..facts.ports import GRPC_PORT, HTTP_PORT, LOOPBACK, METRICS_PORT, check_distinct_ports, port_number
 from ..facts.settings import setting
 from ..gateway.options import API_KEY_HELP
 from ..gateway.serving import DEFAULT_MODEL as OPENAI_DEFAULT_MODEL
@@ -35,3 +35,11 @@ class ServeOptions:
     log_file: Path | None = setting(None, "tritonserver's log, kept after exit (default: a temporary file removed "
                                           "at exit)", parse=Path)
     open_apis: bool = setting(False, "leave model-config, statistics, ... unrestricted (perf_analyzer reads them)")
+
+    def __post_init__(self):
+        check_distinct_ports(self.ports())
+
+    def ports(self) -> dict[str, int | None]:
+        """The ports it listens on, by their flags (the OpenAI API's only when asked for)."""
+        return {"--http-port": self.http_port, "--grpc-port": self.grpc_port, "--metrics-port": self.metrics_port,
+                "--openai-port": self.openai_port}

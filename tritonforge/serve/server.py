@@ -47,6 +47,7 @@ from ..facts.environment import (
     STOPPING_FILE,
     TRITONSERVER_ENV,
 )
+from ..facts.ports import check_distinct_ports
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,12 @@ _PR_SET_PDEATHSIG = 1
 # is that wedge: the start kills the server and tries once more.
 STUB_WEDGE_S = 3.0
 STUB_FAILED = "Failed to initialize Python stub"
+# tritonserver's log: a model's load failure (its name, its error), a line that reports an error, and the
+# prefix of its own lines (severity, date, time, thread, source).
+_LOAD_FAILURE = re.compile(r"failed to load '([^']+)' version \d+: (.*?)\"?$")
+_ERROR_LINE = re.compile(r"\bE\d{4}|error|Error|Traceback|terminate called|what\(\)|Signal \(\d+\)|"
+                         r"Invalid option|unrecognized option|Unexpected argument")
+_LOG_PREFIX = re.compile(r"^[EWI]\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] ")
 
 
 class ServerError(RuntimeError):
@@ -124,16 +131,31 @@ def check_repository(repository: Path) -> list[str]:
     if not repository.is_dir():
         raise RepositoryError(f"{repository} is not a folder: pass the folder `tritonforge build` wrote")
     models = sorted(child.name for child in repository.iterdir() if (child / "config.pbtxt").is_file())
-    if not models:
-        raise RepositoryError(f"{repository} holds no model (no <model>/config.pbtxt): it is not a model "
-                              f"repository; build one with `tritonforge build --model CHECKPOINT --output "
-                              f"{repository}`")
-    return models
+    if models:
+        return models
+    if (repository / "config.json").is_file():
+        output = _repository_beside(repository)
+        raise RepositoryError(f"{repository} is a Hugging Face checkpoint, not a model repository: build one from it "
+                              f"with `tritonforge build --model {repository} --output {output}`, then serve {output}")
+    # The build writes only into an empty or new folder.
+    output = repository if not any(repository.iterdir()) else _repository_beside(repository)
+    raise RepositoryError(f"{repository} holds no model (no <model>/config.pbtxt): it is not a model repository; "
+                          f"build one with `tritonforge build --model CHECKPOINT --output {output}`")
+
+
+def _repository_beside(folder: Path) -> Path:
+    """Where to build a repository for a folder that cannot hold one (a checkpoint, a folder of other files):
+    the build's default folder, unless this one is, or holds, the working directory."""
+    folder, cwd = folder.resolve(), Path.cwd().resolve()
+    if cwd == folder or folder in cwd.parents:
+        return folder.parent / f"{folder.name}-repository"
+    return Path("model_repository")
 
 
 def check_ports_free(address: str, ports: dict[str, int]) -> None:
-    """Refuse to start on a port something already listens on: the server would fail to bind, and a readiness
-    check could reach the other server."""
+    """Refuse to start on a port something already listens on, or on one port twice: the server would fail to
+    bind, and a readiness check could reach the other server."""
+    check_distinct_ports(ports)
     for name, port in ports.items():
         if not port:
             continue
@@ -505,11 +527,13 @@ class TritonServer:
                     raise PortInUse(f"tritonserver could not listen on its ports (HTTP {self.http_port}, gRPC "
                                     f"{self.grpc_port}, metrics {self.metrics_port}): one is already in use")
                 code = self._process.returncode
+                # The first line says why (the CLI shows it alone); the log lines around it follow.
                 if code < 0:
                     crash = signal.strsignal(-code) or f"signal {-code}"
-                    raise CrashedWhileLoading(f"tritonserver crashed while loading ({crash}):\n"
-                                              f"{self.failure_summary()}")
-                raise ServerError(f"tritonserver exited with code {code}:\n{self.failure_summary()}")
+                    raise CrashedWhileLoading(f"tritonserver crashed while loading ({crash}): "
+                                              f"{self.failure_reason()}\n{self.failure_summary()}")
+                raise ServerError(f"tritonserver exited with code {code}: {self.failure_reason()}\n"
+                                  f"{self.failure_summary()}")
             try:
                 with urllib.request.urlopen(url, timeout=2) as response:
                     if response.status == 200:
@@ -527,15 +551,31 @@ class TritonServer:
             return self.log_path.read_text(errors="replace")
         return self._final_log  # the log of a stopped server whose work folder is gone
 
+    def failure_reason(self, max_chars: int = 400) -> str:
+        """The one log line that says why the server stopped, without Triton's prefix: the first model that
+        failed to load and its error (Triton's later lines repeat it, or blame the models that needed it), else
+        the last error line, else the last line (tritonserver refusing its command line prints only that)."""
+        lines = [line for line in self.log_text().splitlines() if not line.startswith(USAGE_TEXT_INDENTS)]
+        for line in lines:
+            failed = _LOAD_FAILURE.search(line)
+            if failed:
+                # Triton quotes the message, a Python model's traceback in it as escaped newlines.
+                message = failed.group(2).split("\\n")[0]
+                reason = f"{failed.group(1)} failed to load: {message}"
+                break
+        else:
+            errors = [line for line in lines if _ERROR_LINE.search(line)]
+            chosen = errors or [line for line in lines if line.strip()]
+            reason = _LOG_PREFIX.sub("", chosen[-1]).strip().strip('"') if chosen else "its log is empty"
+        return reason if len(reason) <= max_chars else reason[:max_chars] + " ..."
+
     def failure_summary(self, max_lines: int = 20, max_chars: int = 600) -> str:
         """The log lines that say why (model load failures first, else errors, else the tail), shortened."""
         # tritonserver's usage text (printed when it refuses an option) would bury that option's line.
         lines = [line for line in self.log_text().splitlines() if not line.startswith(USAGE_TEXT_INDENTS)]
         failing = [line for line in lines if re.search(r"failed to load|UNAVAILABLE", line)]
         # A crash: C++'s uncaught-exception line with its what(), and Triton's "Signal (6) received."
-        errors = [line for line in lines
-                  if re.search(r"\bE\d{4}|error|Error|Traceback|terminate called|what\(\)|Signal \(\d+\)|"
-                               r"Invalid option|unrecognized option|Unexpected argument", line)]
+        errors = [line for line in lines if _ERROR_LINE.search(line)]
         chosen = (failing or errors or lines)[-max_lines:]
         return "\n".join(line if len(line) <= max_chars else line[:max_chars] + " ..." for line in chosen)
 

@@ -141,8 +141,8 @@ class Supervisor:
             except ServerError as error:
                 failures += 1
                 if failures >= self.max_failed_starts:
-                    raise ServerError(f"tritonserver did not come back in {failures} attempts in a row; giving up "
-                                      f"(the last: {error})") from None
+                    raise ServerError(f"tritonserver did not come back in {failures} attempts in a row; giving up; "
+                                      f"the last: {error}") from None
                 logger.error("tritonserver did not come back (%s); next attempt in %.0f s", error, backoff)
                 stop.wait(backoff)
                 backoff = min(backoff * 2, self.max_backoff_s)

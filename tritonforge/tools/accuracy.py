@@ -26,7 +26,16 @@ from pathlib import Path
 
 import numpy as np
 
-from ..clients.client import grpc_tensors, is_final
+from ..clients.client import (
+    RESPONSE_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    GenerationError,
+    ResponseTimeout,
+    check_serving,
+    grpc_tensors,
+    is_final,
+    stream_error,
+)
 from ..facts.contract import (
     END_ID,
     ENGINE_MODEL,
@@ -96,11 +105,25 @@ def _fmt(value: float | None) -> str:
 
 
 def load_jsonl(path: Path, required: tuple[str, ...]) -> list[dict]:
+    """The rows of a JSONL file, each an object with the `required` keys; a mistake is named by file and line."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such file (a JSONL file of {{{', '.join(map(repr, required))}: ...}} "
+                                f"objects, one a line)") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: cannot be read as UTF-8 text ({error})") from None
     rows = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        row = json.loads(line)
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: not JSON ({error.msg}, column {error.colno})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{number}: expected a JSON object with {list(required)}, got "
+                             f"{type(row).__name__}")
         missing = [key for key in required if key not in row]
         if missing:
             raise ValueError(f"{path}:{number}: missing {missing}")
@@ -166,6 +189,8 @@ class Served:
                   END_ID: np.array([[self.end_id]], dtype=np.int32),  # as preprocessing sends it
                   RUNTIME_TOP_K: np.array([[1]], dtype=np.int32),
                   RETURN_LOG_PROBS: np.array([[True]]), STREAMING: np.array([[False]])}
+        from tritonclient.utils import InferenceServerException
+
         inputs = grpc_tensors(self.grpc, arrays)
         client = self.grpc.InferenceServerClient(self.url)
         answers: queue.Queue = queue.Queue()
@@ -173,11 +198,22 @@ class Served:
         ids: list[int] = []
         log_probs: list[float] = []
         try:
-            client.async_stream_infer(self.model, inputs, enable_empty_final_response=True)
+            try:
+                client.async_stream_infer(self.model, inputs, enable_empty_final_response=True)
+            except InferenceServerException:
+                # The stream failed before the request went out (the server gone): its callback has the cause.
+                try:
+                    _, error = answers.get(timeout=STOP_TIMEOUT_S)
+                except queue.Empty:
+                    raise GenerationError(f"the gRPC stream to {self.url} failed before the request was sent") from None
+                raise stream_error(self.url, error, probe_http=True) from None
             while True:
-                result, error = answers.get(timeout=300)
+                try:
+                    result, error = answers.get(timeout=RESPONSE_TIMEOUT_S)
+                except queue.Empty:
+                    raise ResponseTimeout(self.model, RESPONSE_TIMEOUT_S) from None
                 if error is not None:
-                    raise RuntimeError(f"the served engine answered: {error}")
+                    raise stream_error(self.url, error, probe_http=True)
                 output_ids = result.as_numpy(OUTPUT_IDS)
                 if output_ids is not None:
                     length = int(result.as_numpy(SEQUENCE_LENGTH).reshape(-1)[0])
@@ -206,9 +242,11 @@ def run_eval(url: str, checkpoint: Path, tokenizer_dir: Path, *, prompts_path: P
     """The whole check: load the prompt sets, the repository's tokenizer and the reference; evaluate."""
     from ..runtime.text.tokenization import default_end_id, load_tokenizer
 
-    tokenizer = load_tokenizer(tokenizer_dir)
+    # What can be checked at once goes before the reference model loads (seconds to minutes).
     prompts = load_jsonl(prompts_path or DEFAULT_PROMPTS, ("prompt",))
     choices = load_jsonl(choices_path, ("question", "choices", "answer")) if choices_path else None
+    check_serving(url, {model: "--url"})
+    tokenizer = load_tokenizer(tokenizer_dir)
     served = Served(url, default_end_id(tokenizer), model)
     return evaluate(served, Reference(checkpoint, tokenizer), tokenizer, prompts, tokens=tokens,
                     thresholds=thresholds, choices=choices)

@@ -20,14 +20,40 @@ def test_no_flags_give_the_dataclasses_defaults():
 
 
 def test_each_flag_lands_on_its_field():
-    options = options_of("--output", "out", "--engine", "replay", "--frontends", "bls", "--max-batch-size", "4",
+    options = options_of("--output", "out", "--engine", "tensorrtllm", "--frontends", "bls", "--max-batch-size", "4",
                          "--max-input-len", "64", "--max-seq-len", "128", "--no-kv-cache-reuse", "--chunked-context",
                          "--cuda-graphs", "--gpu-memory-gib", "79.6", "--target-triton", "2.51", "--dry-run",
-                         "--replay-step-ms", "20", "--calib-dataset", "calib", "--accuracy-gate", "prompts.jsonl")
+                         "--tp-size", "2", "--calib-dataset", "calib", "--accuracy-gate", "prompts.jsonl")
     assert options == BuildOptions(
-        model=Path("ckpt"), output=Path("out"), engine="replay", frontends=("bls",), max_batch_size=4,
+        model=Path("ckpt"), output=Path("out"), engine="tensorrtllm", frontends=("bls",), max_batch_size=4,
         max_input_len=64, max_seq_len=128, enable_kv_cache_reuse=False, enable_chunked_context=True, cuda_graphs=True,
-        gpu_memory_gib=79.6, target_triton=(2, 51), dry_run=True, replay_step_ms=20.0, calib_dataset="calib")
+        gpu_memory_gib=79.6, target_triton=(2, 51), dry_run=True, tp_size=2, calib_dataset="calib")
+    assert options_of("--engine", "replay", "--replay-step-ms", "20").replay_step_ms == 20.0
+
+
+@pytest.mark.parametrize("engine", ["transformers", "replay"])
+@pytest.mark.parametrize("flags, flag, owners", [
+    (["--tp-size", "3"], "--tp-size", "tensorrtllm or tensorrtllm-pytorch"),
+    (["--pp-size", "2"], "--pp-size", "tensorrtllm or tensorrtllm-pytorch"),
+    (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype", "tensorrtllm or tensorrtllm-pytorch"),
+    (["--chunked-context"], "--chunked-context", "tensorrtllm or tensorrtllm-pytorch"),
+    (["--quantization", "int8_wo"], "--quantization", "tensorrtllm"),
+    (["--dry-run"], "--dry-run", "tensorrtllm"),
+    (["--gpu-memory-gib", "80"], "--gpu-memory-gib", "tensorrtllm"),
+])
+def test_an_option_the_engine_would_ignore_is_refused_naming_the_engines_that_read_it(engine, flags, flag, owners):
+    refusal = f"^{flag} is for --engine {owners} only: the {engine} engine would ignore it$"
+    with pytest.raises(ValueError, match=refusal):
+        options_of("--engine", engine, *flags)
+
+
+def test_the_llm_api_takes_the_parallelism_the_engine_build_takes_but_not_its_dry_run():
+    assert options_of("--engine", "tensorrtllm-pytorch", "--tp-size", "2", "--pp-size", "2").tp_size == 2
+    with pytest.raises(ValueError, match="^--dry-run is for --engine tensorrtllm only"):
+        options_of("--engine", "tensorrtllm-pytorch", "--dry-run")
+    # A kind's own word comes first: the LLM API reads the quantization from the checkpoint.
+    with pytest.raises(ValueError, match="reads the quantization from the checkpoint"):
+        options_of("--engine", "tensorrtllm-pytorch", "--quantization", "fp8")
 
 
 def test_the_gate_flags_land_on_the_gate_options():

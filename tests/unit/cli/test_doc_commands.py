@@ -222,6 +222,27 @@ def test_the_readme_has_commands_to_check():
     assert any(command.split()[0].endswith("tritonforge") for command in commands), commands
 
 
+SECOND_TERMINAL = "from a second terminal:"
+
+
+def _second_terminal_block(markdown: str) -> list[str]:
+    """The indented lines right after the prose that sends the reader to a second terminal."""
+    block = []
+    for line in markdown.split(SECOND_TERMINAL, 1)[1].splitlines()[1:]:
+        if line.startswith("    "):
+            block.append(line.strip())
+        elif line.strip() or block:
+            break
+    return block
+
+
+@pytest.mark.parametrize("document", ["README.md", "docs/guides/quickstart.md"])
+def test_the_second_terminal_talks_to_the_serve_the_first_started(document):
+    """A second `serve` there would find the first one's ports taken."""
+    block = _second_terminal_block((SOURCE_ROOT / document).read_text())
+    assert block and not [line for line in block if re.search(r"tritonforge serve\b", line)], block
+
+
 SAMPLE = """\
 Run it:
 

@@ -58,3 +58,16 @@ def test_bench_exits_1_when_any_point_had_failed_requests(tiny_models, tmp_path,
     monkeypatch.setattr(benchmark, "measure_server", lambda *args, **kwargs: rows)
     monkeypatch.setattr(benchmark, "markdown", lambda result: "the table")
     assert main(["bench", str(repository), "--paths", "direct,ensemble", "--concurrency", "1"]) == status
+
+
+@pytest.mark.parametrize("message, line", [
+    ("tritonserver crashed while loading (Aborted):\nterminate called after throwing\nSignal (6) received.",
+     "tritonserver crashed while loading (Aborted): terminate called after throwing"),
+    ("tritonserver exited with code 1: the reason\nthe log lines", "tritonserver exited with code 1: the reason"),
+    ("", "ServerError"),
+])
+def test_an_error_is_one_line_that_keeps_the_reason_its_first_line_announces(message, line):
+    from tritonforge.cli.main import one_line
+    from tritonforge.serve.server import ServerError
+
+    assert one_line(ServerError(message)) == line

@@ -43,3 +43,28 @@ def test_a_bad_generate_flag_is_refused_by_the_parser(flags, capsys):
     with pytest.raises(SystemExit):
         make_parser().parse_args(["generate", "hi", *flags])
     assert flags[0] in capsys.readouterr().err
+
+
+def test_help_says_a_temperature_alone_stays_greedy(capsys):
+    """The engine samples only with top_k or top_p (runtime/engine/sampling.py): the flag's help says so."""
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["generate", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--temperature TEMPERATURE sampling temperature; the engine samples only with --top-k > 1 or --top-p < 1, " \
+           "so alone it stays greedy" in help_text
+
+
+@pytest.mark.parametrize("command", [["generate", "hi"], ["probe"], ["bench", "repo"], ["openai"],
+                                     ["eval", "--reference", "ckpt"]])
+@pytest.mark.parametrize("url, address", [("http://127.0.0.1:8001", "127.0.0.1:8001"),
+                                          ("grpc://localhost:8001/", "localhost:8001"), ("[::1]:8001", "[::1]:8001")])
+def test_a_url_with_a_scheme_is_taken_as_its_address(command, url, address):
+    assert make_parser().parse_args([*command, "--url", url]).url == address
+
+
+@pytest.mark.parametrize("url", ["https://127.0.0.1:8001", "localhost", "127.0.0.1:8001/v2", "127.0.0.1:port"])
+def test_an_address_that_is_not_host_and_port_is_refused_in_one_line(url, capsys):
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["generate", "hi", "--url", url])
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and f"argument --url: expected HOST:PORT, e.g. 127.0.0.1:8001, got {url!r}" in error

@@ -98,6 +98,45 @@ def test_a_failure_summary_names_the_option_tritonserver_refused_not_its_usage_t
     assert server.failure_summary() == "Invalid option value. Got abc"
 
 
+# Triton 2.51's lines for a Python model that raised in `initialize` (quoted, its traceback escaped), and for the
+# models that then fail or stop with it.
+ENGINE_LOAD_FAILURE = (
+    'E1206 12:44:36.816327 30542 model_lifecycle.cc:642] "failed to load \'tensorrt_llm\' version 1: Internal: '
+    'LlmApiMissing: TensorRT-LLM is not installed here\\n\\nAt:\\n  /x/engine.py(62): load_llm_api\\n"\n'
+    'I1206 12:44:36.816366 30542 model_lifecycle.cc:777] "failed to load \'tensorrt_llm\'"\n'
+    'E1206 12:44:36.9 30542 model_lifecycle.cc:642] "failed to load \'ensemble\' version 1: Invalid argument: '
+    'ensemble \'ensemble\' depends on \'tensorrt_llm\' which has no loaded version"\n'
+    'error: creating server: Internal - failed to load all models\n')
+
+
+@pytest.mark.parametrize("log, reason", [
+    (ENGINE_LOAD_FAILURE, "tensorrt_llm failed to load: Internal: LlmApiMissing: TensorRT-LLM is not installed here"),
+    ("Vertex:\n\nMetrics:\n  --metrics-port <integer>\n\tThe port.\n\nThe server cannot listen to HTTP requests "
+     "and GRPC requests at the same address and port 127.0.0.1:8100\n",
+     "The server cannot listen to HTTP requests and GRPC requests at the same address and port 127.0.0.1:8100"),
+    ("I1 starting\nE1206 12:00:00.1 7 server.cc:1] \"some error\"\nI2 end\n", "some error"),
+])
+def test_the_reason_a_server_stopped_is_one_line_without_tritons_prefix(server, tmp_path, log, reason):
+    server.log_path = tmp_path / "log"
+    server.log_path.write_text(log)
+    assert server.failure_reason() == reason
+
+
+def test_a_server_that_exits_while_loading_says_why_on_the_first_line_of_its_error(tmp_path):
+    """What `tritonforge serve` prints alone: tritonserver's usage text, then its reason, once it has exited."""
+    executable = tmp_path / "bin" / "tritonserver"
+    executable.parent.mkdir()
+    executable.write_text("#!/bin/sh\nprintf 'Usage: tritonserver\\n  --grpc-port <integer>\\n\\nThe server cannot "
+                          "listen to HTTP requests and GRPC requests at the same address and port x\\n'\nexit 1\n")
+    executable.chmod(executable.stat().st_mode | stat.S_IEXEC)
+    (tmp_path / "repo" / "model").mkdir(parents=True)
+    (tmp_path / "repo" / "model" / "config.pbtxt").write_text("")
+    with pytest.raises(launcher.ServerError) as failed:
+        TritonServer(tmp_path / "repo", executable=str(executable)).start()
+    assert str(failed.value).splitlines()[0] == ("tritonserver exited with code 1: The server cannot listen to HTTP "
+                                                 "requests and GRPC requests at the same address and port x")
+
+
 def test_a_server_not_ready_in_time_names_the_models_still_loading(server, tmp_path):
     """Triton's own lifecycle lines: a model whose load began and neither succeeded nor failed is still loading."""
     server.log_path = tmp_path / "log"
@@ -203,6 +242,30 @@ def test_a_folder_of_folders_without_model_configs_is_no_repository(tmp_path):
     (tmp_path / "checkpoint" / "model").mkdir()
     (tmp_path / "checkpoint" / "model" / "config.pbtxt").write_text("")
     assert check_repository(tmp_path / "checkpoint") == ["model"]
+
+
+def test_a_folder_that_is_no_repository_is_answered_with_a_build_that_would_write_it(tmp_path, monkeypatch):
+    """The build refuses an output that is, holds or sits in the checkpoint, and a non-empty folder it did not
+    write: what `serve` suggests avoids both."""
+    from tritonforge.serve.server import RepositoryError, check_repository
+
+    checkpoint, empty, other = tmp_path / "ckpt", tmp_path / "empty", tmp_path / "other"
+    for folder in (checkpoint, empty, other):
+        folder.mkdir()
+    (checkpoint / "config.json").write_text("{}")
+    (other / "notes.txt").write_text("")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RepositoryError, match=f"^{checkpoint} is a Hugging Face checkpoint, not a model repository: "
+                                              f"build one from it with `tritonforge build --model {checkpoint} "
+                                              f"--output model_repository`, then serve model_repository$"):
+        check_repository(checkpoint)
+    with pytest.raises(RepositoryError, match=f"--output {empty}`$"):
+        check_repository(empty)
+    with pytest.raises(RepositoryError, match="--output model_repository`$"):
+        check_repository(other)
+    monkeypatch.chdir(checkpoint)  # model_repository would sit inside the checkpoint
+    with pytest.raises(RepositoryError, match=f"--output {tmp_path.resolve() / 'ckpt-repository'}`"):
+        check_repository(Path("."))
 
 
 def test_the_runs_serving_a_repository_are_those_whose_record_names_it(tmp_path):
