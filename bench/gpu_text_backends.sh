@@ -7,15 +7,19 @@
 #   cpp, 1 instance, unordered      one instance keeps each stream's order without preserve_ordering
 # Each point is profiled (CPU by process, Triton's statistics) and every stream checked against its
 # non-streamed answer. Needs tritonserver, perf_analyzer and g++ on PATH.
-# Usage: bash bench/gpu_text_backends.sh RESULTS_DIR [--step-ms MS] [extra options of bench/pipeline.py]
+# Usage: bash bench/gpu_text_backends.sh RESULTS_DIR [--step-ms MS] [--variants "BACKEND:INSTANCES:ORDER ..."]
+#          [extra options of bench/pipeline.py, e.g. --paths direct,ensemble,bls --stream-interval 3]
+# The text backend chooses the BLS's backend too where the build has a C++ one for it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 results=${1:-bench/results}; shift || true
 step_ms=4.25
 if [ "${1:-}" = "--step-ms" ]; then step_ms=$2; shift 2; fi
+variants="python:8:ordered cpp:8:ordered cpp:1:unordered"
+if [ "${1:-}" = "--variants" ]; then variants=$2; shift 2; fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-for variant in "python 8 ordered" "cpp 8 ordered" "cpp 1 unordered"; do
-  read -r backend instances order <<< "$variant"
+for variant in $variants; do
+  IFS=: read -r backend instances order <<< "$variant"
   extra=()
   if [ "$order" = "unordered" ]; then extra=(--postprocessing-unordered); fi
   python3 -u bench/pipeline.py --engines replay --replay-native --replay-step-ms "$step_ms" --tool perf_analyzer \

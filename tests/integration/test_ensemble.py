@@ -291,11 +291,13 @@ def test_probe_says_a_serving_server_is_live(served):
 
 
 def test_the_tokenizer_stubs_never_load_torch_and_the_engine_stub_does(served):
-    """Preprocessing, postprocessing and the BLS only tokenize: their stubs load transformers without torch
+    """Preprocessing and the BLS only tokenize: their stubs load transformers without torch
     (tokenization.tokenizer_only_process), where the transformers engine's stub runs the model on it; and
-    postprocessing, which reads the byte table the build saved, loads no tokenizer library at all."""
+    postprocessing is the C++ detokenizer the build compiled, no Python stub at all (its Python twin loads no
+    tokenizer library: test_native_postprocessing.py)."""
     server, _ = served
     maps = {model: Path(f"/proc/{pid}/maps").read_text() for pid, model in all_stub_pids(server.pid).items()}
-    assert {"preprocessing", "postprocessing", "tensorrt_llm_bls", "tensorrt_llm"} <= set(maps), maps.keys()
+    assert {"preprocessing", "tensorrt_llm_bls", "tensorrt_llm"} <= set(maps), maps.keys()
+    assert "postprocessing" not in maps
     assert sorted(model for model, text in maps.items() if "libtorch" in text) == ["tensorrt_llm"]
-    assert "tokenizers" in maps["preprocessing"] and "tokenizers" not in maps["postprocessing"]
+    assert "tokenizers" in maps["preprocessing"]

@@ -35,8 +35,10 @@ STEP_MS = 20  # the replay engine's step: a 900-token stream lasts 18 s, far pas
 def supervised(tiny_models, tmp_path_factory):
     # The replay engine: what is under test is the pipeline around a dying stub, not the tokens; a transformers
     # engine would spend the machine's CPU generating the open streams and loading torch at every restart.
+    # The Python postprocessing: its stub is one of the victims.
     repository = build(BuildOptions(model=tiny_models["bpe"], output=tmp_path_factory.mktemp("faults") / "repo",
                                     engine="replay", replay_step_ms=STEP_MS, max_input_len=64, max_seq_len=1024,
+                                    text_backend="python",
                                     max_batch_size=STREAMS, serving=lean_serving(postprocessing_instances=2)))
     supervisor = Supervisor(TritonServer(repository), period_s=0.2, probe_period_s=0.5, wedged_after_s=WEDGED_AFTER_S)
     supervisor.start()

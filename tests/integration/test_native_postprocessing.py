@@ -22,6 +22,7 @@ from tritonforge.builder.repository import tokenizer_dir
 from tritonforge.clients.client import GenerateRequest, GrpcClient
 from tritonforge.facts.contract import POST_OUTPUT, POST_SEQUENCE_LENGTH, POST_TOKENS_BATCH, POSTPROCESSING_MODEL
 from tritonforge.runtime.text.detokenization import TABLE_FILE, TokenBytes
+from tritonforge.serve.processes import all_stub_pids
 from tritonforge.serve.server import ServerError, only_models
 
 from .conftest import DONE_S, MAX_INPUT_LEN, MAX_SEQ_LEN, lean_serving, running
@@ -115,6 +116,8 @@ def served(request, tiny_models, tmp_path_factory):
     table = TokenBytes.saved(tokenizer_dir(python_repository))
     with running(python_repository) as server:
         expected = answers(server, table)
+        expected["post_stub_maps"] = [Path(f"/proc/{pid}/maps").read_text()
+                                      for pid, name in all_stub_pids(server.pid).items() if name == "postprocessing"]
     repository = _build(model, root / "cpp", "cpp")
     refused = load_errors(repository)
     with running(repository) as server:
@@ -170,6 +173,13 @@ def test_the_build_compiles_the_cpp_postprocessing_into_its_model_instead_of_a_p
     assert (version / native.POSTPROCESSING.library).is_file() and not (version / "model.py").exists()
     config = (repository / POSTPROCESSING_MODEL / "config.pbtxt").read_text()
     assert f'backend: "{native.POSTPROCESSING.name}"' in config and "tokenizer_dir" in config
+
+
+def test_the_python_postprocessing_reads_the_saved_table_and_loads_no_tokenizer_library(served):
+    """The Python twin starts from the byte table the build saved: its stubs map no tokenizers library."""
+    _, _, _, expected, _ = served
+    assert expected["post_stub_maps"], "no postprocessing stub found under the Python server"
+    assert not [maps for maps in expected["post_stub_maps"] if "tokenizers" in maps]
 
 
 @pytest.mark.parametrize("mode", ["streamed", "whole", "echoed"])

@@ -38,11 +38,12 @@ def build(options: BuildOptions, progress=logger.info) -> Path:
     checkpoint_config = check_checkpoint(options, kind)
     limits = _limits(options, checkpoint_config)
     engine = kind.plan(options, checkpoint_config, progress)
+    text_backend = native.text_backend(options.text_backend, progress)
     plan = RepositoryPlan(output=options.output, engine=kind.name, frontends=options.frontends,
                           serving=engine.serving, limits=limits, engine_parameters=engine.parameters,
                           engine_backend=engine.backend, engine_source=kind.model_source,
                           serves_checkpoint=kind.serves_checkpoint,
-                          postprocessing_backend=native.text_backend(options.text_backend, progress))
+                          postprocessing_backend=text_backend, bls_backend=native.bls_backend(text_backend))
     recorded = written_files(options.output)
     existing = prepare_output(options.output, force=options.force, checkpoint=options.model,
                               written=None if recorded is None else [*recorded, MANIFEST])

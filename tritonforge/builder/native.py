@@ -42,6 +42,8 @@ REPLAY = NativeBackend("tritonforge_replay", RUNTIME / "engine" / "replay" / "re
 # The detokenizer (postprocessing) beside its Python twin, byte for byte the same text.
 POSTPROCESSING = NativeBackend("tritonforge_postprocessing", RUNTIME / "text" / "native" / "postprocessing_backend.cc",
                                "--text-backend cpp")
+# The BLS beside its Python twin: the same contract and text, no Python per token.
+BLS = NativeBackend("tritonforge_bls", RUNTIME / "bls" / "native" / "bls_backend.cc", "--text-backend cpp")
 TEXT_BACKENDS = ("python", "cpp", "auto")
 
 
@@ -54,14 +56,20 @@ def compiler() -> str | None:
 
 
 def text_backend(choice: str, progress) -> str:
-    """The postprocessing model's backend for `--text-backend`: "python" or the C++ backend's name. `auto`
-    takes C++ where a compiler exists and says in one line when it falls back."""
+    """The postprocessing model's backend for `--text-backend`: "python" or the C++ backend's name (the BLS
+    follows it, `bls_backend`). `auto` takes C++ where a compiler exists and says in one line when it falls back."""
     if choice == "python":
         return "python"
     if choice == "auto" and compiler() is None:
-        progress("postprocessing: no C++ compiler (g++, c++ or $CXX), so the Python model (--text-backend python)")
+        progress("postprocessing and the BLS: no C++ compiler (g++, c++ or $CXX), so the Python models "
+                 "(--text-backend python)")
         return "python"
     return POSTPROCESSING.name
+
+
+def bls_backend(text_backend_name: str) -> str:
+    """The BLS's backend for the postprocessing backend `text_backend` chose: both Python, or both C++."""
+    return "python" if text_backend_name == "python" else BLS.name
 
 
 def compile_backend(backend: NativeBackend, target_dir: Path) -> Path:

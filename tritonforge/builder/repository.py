@@ -61,6 +61,7 @@ class RepositoryPlan:
     engine_source: str | None = None  # the project folder whose 1/model.py is the Python engine model
     serves_checkpoint: bool = False  # the checkpoint's weights go under tensorrt_llm/1/checkpoint
     postprocessing_backend: str = "python"  # or the C++ detokenizer's backend (builder/native.py)
+    bls_backend: str = "python"  # or the C++ BLS's backend (builder/native.py)
 
     def __post_init__(self):
         if self.engine_backend == "python" and self.engine_source is None:
@@ -96,7 +97,7 @@ def build_configs(plan: RepositoryPlan) -> dict[str, mc.ModelConfig]:
     if "ensemble" in plan.frontends:
         out[ENSEMBLE_MODEL] = configs.ensemble_config(plan.serving)
     if "bls" in plan.frontends:
-        out[BLS_MODEL] = configs.bls_config(plan.serving, plan.limits, shared_tokenizer)
+        out[BLS_MODEL] = configs.bls_config(plan.serving, plan.limits, shared_tokenizer, backend=plan.bls_backend)
     return out
 
 
@@ -214,6 +215,8 @@ def write_repository(plan: RepositoryPlan, *, tokenizer_source: Path, checkpoint
             shutil.copy2(model_source(source), version_dir / "model.py")
         elif name == POSTPROCESSING_MODEL:
             native.compile_backend(native.POSTPROCESSING, version_dir)
+        elif name == BLS_MODEL:
+            native.compile_backend(native.BLS, version_dir)
         (output / name / "config.pbtxt").write_text(configs.to_text(config))
 
     tokenizer = tokenizer_dir(output)

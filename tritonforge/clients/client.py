@@ -9,7 +9,12 @@ stopped reading, an error, a timeout, a disconnected gateway client) also sends 
 request with that id: Triton does not pass a client's cancel on to an ensemble step already running (2.51, and
 Triton's core to date), so without it the engine would generate the abandoned request to its end. Not when the
 client calls the BLS or the engine itself: those see the cancel and stop the engine's request themselves (the
-BLS's engine requests have ids of its own, which a client's stop could not name anyway).
+BLS's engine requests have ids of its own, which a client's stop could not name anyway); nor after an answer
+that the server cannot serve the request (UNAVAILABLE: a full queue, a stopping server), since only the engine
+answers so in our repositories, and it then runs nothing of the request.
+
+A stream the server ends after it began to answer, without its final response (the server stopped, was killed
+or restarted), is `StreamCut`: a server was there, so it is not `ServerUnavailable`.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from ..facts.contract import (
     MAX_TOKENS,
     MESSAGES,
     STREAM,
+    STREAM_INTERVAL,
+    STREAM_INTERVAL_INPUT,
     TEXT_INPUT,
     TEXT_OUTPUT,
     client_inputs,
@@ -50,7 +57,8 @@ logger = logging.getLogger(__name__)
 # The ensemble's (and the BLS's) inputs, from the one contract module, as tritonclient names their dtypes.
 _TRITON_DTYPE = {"TYPE_STRING": "BYTES", "TYPE_INT32": "INT32", "TYPE_INT64": "INT64", "TYPE_UINT64": "UINT64",
                  "TYPE_FP32": "FP32", "TYPE_FP16": "FP16", "TYPE_BOOL": "BOOL", "TYPE_UINT8": "UINT8"}
-INPUT_DTYPES = {tensor.name: _TRITON_DTYPE[mc.DataType.Name(tensor.dtype)] for tensor in client_inputs(messages=True)}
+INPUT_DTYPES = {tensor.name: _TRITON_DTYPE[mc.DataType.Name(tensor.dtype)]
+                for tensor in [*client_inputs(messages=True), STREAM_INTERVAL_INPUT]}
 NUMPY_DTYPES = {"BYTES": np.object_, "INT32": np.int32, "INT64": np.int64, "FP32": np.float32, "FP16": np.float16,
                 "UINT64": np.uint64, "UINT8": np.uint8, "BOOL": np.bool_}
 
@@ -67,6 +75,15 @@ class ServerUnavailable(GenerationError):
     def __init__(self, url: str, protocol: str, detail: str, *, listening: bool = False):
         self.url, self.listening = url, listening
         super().__init__(f"no Triton server answers at {url} ({protocol}): {detail}", ErrorKind.UNAVAILABLE)
+
+
+class StreamCut(GenerationError):
+    """The server ended a stream it had begun to answer, without its final response: it stopped (or was
+    stopped, or restarted) meanwhile. A retry may succeed, here once it serves again or on another server."""
+
+    def __init__(self, url: str, detail: str):
+        super().__init__(f"the server at {url} stopped the stream before its end (it is stopping or restarting): "
+                         f"{detail}", ErrorKind.UNAVAILABLE)
 
 
 # What gRPC says of a server that answers its HTTP/2 preface in HTTP/1 (a web server); Triton's HTTP port
@@ -88,14 +105,18 @@ def answers_http(url: str, timeout_s: float = HTTP_PROBE_TIMEOUT_S) -> bool:
         return False
 
 
-def _rpc_failure(url: str, code, details: str | None, *, probe_http: bool = False) -> GenerationError:
+def _rpc_failure(url: str, code, details: str | None, *, probe_http: bool = False,
+                 began: bool = False) -> GenerationError:
     """The error for a gRPC call that failed as a call (not an error the server answered): UNAVAILABLE is a
-    server that cannot be reached; with `probe_http` (a blocking check, so not on an event loop) one that
-    turns out to answer HTTP is named as such."""
+    stream the server cut, where it had `began` to answer, else a server that cannot be reached; with
+    `probe_http` (a blocking check, so not on an event loop) one that turns out to answer HTTP is named as
+    such."""
     import grpc
 
     name = code.name if isinstance(code, grpc.StatusCode) else str(code).removeprefix("StatusCode.")
     detail = (details or "").strip() or name
+    if name == "UNAVAILABLE" and began:
+        return StreamCut(url, detail)
     if name == "UNAVAILABLE" and (any(words in detail for words in _HTTP1_ANSWERS)
                                   or probe_http and "Connection refused" not in detail and answers_http(url)):
         return ServerUnavailable(url, "gRPC", f"it answers HTTP, not gRPC: is it the HTTP port? (Triton's gRPC "
@@ -105,13 +126,24 @@ def _rpc_failure(url: str, code, details: str | None, *, probe_http: bool = Fals
     return GenerationError(f"{name}: {detail}", grpc_status_kind(name))
 
 
-def stream_error(url: str, error, *, probe_http: bool = False) -> GenerationError:
+def stream_error(url: str, error, *, probe_http: bool = False, began: bool = False) -> GenerationError:
     """A tritonclient stream callback's error: an RPC failure carries its status, an answered error none."""
-    status = error.status() if hasattr(error, "status") else None
-    if status:
-        return _rpc_failure(url, status, error.message() if hasattr(error, "message") else str(error),
-                            probe_http=probe_http)
+    if not _answered(error):
+        return _rpc_failure(url, error.status(), error.message() if hasattr(error, "message") else str(error),
+                            probe_http=probe_http, began=began)
     return GenerationError(str(error))
+
+
+def _answered(error) -> bool:
+    """Whether a tritonclient error is the server's answer (inside the stream) rather than the call's failure."""
+    return not (error.status() if hasattr(error, "status") else None)
+
+
+def runs_nothing(error, failure: GenerationError) -> bool:
+    """Whether an error a stream ended with says the engine runs nothing of the request: an answer that the
+    server cannot serve it (only the engine answers UNAVAILABLE in our repositories: a full queue, a stopping
+    server), where a stop could find nothing to stop."""
+    return _answered(error) and failure.kind is ErrorKind.UNAVAILABLE
 
 
 # A stream that gets nothing from the server for this long ends with `ResponseTimeout` instead of waiting for
@@ -130,15 +162,19 @@ class ResponseTimeout(GenerationError):
 
 @dataclass
 class GenerateRequest:
-    """One prompt (or chat) and its parameters, with the ensemble's input names."""
+    """One prompt (or chat) and its parameters, with the ensemble's input names. `stream_interval` (the BLS's
+    alone): engine responses per streamed response after the first, for fewer, larger chunks."""
 
     text_input: str | None = None
     max_tokens: int = DEFAULT_MAX_TOKENS
     messages: list[dict[str, str]] | None = None
     parameters: dict[str, object] = field(default_factory=dict)
+    stream_interval: int | None = None
 
     def values(self, stream: bool) -> dict[str, object]:
         values: dict[str, object] = {MAX_TOKENS: self.max_tokens, STREAM: stream, **self.parameters}
+        if self.stream_interval is not None:
+            values[STREAM_INTERVAL] = self.stream_interval
         if self.text_input is not None:
             values[TEXT_INPUT] = self.text_input
         if self.messages is not None:
@@ -272,7 +308,10 @@ def stop_engine_request(url: str, request_id: str, engine_model: str = ENGINE_MO
         try:
             error = one_streamed_answer(client, engine_model, grpc_tensors(grpcclient, stop_request_inputs()),
                                         request_id, STOP_TIMEOUT_S)
-            if error is not None:
+            if error is not None and isinstance(stream_error(url, error), ServerUnavailable):
+                # no server there now (it stopped, or is restarting): no generation of it runs to stop
+                logger.debug("stopping request %s on %s: %s", request_id, engine_model, error)
+            elif error is not None:
                 logger.warning("stopping request %s on %s failed: %s", request_id, engine_model, error)
         finally:
             client.close()
@@ -342,7 +381,7 @@ class GrpcClient:
 
         responses: queue.Queue = queue.Queue()
         request_id = request_id or uuid.uuid4().hex
-        finished = abandoned = False
+        finished = abandoned = began = False
         self.client.start_stream(callback=lambda result, error: responses.put((result, error)))
         try:
             try:
@@ -362,7 +401,10 @@ class GrpcClient:
                 except queue.Empty:
                     raise ResponseTimeout(self.model, timeout_s) from None
                 if error is not None:
-                    raise stream_error(self.url, error, probe_http=True)
+                    failure = stream_error(self.url, error, probe_http=not began, began=began)
+                    finished = runs_nothing(error, failure)
+                    raise failure
+                began = True
                 if result.as_numpy(TEXT_OUTPUT) is not None:
                     yield _chunk_bytes(result.as_numpy(TEXT_OUTPUT))
                 if is_final(result):
@@ -471,6 +513,7 @@ class AsyncGrpcClient:
                    "enable_empty_final_response": True}
 
         stream = self.client.stream_infer(requests())
+        began = False
         silence = _SilenceWatch(self.response_timeout_s, stream.cancel)
         try:
             while True:
@@ -485,16 +528,19 @@ class AsyncGrpcClient:
                     raise
                 silence.heard()
                 if error is not None:
-                    raise GenerationError(str(error))
+                    failure = stream_error(self.url, error, began=began)
+                    finished = runs_nothing(error, failure)
+                    raise failure
+                began = True
                 yield result
                 if is_final(result):
                     finished = True
                     await wait_call_ended(stream)
                     return
         except InferenceServerException as error:
-            raise stream_error(self.url, error) from None
+            raise stream_error(self.url, error, began=began) from None
         except grpc.RpcError as error:  # the call itself failed: tritonclient's aio stream passes these on
-            failure = _rpc_failure(self.url, error.code(), error.details())
+            failure = _rpc_failure(self.url, error.code(), error.details(), began=began)
             finished = finished or isinstance(failure, ServerUnavailable)  # nothing to stop on no server
             raise failure from None
         finally:
@@ -608,13 +654,16 @@ class HttpClient:
             if response.status != 200:
                 payload = _answer(response, f"{self.host}:{self.port}")
                 raise GenerationError(payload.get("error", f"HTTP {response.status}"))
-            for line in response:
-                if not line.startswith(b"data:"):
-                    continue
-                payload = _json_event(line[5:].strip())
-                if "error" in payload:
-                    raise GenerationError(payload["error"])
-                yield _event_bytes(payload)
+            try:
+                for line in response:
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload = _json_event(line[5:].strip())
+                    if "error" in payload:
+                        raise GenerationError(payload["error"])
+                    yield _event_bytes(payload)
+            except (http.client.HTTPException, ConnectionError) as error:  # the answer cut short
+                raise StreamCut(f"{self.host}:{self.port}", type(error).__name__) from None
             finished = True  # the server ended the stream after its final response
         finally:
             response.close()

@@ -12,7 +12,8 @@ same. Release differences that matter: 1.x names `min_tokens`/`seed` (v0.19 and 
 
 Left out on purpose, each a multimodal-only tensor of preprocessing (`IMAGE_*`, `VIDEO_BYTES`,
 `PIXEL_VALUES`, ...) or of the BLS (`image_*_input`, `video_bytes_input`): this repository serves text
-models. Ours adds one optional input, `messages` (chat), except in NVIDIA-exact wiring (`messages=False`,
+models. Ours adds one optional input, `messages` (chat), and declares `text_input` and `max_tokens` optional
+(the models refuse a request without them, naming the field), except in NVIDIA-exact wiring (`messages=False`,
 the build's `--nvidia-wiring`).
 """
 
@@ -103,6 +104,8 @@ MESSAGES = "messages"
 # The BLS's own inputs (speculative decoding).
 NUM_DRAFT_TOKENS = "num_draft_tokens"
 USE_DRAFT_LOGITS = "use_draft_logits"
+# Ours, the BLS's: engine responses per streamed response after the first.
+STREAM_INTERVAL = "stream_interval"
 # The client's output: the text.
 TEXT_OUTPUT = "text_output"
 # The engine's outputs that pass through the ensemble and the BLS to the client.
@@ -281,6 +284,8 @@ BLS_EXTRA_INPUTS = [
     _opt(NUM_DRAFT_TOKENS, I32, (1,)),
     _opt(USE_DRAFT_LOGITS, BOOL, (1,), scalar=True),
 ]
+# Ours: fewer, larger streamed chunks for a client that asks (the OpenAI gateway), left out of NVIDIA's wiring.
+STREAM_INTERVAL_INPUT = _opt(STREAM_INTERVAL, I32, (1,))
 
 # --- preprocessing ---------------------------------------------------------------------------------------------
 PREPROCESSING_INPUTS = [
@@ -439,26 +444,36 @@ POSTPROCESSING_FROM_ENSEMBLE = {POST_TOKENS_BATCH: _TOKENS_BATCH, POST_SEQUENCE_
 POSTPROCESSING_TO_CLIENT = {POST_OUTPUT: TEXT_OUTPUT}
 
 
-def _with_chat(inputs: list[Tensor], chat: Tensor) -> list[Tensor]:
-    """NVIDIA's inputs with our chat input after the prompt, which it makes optional (it may replace it)."""
-    prompt = inputs[0]
-    return [_opt(prompt.name, prompt.dtype, prompt.dims), chat, *inputs[1:]]
+# Inputs NVIDIA requires that our wiring declares optional and our models require themselves: Triton 2.51 runs no
+# ensemble step whose required input a request left out, and answers that request with an empty success (HTTP
+# 200, no text); an optional one reaches preprocessing, which refuses it naming the field (INVALID_ARG).
+REQUIRED_BY_THE_MODELS = (MAX_TOKENS, PRE_REQUEST_OUTPUT_LEN)
+
+
+def _ours(inputs: list[Tensor], chat: Tensor) -> list[Tensor]:
+    """NVIDIA's inputs with our chat input after the prompt, which it makes optional (it may replace it), and
+    the inputs our models require themselves optional."""
+    prompt, *rest = inputs
+    rest = [_opt(t.name, t.dtype, t.dims, scalar=t.scalar, ragged=t.ragged) if t.name in REQUIRED_BY_THE_MODELS
+            else t for t in rest]
+    return [_opt(prompt.name, prompt.dtype, prompt.dims), chat, *rest]
 
 
 def client_inputs(*, messages: bool) -> list[Tensor]:
     """The ensemble's inputs: NVIDIA's, and with `messages` ours."""
-    return _with_chat(ENSEMBLE_INPUTS, MESSAGES_INPUT) if messages else list(ENSEMBLE_INPUTS)
+    return _ours(ENSEMBLE_INPUTS, MESSAGES_INPUT) if messages else list(ENSEMBLE_INPUTS)
 
 
 def bls_inputs(*, messages: bool) -> list[Tensor]:
-    """The BLS's inputs: the ensemble's with NVIDIA's scalar reshapes, plus speculative decoding."""
+    """The BLS's inputs: the ensemble's with NVIDIA's scalar reshapes, plus speculative decoding, and with
+    `messages` our stream interval."""
     inputs = [Tensor(t.name, t.dtype, t.dims, t.optional, scalar=t.name in BLS_SCALAR_INPUTS, ragged=t.ragged)
               for t in client_inputs(messages=messages)]
-    return [*inputs, *BLS_EXTRA_INPUTS]
+    return [*inputs, *BLS_EXTRA_INPUTS, *([STREAM_INTERVAL_INPUT] if messages else [])]
 
 
 def preprocessing_inputs(*, messages: bool) -> list[Tensor]:
-    return _with_chat(PREPROCESSING_INPUTS, MESSAGES_PREPROCESSING_INPUT) if messages else list(PREPROCESSING_INPUTS)
+    return _ours(PREPROCESSING_INPUTS, MESSAGES_PREPROCESSING_INPUT) if messages else list(PREPROCESSING_INPUTS)
 
 
 # A client's name for each preprocessing and engine input, for error messages (`top_p`, not `runtime_top_p`).

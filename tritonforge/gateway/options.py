@@ -19,7 +19,9 @@ from ..facts.settings import positive_int, setting
 from . import GatewayFailed
 from .metrics import MULTIPROCESS_DIR_ENV, forget_worker
 from .routes import create_app
-from .serving import DEFAULT_MODEL, SERVED_MODEL_NAME
+from .serving import DEFAULT_MODEL, DEFAULT_STREAM_INTERVAL, SERVED_MODEL_NAME
+
+FORCED_EXIT_S = 2.0  # uvicorn's way out once told to stop waiting for open connections: a tick of its loop
 
 API_KEY_HELP = ("require 'Authorization: Bearer KEY' on every OpenAI request but GET /health (401 otherwise); "
                 f"default: ${API_KEY_ENV}, no key when unset")
@@ -44,6 +46,9 @@ class GatewayOptions:
     api_key: str | None = setting(None, API_KEY_HELP, parse=str)
     workers: int = setting(1, "gateway processes sharing the port: one handles a few thousand streamed chunks a "
                               "second", parse=positive_int)
+    stream_interval: int = setting(DEFAULT_STREAM_INTERVAL, "streamed chunks from the BLS of up to this many "
+                                   "engine responses after the first (fewer, larger chunks: less gateway CPU a "
+                                   "token, chunks that many tokens apart); 1 streams each", parse=positive_int)
 
     def __post_init__(self):
         if self.workers < 1:
@@ -59,7 +64,8 @@ def run(options: GatewayOptions, *, on_ready=lambda line: None) -> None:
 
     make_app = functools.partial(create_app, options.url, model=options.model,
                                  served_model_name=options.served_model_name,
-                                 api_key=api_key_from_environment(options.api_key))
+                                 api_key=api_key_from_environment(options.api_key),
+                                 stream_interval=options.stream_interval)
     if options.workers == 1:
         uvicorn.run(make_app(), host=options.host, port=options.port, log_level="warning")
         return
@@ -95,6 +101,14 @@ class GatewayThread:
             time.sleep(0.05)
         return self
 
-    def stop(self) -> None:
+    def stop_accepting(self) -> None:
+        """Take no new connection; the responses under way go on (a stop's first step)."""
         self.server.should_exit = True
-        self.thread.join(timeout=10)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop, letting the responses under way end for up to `timeout_s`, then cutting them."""
+        self.server.should_exit = True
+        self.thread.join(timeout=timeout_s)
+        if self.thread.is_alive():
+            self.server.force_exit = True
+            self.thread.join(timeout=FORCED_EXIT_S)

@@ -14,7 +14,7 @@ import json
 from ..facts.errors import ERROR_CODES, ErrorKind
 from .metrics import GatewayMetrics
 from .protocol import CHAT, COMPLETIONS, PATHS, OpenAIError, model_list
-from .serving import DEFAULT_MODEL, SERVED_MODEL_NAME, OpenAIServing
+from .serving import DEFAULT_MODEL, DEFAULT_STREAM_INTERVAL, SERVED_MODEL_NAME, OpenAIServing
 
 # The one path answered without the key: a load balancer's or kubelet's health check carries no credentials.
 UNAUTHENTICATED_PATHS = frozenset({"/health"})
@@ -23,14 +23,16 @@ UNAUTHORIZED = OpenAIError(401, "Incorrect or missing API key: send 'Authorizati
 
 
 def create_app(url: str, *, model: str = DEFAULT_MODEL, served_model_name: str = SERVED_MODEL_NAME,
-               api_key: str | None = None):
+               api_key: str | None = None, stream_interval: int = DEFAULT_STREAM_INTERVAL):
     """The ASGI app: OpenAI's API over the repository served at `url` (gRPC). With `api_key`, every request but
-    `GET /health` needs `Authorization: Bearer <api_key>`."""
+    `GET /health` needs `Authorization: Bearer <api_key>`. `stream_interval`: the BLS's engine responses per
+    streamed chunk after the first."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
 
     metrics = GatewayMetrics()
-    serving = OpenAIServing(url, model=model, served_model_name=served_model_name, metrics=metrics)
+    serving = OpenAIServing(url, model=model, served_model_name=served_model_name, metrics=metrics,
+                            stream_interval=stream_interval)
     app = FastAPI(title="tritonforge OpenAI gateway")
 
     @app.exception_handler(OpenAIError)

@@ -11,6 +11,7 @@ stream of its text, which cancels its gRPC stream and so its generation.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -71,6 +72,10 @@ SAMPLING_INPUTS = {"temperature": TEMPERATURE, "top_p": TOP_P, "top_k": TOP_K, "
 # emits it.
 DEFAULT_MODEL = BLS_MODEL
 SERVED_MODEL_NAME = "tritonforge"  # the model name /v1/models shows unless the operator names it
+# Engine responses per streamed chunk after the first, asked of the BLS: each chunk costs the gateway its own
+# parse, JSON and SSE event, so at an engine's one token a response the gateway would spend more on chunks than
+# the BLS; a client sees the first token as soon as it comes, then chunks of up to this many tokens.
+DEFAULT_STREAM_INTERVAL = 4
 # The only outputs the gateway reads: responses carry nothing else (less to send, parse and copy per chunk).
 GATEWAY_OUTPUTS = (TEXT_OUTPUT, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS)
 CLIENT_CLOSED = 499  # the status the metrics count for a client that disconnected (nginx's convention)
@@ -86,16 +91,17 @@ def parse_request(body, kind: str, served_model_name: str | None = None) -> tupl
     return triton_request(request), request.stream, request.include_usage
 
 
-def triton_request(request: OpenAIRequest) -> GenerateRequest:
+def triton_request(request: OpenAIRequest, stream_interval: int | None = None) -> GenerateRequest:
     """What the BLS (or the ensemble) is asked for: the prompt or messages, the sampling fields under the
-    contract's names, and always the token counts, which `usage` and `finish_reason` are read from."""
+    contract's names, and always the token counts, which `usage` and `finish_reason` are read from; the
+    BLS's stream interval where the gateway sets one."""
     parameters: dict[str, object] = {SAMPLING_INPUTS[name]: value for name, value in request.sampling.items()}
     if request.stop is not None:
         parameters[STOP_WORDS] = request.stop
     parameters[RETURN_NUM_INPUT_TOKENS] = True
     parameters[RETURN_NUM_OUTPUT_TOKENS] = True
     return GenerateRequest(text_input=request.prompt, messages=request.messages, max_tokens=request.max_tokens,
-                           parameters=parameters)
+                           parameters=parameters, stream_interval=stream_interval)
 
 
 def to_openai_error(error: GenerationError) -> OpenAIError:
@@ -154,8 +160,11 @@ class OpenAIServing:
     """The completions and chat endpoints answered through the repository at `url` (gRPC), each request counted
     in `metrics`."""
 
-    def __init__(self, url: str, *, model: str, served_model_name: str, metrics: GatewayMetrics):
+    def __init__(self, url: str, *, model: str, served_model_name: str, metrics: GatewayMetrics,
+                 stream_interval: int = 1):
         self.url, self.model, self.served_model_name, self.metrics = url, model, served_model_name, metrics
+        # The BLS alone takes a stream interval (the ensemble streams what its engine sends).
+        self.stream_interval = stream_interval if model == BLS_MODEL and stream_interval > 1 else None
         self._backend: TritonBackend | None = None
 
     @property
@@ -176,10 +185,11 @@ class OpenAIServing:
         except OpenAIError as error:
             self.metrics.request_done(endpoint, error.status, started=False)
             raise
-        reply = _Reply(self, endpoint, ResponseHead.new(kind, self.served_model_name), request)
         if not stream:
-            return await reply.whole()
-        return await reply.stream(include_usage)
+            return await _Reply(self, endpoint, ResponseHead.new(kind, self.served_model_name), request).whole()
+        request = dataclasses.replace(request, stream_interval=self.stream_interval)
+        return await _Reply(self, endpoint, ResponseHead.new(kind, self.served_model_name), request).stream(
+            include_usage)
 
 
 class _Reply:

@@ -13,7 +13,8 @@ Same client contract as the ensemble, with what the ensemble cannot do:
   sender threads send. While a response of a stream is being sent, the text the engine delivers meanwhile
   waits and goes out as one chunk. A response send is a round trip to the server that one stub makes one
   at a time; at a real engine's ~15k tokens/s that, not decoding, is the limit, and coalescing turns it
-  into bigger chunks instead of a growing backlog. Unloaded, every token still goes out at once.
+  into bigger chunks instead of a growing backlog. Unloaded, every token still goes out at once; a client that
+  wants fewer, larger chunks sends `stream_interval` N: after the first, a chunk waits for N engine responses.
 
 A decoupled engine is always asked to stream, without the prompt, so a stop phrase can end generation early
 even when the client asked for one non-streamed answer. Deployed non-decoupled (as NVIDIA's with
@@ -43,6 +44,7 @@ from ...facts.contract import (
     SEQUENCE_LENGTH,
     STOP_WORDS,
     STREAM,
+    STREAM_INTERVAL,
     STREAMING,
     TEXT_INPUT,
 )
@@ -129,13 +131,15 @@ class BlsOrchestrator:
             raise RequestError(STREAM if stream else TEXT_INPUT,
                                "streaming and batched requests need the BLS deployed decoupled "
                                "(build with streaming enabled)")
+        intervals = _stream_intervals(inputs, batch)
         exclude_input = _flag(inputs, EXCLUDE_INPUT_IN_OUTPUT, default=True)
         return_log_probs, count_tokens = _flag(inputs, RETURN_LOG_PROBS), _flag(inputs, RETURN_NUM_OUTPUT_TOKENS)
         statistics = [name for name in ENGINE_STATISTICS if requested is None or name in requested]
         return [RowRequest(row=row, batch=batch, engine_inputs=self._engine_inputs(inputs, encoded, row),
                            engine_outputs=[*ENGINE_OUTPUTS, *statistics], prompt_ids=encoded.prompt_ids[row],
                            stop_phrases=stop_phrases[row], stream=stream, exclude_input=exclude_input,
-                           return_log_probs=return_log_probs, count_tokens=count_tokens, statistics=statistics)
+                           return_log_probs=return_log_probs, count_tokens=count_tokens, statistics=statistics,
+                           stream_interval=intervals[row])
                 for row in range(batch)]
 
     def _stop_phrases(self, inputs: dict[str, np.ndarray], batch: int) -> list[list[str]]:
@@ -177,6 +181,20 @@ def _log_failure(future) -> None:
     server's log says so (a pool thread's exception is otherwise kept in a future nobody reads)."""
     if not future.cancelled() and future.exception() is not None:
         logger.error("a BLS request could not be ended", exc_info=future.exception())
+
+
+def _stream_intervals(inputs: dict[str, np.ndarray], batch: int) -> list[int]:
+    """Each row's `stream_interval`: one value for every row, or one per row; 1 when not sent."""
+    value = inputs.get(STREAM_INTERVAL)
+    if value is None:
+        return [1] * batch
+    values = [int(item) for item in np.asarray(value).reshape(-1)]
+    if len(values) not in (1, batch):
+        raise RequestError(STREAM_INTERVAL, f"has {len(values)} values, the request has {batch} rows")
+    for interval in values:
+        if interval < 1:
+            raise RequestError(STREAM_INTERVAL, f"must be >= 1, got {interval}")
+    return values * batch if len(values) == 1 else values
 
 
 def _flag(inputs: dict[str, np.ndarray], name: str, default: bool = False) -> bool:

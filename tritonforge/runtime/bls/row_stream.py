@@ -53,6 +53,7 @@ class RowRequest:
     return_log_probs: bool
     count_tokens: bool  # return_num_output_tokens
     statistics: list[str]  # the engine's statistics outputs passed on to the client, as it sent them last
+    stream_interval: int = 1  # engine responses per streamed response after the first
 
 
 class _Chunk(NamedTuple):
@@ -92,7 +93,7 @@ class RowStream:
         self.engine_stoppable = engine_stoppable  # a decoupled engine; one that is not has always finished
         self.request_id = uuid.uuid4().hex  # the engine request's
         self.token_bytes = token_bytes
-        self.outbox: Outbox[_Chunk] = Outbox(senders, self._send_chunk)
+        self.outbox: Outbox[_Chunk] = Outbox(senders, self._send_chunk, interval=request.stream_interval)
         # The text state: the reader's while the engine call is open, then the worker's, then the last step's.
         self._detokenizer = IncrementalDetokenizer(token_bytes)
         self._stop_filter = StopPhraseFilter(request.stop_phrases)
@@ -100,6 +101,7 @@ class RowStream:
         self._log_probs: list[float] = []
         self._statistics: dict[str, np.ndarray] = {}
         self._unreported = 0  # generated tokens not yet reported in a response
+        self._responses = 0  # engine responses since the last chunk
         self._tail = ""  # what the detokenizer and the stop filter held at the end
         self._error: Exception | None = None  # what ended the row early
         self._stop_lock = threading.Lock()
@@ -162,6 +164,7 @@ class RowStream:
 
     def _count(self, tensors: dict[str, np.ndarray], length: int) -> None:
         self._unreported += length
+        self._responses += 1
         for name in self.request.statistics:
             value = tensors.get(name)
             if value is not None:
@@ -176,8 +179,9 @@ class RowStream:
             self._pieces.append(text)
             return
         log_probs = list(self._log_probs) if self.request.return_log_probs else None
-        self.outbox.add(_Chunk(text, self._unreported, log_probs, dict(self._statistics)))
-        self._unreported = 0
+        # Sized in engine responses: the stream interval's unit.
+        self.outbox.add(_Chunk(text, self._unreported, log_probs, dict(self._statistics)), size=self._responses)
+        self._unreported = self._responses = 0
 
     # --- a sender ------------------------------------------------------------------------------------------------
 

@@ -313,3 +313,50 @@ def test_a_bls_deployed_not_decoupled_refuses_streaming_and_asks_the_engine_for_
     assert texts(sender) == [TokenBytes(tokenizer).decode(ids).decode()] and final_error(sender) is None
     (request,) = engine.requests.values()
     assert not request[STREAMING].item()
+
+
+class SignallingSender(Sender):
+    """Says when its first response was sent."""
+
+    def __init__(self):
+        super().__init__()
+        self.first_sent = threading.Event()
+
+    def send(self, response=None, flags=0):
+        super().send(response, flags)
+        self.first_sent.set()
+
+
+class Pause(threading.Event):
+    """A script's step that waits a while: an engine slower than the BLS's senders."""
+
+    def wait(self, timeout=None):
+        time.sleep(TOKEN_PERIOD_S * 4)
+        return True
+
+
+@pytest.mark.parametrize("interval", [1, 4])
+def test_a_stream_interval_sends_the_first_response_at_once_then_that_many_engine_responses_a_chunk(
+        make_bls, tokenizer, interval):
+    ids = token_ids(tokenizer, "one two three four five six seven eight nine")
+    sender = SignallingSender()
+    # The engine waits for the first chunk's send: what follows never joins it, whatever the threads' timing; then
+    # it is slower than the senders, which would send each response alone but for the interval.
+    paced = [step for token in ids[1:] for step in ([token], Pause())]
+    bls, _ = make_bls(lambda inputs: [ids[:1], sender.first_sent, *paced])
+    answer(bls, client_inputs(stream_interval=[[interval]], return_num_output_tokens=[[True]]), sender)
+    assert "".join(texts(sender)) == TokenBytes(tokenizer).decode(ids).decode()
+    tokens = [response["num_output_tokens"].item() for response in outputs(sender)]  # one a response here
+    assert sum(tokens) == len(ids) and tokens[0] == 1
+    # Responses that came while a send waited join it (more, never fewer); the last takes what is left.
+    assert all(count >= interval for count in tokens[1:-1])
+    assert len(tokens) <= 2 + (len(ids) - 1) // interval
+
+
+@pytest.mark.parametrize(("value", "message"), [([[0]], "stream_interval: must be >= 1, got 0"),
+                                                ([[2, 3]], "stream_interval: has 2 values, the request has 1 rows")])
+def test_a_bad_stream_interval_is_refused_naming_it_before_the_engine_is_called(make_bls, value, message):
+    bls, engine = make_bls(lambda inputs: [UNTIL_STOPPED])
+    error = final_error(answer(bls, client_inputs(stream_interval=value)))
+    assert (error.code, error.message) == ("INVALID_ARG", message)
+    assert engine.requests == {}
