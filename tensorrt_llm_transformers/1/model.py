@@ -12,6 +12,7 @@ decoupled; one response per new token when `streaming`, else one response per ro
 | seed | UINT64 | [1] | optional |
 | streaming, stop, exclude_input_in_output, return_log_probs | BOOL | [1] | optional |
 | stop_words_list, bad_words_list | INT32 | [2, -1] | optional |
+| guided_decoding_guide_type, guided_decoding_guide | STRING | [1] | optional: the grammar the answer follows |
 
 | output | dtype | dims | |
 |---|---|---|---|

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -87,6 +88,30 @@ DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 class TensorRTLLMMissing(RuntimeError):
     pass
+
+
+# Guided decoding in the tensorrtllm backend (`guided_decoding_backend` "xgrammar"): the C++ backend reads no
+# tokenizer, but a JSON file of it at `xgrammar_tokenizer_info_path`, with three keys
+# (ModelInstanceState::getGuidedDecodingConfigFromParams in inflight_batcher_llm/src/model_instance_state.cc,
+# as stored for the 1.x line): `encoded_vocab` (each token id's token as the tokenizer's vocabulary spells it),
+# `tokenizer_str` (the fast tokenizer's JSON, from which xgrammar tells how the vocabulary encodes bytes) and
+# `stop_token_ids`. NVIDIA ships a script that writes it; the build writes it itself, beside the engine.
+GUIDED_DECODING_BACKEND = "xgrammar"
+XGRAMMAR_TOKENIZER_INFO = "xgrammar_tokenizer_info.json"
+
+
+def xgrammar_tokenizer_info(tokenizer) -> dict | None:
+    """The file's content for a Hugging Face tokenizer; None for one without a fast backend, whose vocabulary
+    xgrammar could not decode from the file."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    vocab = tokenizer.get_vocab()
+    encoded = [""] * (max(vocab.values()) + 1)  # index = id; an id with no token stays "", never allowed
+    for token, token_id in vocab.items():
+        encoded[token_id] = token
+    stop = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
+    return {"encoded_vocab": encoded, "tokenizer_str": backend.to_str(), "stop_token_ids": stop}
 
 
 def parse_target_triton(text: str) -> tuple[int, int]:
@@ -280,6 +305,20 @@ def _gpu_query(fields: str) -> list[str] | None:
 def gpu_memory_gib() -> float | None:
     fields = _gpu_query("memory.total")  # MiB
     return float(fields[0]) / 1024 if fields else None
+
+
+def visible_gpus() -> int | None:
+    """How many GPUs a server started from here sees: nvidia-smi's, as many as CUDA_VISIBLE_DEVICES lists where it
+    is set; None where nvidia-smi is absent or finds none (no CUDA context is made, as for `_gpu_query`)."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    result = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+                            text=True, check=False)
+    count = len(result.stdout.split()) if result.returncode == 0 else 0
+    if not count:
+        return None
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return count if listed is None else min(count, len([device for device in listed.split(",") if device.strip()]))
 
 
 def runtime_facts() -> dict[str, str]:

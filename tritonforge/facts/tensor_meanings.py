@@ -51,11 +51,14 @@ MEANINGS: dict[str, str] = {
     contract.LORA_TASK_ID: "the LoRA adapter's id: weights and config the first time, the id alone once cached",
     contract.LORA_WEIGHTS: "the LoRA adapter's weights, one row per module and layer",
     contract.LORA_CONFIG: "rows of (module id, layer, rank) describing lora_weights",
-    contract.GUIDED_DECODING_GUIDE_TYPE: "how guided_decoding_guide constrains the output: json, json_schema, regex or "
-                                         "ebnf_grammar",
-    contract.GUIDED_DECODING_GUIDE: "the schema, regular expression or grammar the output must match",
+    contract.GUIDED_DECODING_GUIDE_TYPE: "how guided_decoding_guide constrains the output: json (any object or array), "
+                                         "json_schema, regex, ebnf_grammar, or structural_tag (not in the "
+                                         "tensorrtllm backend)",
+    contract.GUIDED_DECODING_GUIDE: "the schema, regular expression, grammar or structural tag the output must match",
     contract.NUM_DRAFT_TOKENS: "BLS: draft tokens a step of speculative decoding proposes",
     contract.USE_DRAFT_LOGITS: "BLS: pass the draft model's logits to the target model",
+    contract.STREAM_INTERVAL: "ours, BLS: engine responses merged into each streamed response after the first "
+                              "(default 1): fewer, larger chunks",
     # --- what clients get back
     contract.TEXT_OUTPUT: "the generated text, one string per sequence (a flat array: output[0].decode())",
     contract.CUM_LOG_PROBS: "the cumulative log probability of each beam",

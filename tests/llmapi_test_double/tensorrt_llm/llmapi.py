@@ -3,13 +3,16 @@
 Mirrored from the 1.2-era sources: `LLM.__init__` and `LLM.generate_async` (tensorrt_llm/llmapi/llm.py: the
 inputs may be a dict with `prompt_token_ids`; without a tokenizer `end_id` must be given, else ValueError; a
 prompt over `max_num_tokens` without chunked prefill is refused), `SamplingParams` (keyword-only; the fields
-used), `KvCacheConfig` (free_gpu_memory_fraction in [0, 1]), the result (`RequestOutput`: async iteration in
+used), `GuidedDecodingParams` (tensorrt_llm/sampling_params.py: one guide of json, regex, grammar, json_object,
+structural_tag), `KvCacheConfig` (free_gpu_memory_fraction in [0, 1]), the result (`RequestOutput`: async iteration in
 the loop that created it, `finished`, `outputs[i].token_ids` growing, `logprobs` as one dict per token of
 token id → object with `.logprob` as the PyTorch backend gives them, `finish_reason`, `abort()`).
 
 What it generates: `double_tokens(prompt, n, ...)`, one token every STEP_S, `stream_interval` tokens per
-streamed output. Unknown here, so chosen and stated: an end id that ends the generation is included in
-`token_ids`.
+streamed output; a guide constrains nothing here. As the real LLM: `guided_decoding_backend` without a tokenizer
+fails (`get_guided_decoding_config` asserts one). Unknown here, so chosen and stated: an end id that ends the
+generation is included in `token_ids`; a guided request to an LLM made without `guided_decoding_backend` is
+refused with ValueError.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ STEP_S = 0.004  # one "decoding step" of the double
 # LLM API's TorchLlmArgs. The real LLM refuses a key that is no field with "LLM got invalid argument: <key>";
 # the double, stricter, refuses any key tritonforge is not known to pass.
 _LLM_FIELDS = {"pipeline_parallel_size", "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",
-               "enable_chunked_prefill", "stream_interval", "kv_cache_config"}
+               "enable_chunked_prefill", "stream_interval", "kv_cache_config", "guided_decoding_backend"}
+GUIDED_DECODING_BACKENDS = ("xgrammar", "llguidance")  # TorchLlmArgs.guided_decoding_backend's values
 
 
 @dataclass(kw_only=True)
@@ -37,6 +41,20 @@ class KvCacheConfig:
     def __post_init__(self):
         if self.free_gpu_memory_fraction is not None and not 0 <= self.free_gpu_memory_fraction <= 1:
             raise ValueError("kv_cache_config.free_gpu_memory_fraction must be a float between 0 and 1")
+
+
+@dataclass(slots=True, kw_only=True)
+class GuidedDecodingParams:
+    json: str | dict | None = None
+    regex: str | None = None
+    grammar: str | None = None
+    json_object: bool = False
+    structural_tag: str | None = None
+
+    def _validate(self):
+        guides = sum(bool(getattr(self, name)) for name in self.__slots__)
+        if guides > 1:
+            raise ValueError(f"Only one guide can be used for a request, but got {guides}.")
 
 
 @dataclass(kw_only=True)
@@ -56,6 +74,7 @@ class SamplingParams:
     embedding_bias: object = None  # a torch.Tensor [vocab]
     logprobs: int | None = None
     detokenize: bool = True
+    guided_decoding: GuidedDecodingParams | None = None
 
 
 @dataclass
@@ -140,6 +159,12 @@ class LLM:
         unknown = set(kwargs) - _LLM_FIELDS
         if unknown:
             raise ValueError(f"LLM got invalid argument: {sorted(unknown)[0]}")
+        backend = kwargs.get("guided_decoding_backend")
+        if backend is not None:
+            if backend not in GUIDED_DECODING_BACKENDS:
+                raise ValueError(f"Unsupported guided decoding backend {backend}")
+            assert tokenizer is not None and not skip_tokenizer_init  # get_guided_decoding_config's assertion
+        self.tokenizer = tokenizer
         with open(os.path.join(model, "config.json")) as file:
             self.vocab_size = json.load(file)["vocab_size"]
         self.model, self.skip_tokenizer_init, self.dtype = model, skip_tokenizer_init, dtype
@@ -159,6 +184,10 @@ class LLM:
         if params.end_id is None and self.skip_tokenizer_init:
             raise ValueError("tokenizer is required to reset end_id if it is None, or you can explicitly specify "
                              "the end_id for sampling_params")
+        if params.guided_decoding is not None:
+            params.guided_decoding._validate()
+            if self.kwargs.get("guided_decoding_backend") is None:
+                raise ValueError("guided decoding needs the LLM's guided_decoding_backend")
         prompt = inputs["prompt_token_ids"] if isinstance(inputs, dict) else list(inputs)
         if not self.kwargs.get("enable_chunked_prefill") and len(prompt) > self.kwargs.get("max_num_tokens", 8192):
             raise ValueError(f"The sum of prompt length ({len(prompt)}) should not exceed max_num_tokens")

@@ -33,10 +33,11 @@ def test_the_build_writes_the_llm_api_model_with_the_checkpoint_and_no_engine(ti
     parameters = PyTorchEngineParameters.from_config({k: v.string_value for k, v in config.parameters.items()})
     vocab_size = json.loads((model / "config.json").read_text())["vocab_size"]
     assert parameters == PyTorchEngineParameters(
-        model_path="1/checkpoint", vocab_size=vocab_size, max_batch_size=8, max_input_len=64, max_seq_len=256,
-        dtype="bfloat16", kv_cache_dtype="fp8", tensor_parallel_size=2, pipeline_parallel_size=2,
-        kv_cache_free_gpu_memory_fraction=0.8, max_num_tokens=4096, enable_block_reuse=False,
-        enable_chunked_prefill=True, stream_interval=4)
+        model_path="1/checkpoint", tokenizer_dir="../preprocessing/tokenizer", vocab_size=vocab_size,
+        max_batch_size=8, max_input_len=64, max_seq_len=256, dtype="bfloat16", kv_cache_dtype="fp8",
+        tensor_parallel_size=2, pipeline_parallel_size=2, kv_cache_free_gpu_memory_fraction=0.8, max_num_tokens=4096,
+        enable_block_reuse=False, enable_chunked_prefill=True, stream_interval=4)
+    assert (engine_dir / parameters.tokenizer_dir / "tokenizer.json").is_file()  # the LLM's, for guided decoding
     ensemble = configs.parse_text((out / "ensemble" / "config.pbtxt").read_text())
     assert ensemble.ensemble_scheduling.max_inflight_requests > 0  # configs for the pinned image's Triton
     manifest = json.loads((out / "tritonforge.json").read_text())

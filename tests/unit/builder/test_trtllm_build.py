@@ -83,6 +83,22 @@ def test_dry_run_writes_configs_with_every_backend_parameter(tiny_models, tmp_pa
     assert manifest["dry_run"] and manifest["commands"][1][0] == "trtllm-build"
 
 
+def test_a_dry_run_plans_from_config_json_without_the_weights_a_build_needs(tiny_models, tmp_path, capsys):
+    """A large model's small files (config.json, the tokenizer) are enough to plan it; the build itself refuses
+    them."""
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    for file in tiny_models["bpe"].iterdir():
+        if file.suffix != ".safetensors":
+            (checkpoint / file.name).write_bytes(file.read_bytes())
+    out = build(options(checkpoint, tmp_path / "planned", dry_run=True))
+    assert "trtllm-build" in capsys.readouterr().out
+    assert json.loads((out / "tritonforge.json").read_text())["dry_run"]
+    with pytest.raises(FileNotFoundError, match="has no weights"):
+        build(options(checkpoint, tmp_path / "built"))
+    assert not (tmp_path / "built").exists()
+
+
 def test_no_kv_cache_reuse_reaches_the_backend_parameter(tiny_models, tmp_path):
     out = build(options(tiny_models["bpe"], tmp_path / "repo", dry_run=True, enable_kv_cache_reuse=False))
     engine = configs.parse_text((out / "tensorrt_llm" / "config.pbtxt").read_text())
@@ -257,3 +273,50 @@ def test_serve_runs_one_rank_per_gpu_of_the_engines_tensor_and_pipeline_split(tm
     monkeypatch.setattr(trtllm, "runtime_facts", lambda: {})
     monkeypatch.setattr(trtllm, "check_engine", lambda engine, facts, world_size: checked.append(world_size))
     assert check_repository_engine(tmp_path) == ranks and checked == [ranks]
+
+
+@pytest.mark.parametrize("family", ["bpe", "sentencepiece"])
+def test_a_dry_run_turns_on_guided_decoding_with_the_tokenizer_file_the_backend_reads(tiny_models, tmp_path, family):
+    """The file, read as TensorRT-LLM reads its three keys (xgrammar's vocabulary type detected from
+    `tokenizer_str`), gives xgrammar the tokenizer's own vocabulary: the same grammar masks the same tokens."""
+    import xgrammar
+
+    from tritonforge.runtime.text.tokenization import load_tokenizer
+
+    out = build(options(tiny_models[family], tmp_path / "repo", dry_run=True))
+    engine = configs.parse_text((out / "tensorrt_llm" / "config.pbtxt").read_text())
+    parameters = {key: value.string_value for key, value in engine.parameters.items()}
+    assert parameters["guided_decoding_backend"] == "xgrammar"
+    assert parameters["xgrammar_tokenizer_info_path"] == "/models/tensorrt_llm/1/xgrammar_tokenizer_info.json"
+    assert parameters["tokenizer_dir"] == "/models/preprocessing/tokenizer"
+    info = json.loads((out / "tensorrt_llm" / "1" / "xgrammar_tokenizer_info.json").read_text())
+    assert set(info) == {"encoded_vocab", "tokenizer_str", "stop_token_ids"}
+    tokenizer = load_tokenizer(out / "preprocessing" / "tokenizer")
+    assert info["stop_token_ids"] == [tokenizer.eos_token_id]
+    metadata = xgrammar.TokenizerInfo._detect_metadata_from_hf(info["tokenizer_str"])
+    from_file = xgrammar.TokenizerInfo(info["encoded_vocab"], vocab_type=metadata["vocab_type"],
+                                       vocab_size=len(tokenizer), stop_token_ids=info["stop_token_ids"],
+                                       add_prefix_space=metadata["add_prefix_space"])
+    direct = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer))
+    assert from_file.decoded_vocab == direct.decoded_vocab
+    masks = []
+    for tokenizer_info in (from_file, direct):
+        matcher = xgrammar.GrammarMatcher(xgrammar.GrammarCompiler(tokenizer_info).compile_json_schema(
+            '{"type": "object", "properties": {"a b": {"type": "string"}}}'))
+        assert matcher.accept_string('{"a b": "é')
+        bitmask = xgrammar.allocate_token_bitmask(1, len(tokenizer))
+        matcher.fill_next_token_bitmask(bitmask)
+        masks.append(bitmask)
+    assert bool((masks[0] == masks[1]).all())
+
+
+def test_a_tokenizer_without_a_fast_form_leaves_guided_decoding_off(tiny_models, tmp_path, monkeypatch, capsys):
+    from tritonforge.builder import trtllm
+
+    monkeypatch.setattr(trtllm, "xgrammar_tokenizer_info", lambda tokenizer: None)
+    out = build(options(tiny_models["bpe"], tmp_path / "repo", dry_run=True))
+    assert "guided decoding off" in capsys.readouterr().out
+    engine = configs.parse_text((out / "tensorrt_llm" / "config.pbtxt").read_text())
+    assert {engine.parameters[key].string_value for key in ("guided_decoding_backend", "xgrammar_tokenizer_info_path",
+                                                            "tokenizer_dir")} == {""}
+    assert not (out / "tensorrt_llm" / "1" / "xgrammar_tokenizer_info.json").exists()

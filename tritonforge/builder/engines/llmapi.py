@@ -4,12 +4,15 @@ itself, no engine to build, in a Python model (`tensorrt_llm_pytorch/`, `runtime
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ...facts.contract import ENGINE_MODEL, PREPROCESSING_MODEL
 from ...facts.model_parameters import PyTorchEngineParameters
 from .. import trtllm
-from ..repository import CHECKPOINT_SUBDIR
-from . import EngineKind, EnginePlan, Progress
+from ..repository import CHECKPOINT_SUBDIR, TOKENIZER_SUBDIR
+from . import TENSORRT_LLM_OPTIONS, EngineKind, EnginePlan, Progress
 
 if TYPE_CHECKING:
     from ..options import BuildOptions
@@ -35,9 +38,11 @@ def check(options: BuildOptions) -> None:
 
 
 def parameters(options: BuildOptions, vocab_size: int) -> dict[str, str]:
-    """The checkpoint and the `LLM(...)` settings."""
+    """The checkpoint, its tokenizer (preprocessing's: the LLM's guided decoding reads it) and the `LLM(...)`
+    settings."""
     return PyTorchEngineParameters(
-        model_path=f"1/{CHECKPOINT_SUBDIR}", vocab_size=vocab_size, max_batch_size=options.max_batch_size,
+        model_path=f"1/{CHECKPOINT_SUBDIR}", tokenizer_dir=f"../{PREPROCESSING_MODEL}/{TOKENIZER_SUBDIR}",
+        vocab_size=vocab_size, max_batch_size=options.max_batch_size,
         max_input_len=options.max_input_len, max_seq_len=options.max_seq_len, dtype=options.dtype,
         kv_cache_dtype=options.kv_cache_dtype, tensor_parallel_size=options.tp_size,
         pipeline_parallel_size=options.pp_size,
@@ -54,7 +59,20 @@ def plan(options: BuildOptions, checkpoint_config: dict, progress: Progress) -> 
                       manifest={"tensorrt_llm": trtllm.TRTLLM_VERSION, "image": trtllm.TRITON_IMAGE})
 
 
+def serving_ranks(repository: Path, build: dict) -> int:
+    """TensorRT-LLM must be importable by the engine's stub, which runs this interpreter with the model's version
+    folder first on its path; the LLM API starts its own ranks, so the server is one process."""
+    spec = importlib.util.find_spec("tensorrt_llm")
+    installed = spec is not None and spec.origin is not None  # None origin: a bare folder of that name
+    if not installed and not (repository / ENGINE_MODEL / "1" / "tensorrt_llm" / "__init__.py").is_file():
+        raise trtllm.TensorRTLLMMissing(
+            f"{repository} runs the tensorrtllm-pytorch engine, and TensorRT-LLM is not installed here: serve it in "
+            f"{trtllm.TRITON_IMAGE} (TensorRT-LLM {trtllm.TRTLLM_VERSION}), or build with --engine transformers")
+    return 1
+
+
 KIND = EngineKind(
     name="tensorrtllm-pytorch", summary="TensorRT-LLM's PyTorch workflow (the LLM API): the checkpoint served with "
     "no engine build", model_source="tensorrt_llm_pytorch", runtime_room="llmapi", plan=plan, check=check,
-    weight_patterns=("*.safetensors",), needs_vocab_size=True, serves_checkpoint=True)
+    serving_ranks=serving_ranks, weight_patterns=("*.safetensors",), needs_vocab_size=True, serves_checkpoint=True,
+    own_options=TENSORRT_LLM_OPTIONS)

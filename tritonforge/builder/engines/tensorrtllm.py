@@ -5,15 +5,17 @@ exact commands, and runs them unless --dry-run; the backend reads every key of N
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ...facts.contract import PREPROCESSING_MODEL
 from ...facts.model_parameters import CANCELLATION_CHECK_PERIOD_MS
 from .. import trtllm
 from ..model_configs import ENGINE_MODEL
 from ..planner import ModelShape, plan_memory
-from ..repository import ENGINE_SUBDIR
-from . import EngineKind, EnginePlan, Progress
+from ..repository import ENGINE_SUBDIR, TOKENIZER_SUBDIR
+from . import TENSORRT_LLM_OPTIONS, EngineKind, EnginePlan, Progress
 
 if TYPE_CHECKING:
     from ..options import BuildOptions
@@ -45,12 +47,14 @@ def check(options: BuildOptions) -> None:
                          f"({options.max_input_len}) unless --chunked-context splits prompts")
 
 
-def parameters(options: BuildOptions) -> dict[str, str]:
+def parameters(options: BuildOptions, guided_decoding: bool = True) -> dict[str, str]:
     """Every key of NVIDIA's `tensorrt_llm/config.pbtxt` template (`trtllm.BACKEND_PARAMETER_KEYS`), explicit.
 
     "" is what the backend treats as unset: it then takes its own default. The KV cache is sized by
     `kv_cache_free_gpu_mem_fraction` alone (`max_tokens_in_paged_kv_cache` unset), so the engine gets all
     the memory the fraction gives; the build's memory plan only checks that one max-length sequence fits.
+    `guided_decoding`: xgrammar guides requests, from the tokenizer file `write_engine` writes (the C++ backend
+    ignores `tokenizer_dir`, logging so; NVIDIA's Python engine model reads it instead).
     """
     def flag(value: bool) -> str:
         return "true" if value else "false"
@@ -77,6 +81,13 @@ def parameters(options: BuildOptions) -> dict[str, str]:
         "executor_worker_path": trtllm.EXECUTOR_WORKER_PATH,
         "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
     }
+    if guided_decoding:
+        ours.update({
+            "guided_decoding_backend": trtllm.GUIDED_DECODING_BACKEND,
+            "xgrammar_tokenizer_info_path": f"{options.repository_mount}/{ENGINE_MODEL}/1/"
+                                            f"{trtllm.XGRAMMAR_TOKENIZER_INFO}",
+            "tokenizer_dir": f"{options.repository_mount}/{PREPROCESSING_MODEL}/{TOKENIZER_SUBDIR}",
+        })
     unknown = set(ours) - set(trtllm.BACKEND_PARAMETER_KEYS)
     if unknown:
         raise ValueError(f"not parameters of the tensorrtllm backend {trtllm.TRTLLM_VERSION}: {sorted(unknown)}")
@@ -123,9 +134,19 @@ def build_spec(options: BuildOptions, checkpoint_config: dict) -> trtllm.TrtBuil
         examples_dir=options.examples_dir, calib_dataset=options.calib_dataset)
 
 
+def _tokenizer_info(options: BuildOptions) -> dict | None:
+    from ...runtime.text.tokenization import load_tokenizer
+
+    return trtllm.xgrammar_tokenizer_info(load_tokenizer(options.model))
+
+
 def plan(options: BuildOptions, checkpoint_config: dict, progress: Progress) -> EnginePlan:
     """The memory plan and the exact commands, printed; TensorRT-LLM required unless --dry-run."""
     spec = build_spec(options, checkpoint_config)
+    guided_decoding = _tokenizer_info(options) is not None
+    if not guided_decoding:
+        progress("guided decoding off: the checkpoint's tokenizer has no fast (tokenizer.json) form, which the "
+                 "backend's xgrammar reads")
     gpu_memory_gib = _gpu_memory_gib(options)
     memory = plan_memory(ModelShape.from_hf_config(checkpoint_config), gpu_memory_gib=gpu_memory_gib,
                          dtype=spec.dtype, quantization=options.quantization, kv_cache_dtype=options.kv_cache_dtype,
@@ -152,11 +173,16 @@ def plan(options: BuildOptions, checkpoint_config: dict, progress: Progress) -> 
                                       max_queue_size=options.serving.max_queue_size or memory.max_queue_size)
     record = {"memory_plan": dataclasses.asdict(memory), "commands": commands,
               "tensorrt_llm": trtllm.TRTLLM_VERSION, "image": trtllm.TRITON_IMAGE, "dry_run": options.dry_run}
-    return EnginePlan(parameters=parameters(options), serving=serving, backend=BACKEND, manifest=record)
+    return EnginePlan(parameters=parameters(options, guided_decoding), serving=serving, backend=BACKEND,
+                      manifest=record)
 
 
 def write_engine(options: BuildOptions, checkpoint_config: dict, version_dir: Path, progress: Progress) -> None:
-    """Convert (or quantize) and build the engine into tensorrt_llm/1/engine, unless --dry-run."""
+    """The tokenizer file of guided decoding (a dry run's configs name it too); then convert (or quantize) and
+    build the engine into tensorrt_llm/1/engine, unless --dry-run."""
+    info = _tokenizer_info(options)
+    if info is not None:
+        (version_dir / trtllm.XGRAMMAR_TOKENIZER_INFO).write_text(json.dumps(info))
     if options.dry_run:
         return
     spec = build_spec(options, checkpoint_config)
@@ -178,4 +204,6 @@ def serving_ranks(repository: Path, build: dict) -> int:
 KIND = EngineKind(
     name="tensorrtllm", summary="NVIDIA's TensorRT-LLM backend serving an engine this build makes (TensorRT-LLM up "
     "to 1.2.x)", model_source=None, runtime_room=None, plan=plan, check=check, write_engine=write_engine,
-    serving_ranks=serving_ranks, weight_patterns=("*.safetensors", "*.bin"))
+    serving_ranks=serving_ranks, weight_patterns=("*.safetensors", "*.bin"),
+    own_options=(*TENSORRT_LLM_OPTIONS, "quantization", "batch_scheduler_policy", "cuda_graphs", "gpu_memory_gib",
+                 "examples_dir", "calib_dataset", "dry_run"))

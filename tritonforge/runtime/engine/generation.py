@@ -14,6 +14,7 @@ import numpy as np
 from ...facts.contract import BEAM_WIDTH, INPUT_IDS, NUM_RETURN_SEQUENCES, REQUEST_OUTPUT_LEN
 from ...facts.errors import QueueFullError, RequestError, UnsupportedError
 from ...facts.limits import EngineLimits
+from .guided import GuidedDecoding
 from .sampling import SamplingParams
 
 
@@ -51,6 +52,8 @@ class GenerationRequest:
     stream: bool = False
     return_log_probs: bool = False
     embedding_bias: np.ndarray | None = None  # [vocab] added to the logits of every step
+    guided_decoding: GuidedDecoding | None = None  # the grammar the answer must follow
+    grammar: object = None  # the engine's compiled `guided_decoding`, set by its `validate`
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ import numpy as np
 
 from ...facts import contract
 from ...facts.errors import RequestError, UnsupportedError
-from ..text.tokenization import from_word_list
+from ..text.tokenization import decode_utf8, from_word_list
 from .generation import check_supported
+from .guided import GuidedDecoding, guided_decoding
 from .sampling import SamplingParams
 
 # Engine input → (SamplingParams field, type).
@@ -50,7 +51,6 @@ FEATURE_INPUTS = {
     contract.MROPE_POSITION_DELTAS: "multimodal engines",
     contract.LORA_TASK_ID: "LoRA", contract.LORA_WEIGHTS: "LoRA", contract.LORA_CONFIG: "LoRA",
     contract.CONTEXT_PHASE_PARAMS: "disaggregated serving",
-    contract.GUIDED_DECODING_GUIDE_TYPE: "guided decoding", contract.GUIDED_DECODING_GUIDE: "guided decoding",
     contract.RUNTIME_TOP_P_MIN: "top-p decay", contract.RUNTIME_TOP_P_DECAY: "top-p decay",
     contract.RUNTIME_TOP_P_RESET_IDS: "top-p decay",
     contract.RETURN_CONTEXT_LOGITS: "returning logits", contract.RETURN_GENERATION_LOGITS: "returning logits",
@@ -96,6 +96,7 @@ class EngineRow:
     return_num_input_tokens: bool
     return_num_output_tokens: bool
     embedding_bias: np.ndarray | None  # [vocab] added to the logits, or None
+    guided_decoding: GuidedDecoding | None = None  # the grammar the answer must follow, or None
 
 
 def _column(inputs: dict[str, np.ndarray], name: str, batch: int) -> list | None:
@@ -130,6 +131,7 @@ def parse_engine_request(inputs: dict[str, np.ndarray], *, default_exclude_input
     check_features(inputs)
     columns = {name: _column(inputs, name, batch) for name in (
         contract.END_ID, contract.BEAM_WIDTH, contract.NUM_RETURN_SEQUENCES, *FLAG_INPUTS, *SAMPLING_INPUTS)}
+    guides = _guides(inputs, batch)
 
     def value(name, row, default):
         column = columns[name]
@@ -159,8 +161,24 @@ def parse_engine_request(inputs: dict[str, np.ndarray], *, default_exclude_input
             return_num_input_tokens=bool(value(contract.RETURN_NUM_INPUT_TOKENS, row, False)),
             return_num_output_tokens=bool(value(contract.RETURN_NUM_OUTPUT_TOKENS, row, False)),
             embedding_bias=_embedding_bias(inputs, row, batch),
+            guided_decoding=guided_decoding(*guides[row]),
         ))
     return rows
+
+
+def _guides(inputs: dict[str, np.ndarray], batch: int) -> list[tuple[str, str]]:
+    """Each row's (guide type, guide) as text, "" where the input is absent."""
+    def texts(name: str) -> list[str]:
+        value = inputs.get(name)
+        if value is None or value.size == 0:
+            return [""] * batch
+        items = value.reshape(value.shape[0], -1) if value.ndim else value.reshape(1, 1)
+        if items.shape != (batch, 1):
+            raise RequestError(name, f"must hold one string per row ({batch} rows), got shape {list(value.shape)}")
+        return [decode_utf8(name, item) for item in items[:, 0]]
+
+    types = [text.strip() for text in texts(contract.GUIDED_DECODING_GUIDE_TYPE)]
+    return list(zip(types, texts(contract.GUIDED_DECODING_GUIDE)))
 
 
 def _unset(name: str, value) -> bool:

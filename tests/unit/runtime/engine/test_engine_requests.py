@@ -16,7 +16,7 @@ from tritonforge.runtime.engine.requests import (
 
 # Inputs the parser reads itself, besides the sampling and flag inputs.
 PARSED = {"input_ids", "input_lengths", "request_output_len", "end_id", "stop", "beam_width", "num_return_sequences",
-          "stop_words_list", "bad_words_list", "embedding_bias"}
+          "stop_words_list", "bad_words_list", "embedding_bias", "guided_decoding_guide_type", "guided_decoding_guide"}
 
 
 def request(**extra):
@@ -44,7 +44,7 @@ def test_top_p_above_one_is_still_an_error_naming_the_client_field():
 
 @pytest.mark.parametrize(("name", "value", "field"), [
     ("lora_task_id", np.array([[7]], dtype=np.uint64), "lora_task_id"),
-    ("guided_decoding_guide_type", np.array([[b"json"]], dtype=object), "guided_decoding_guide_type"),
+    ("prompt_embedding_table", np.ones((1, 2, 4), dtype=np.float16), "prompt_embedding_table"),
     ("return_generation_logits", np.array([[True]]), "return_generation_logits"),
     ("draft_input_ids", np.array([[1, 2]], dtype=np.int32), "draft_input_ids"),
 ])
@@ -60,7 +60,7 @@ def test_empty_or_false_feature_inputs_are_accepted():
                                           embedding_bias=np.zeros((1, 0), dtype=np.float32),
                                           decoder_input_ids=np.array([[0]], dtype=np.int32)),
                                   default_exclude_input=True)
-    assert row.embedding_bias is None and row.prompt_ids == [5, 6, 7]
+    assert row.embedding_bias is None and row.prompt_ids == [5, 6, 7] and row.guided_decoding is None
 
 
 def test_end_id_zero_is_a_token_and_a_negative_end_id_means_none():
@@ -153,3 +153,43 @@ def test_a_word_list_with_another_row_count_than_the_request_is_refused_naming_i
     two_rows = np.array([[[11], [1]], [[12], [1]]], dtype=np.int32)
     with pytest.raises(RequestError, match=f"^{field}: has 2 rows, the request has 1"):
         parse_engine_request(request(**{name: two_rows}), default_exclude_input=True)
+
+
+def strings(*values: str) -> np.ndarray:
+    """A [rows, 1] string input, as the ensemble sends one."""
+    return np.array([[value.encode()] for value in values], dtype=object)
+
+
+def test_each_row_of_a_batch_gets_its_own_guide_and_json_ignores_a_guide_as_the_backend_does():
+    inputs = request(input_ids=np.array([[5, 6], [8, 9], [1, 2]], dtype=np.int32),
+                     input_lengths=np.array([[2], [2], [2]], dtype=np.int32),
+                     request_output_len=np.array([[4], [4], [4]], dtype=np.int32),
+                     guided_decoding_guide_type=strings("regex", "json", ""),
+                     guided_decoding_guide=strings("[ab]+", "{ignored", ""))
+    regex, json_any, unguided = parse_engine_request(inputs, default_exclude_input=True)
+    assert (regex.guided_decoding.guide_type, regex.guided_decoding.guide) == ("regex", "[ab]+")
+    assert (json_any.guided_decoding.guide_type, json_any.guided_decoding.guide) == ("json", "")
+    assert unguided.guided_decoding is None
+
+
+@pytest.mark.parametrize(("guide_type", "guide", "field", "problem"), [
+    ("ebnf", "root ::= \"a\"", "guided_decoding_guide_type", "must be one of json, json_schema, regex, ebnf_grammar, "
+                                                              "structural_tag, got 'ebnf'"),
+    ("", "[ab]+", "guided_decoding_guide_type", "must name the type of guided_decoding_guide"),
+    ("json_schema", " ", "guided_decoding_guide", "is required with guided_decoding_guide_type json_schema"),
+    ("regex", None, "guided_decoding_guide", "is required with guided_decoding_guide_type regex"),
+])
+def test_a_guide_that_cannot_be_read_is_refused_naming_the_field(guide_type, guide, field, problem):
+    extra = {"guided_decoding_guide_type": strings(guide_type)}
+    if guide is not None:
+        extra["guided_decoding_guide"] = strings(guide)
+    with pytest.raises(RequestError, match=f"^{field}: {problem}") as raised:
+        parse_engine_request(request(**extra), default_exclude_input=True)
+    assert not isinstance(raised.value, UnsupportedError)
+
+
+def test_a_guide_that_is_not_utf8_is_refused_naming_the_field():
+    with pytest.raises(RequestError, match="^guided_decoding_guide: is not valid UTF-8"):
+        parse_engine_request(request(guided_decoding_guide_type=strings("regex"),
+                                     guided_decoding_guide=np.array([[b"\xff"]], dtype=object)),
+                             default_exclude_input=True)

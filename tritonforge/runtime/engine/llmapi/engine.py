@@ -12,9 +12,15 @@ itself could not be resolved): `tensorrt_llm/llmapi/llm.py` @4c05a748 (`LLM.__in
 `top_k=1` greedy), `tensorrt_llm/executor/result.py` (`CompletionOutput`), `tensorrt_llm/llmapi/__init__.py`
 (`LLM`, `SamplingParams`, `KvCacheConfig`), and NVIDIA's own `triton_backend/all_models/llmapi` model
 (`1/model.py` @b35ac1b6, version 1.2.0rc2), which makes the same calls:
-- `LLM(model=..., skip_tokenizer_init=True, ...)`: preprocessing tokenizes, so the LLM loads no tokenizer;
-  every `SamplingParams` then names its `end_id` (without a tokenizer the LLM cannot fill it in), -1 when
-  the request has none, which is the backend's default: EOS does not end the generation;
+- `LLM(model=..., skip_tokenizer_init=True, ...)`: preprocessing tokenizes, so the LLM needs no tokenizer but
+  for guided decoding (below); every `SamplingParams` names its `end_id` (without a tokenizer the LLM cannot
+  fill it in), -1 when the request has none, which is the backend's default: EOS does not end the generation;
+- guided decoding: `LLM(..., tokenizer=<folder>, guided_decoding_backend="xgrammar")` where the build names the
+  tokenizer (the LLM builds xgrammar's tokenizer info from it: `get_guided_decoding_config` in
+  `_torch/pyexecutor/py_executor_creator.py`, as stored, asserts a tokenizer), and per request
+  `SamplingParams(guided_decoding=GuidedDecodingParams(json_object= | json= | regex= | grammar= |
+  structural_tag=))` (`tensorrt_llm/sampling_params.py` @a98a9061, exported by `tensorrt_llm.llmapi`); the
+  prompt still arrives as token ids and `detokenize=False`, so the tokenizer changes nothing else;
 - `generate_async({"prompt_token_ids": ids}, sampling_params=..., streaming=...)`, called on the event loop
   that iterates the result (the result binds its queue to the loop it is created on);
 - `async for output in result`: `output.finished`, `output.outputs[0].token_ids` (all tokens generated so
@@ -37,15 +43,19 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ....facts.contract import BAD_WORDS_LIST
+from ....facts.contract import BAD_WORDS_LIST, GUIDED_DECODING_GUIDE_TYPE
 from ....facts.errors import EngineShuttingDown, UnsupportedError
 from ....facts.limits import EngineLimits
 from ....facts.model_parameters import PyTorchEngineParameters
 from ..generation import EngineStats, GenerationRequest, GenerationResult, check_limits
+from ..guided import EBNF_GRAMMAR, JSON, JSON_SCHEMA, REGEX, STRUCTURAL_TAG, GuidedDecoding
 
 logger = logging.getLogger(__name__)
 
 NO_END_ID = -1  # the tensorrtllm backend's default end id: EOS does not end the generation
+GUIDED_DECODING_BACKEND = "xgrammar"  # what the tensorrtllm backend's guided decoding runs on too
+# A guide type → the field of the LLM API's GuidedDecodingParams that carries it (`json` sets json_object).
+GUIDE_FIELDS = {JSON_SCHEMA: "json", REGEX: "regex", EBNF_GRAMMAR: "grammar", STRUCTURAL_TAG: "structural_tag"}
 
 
 class LlmApiMissing(RuntimeError):
@@ -75,6 +85,7 @@ class LlmApiSettings:
     """The `LLM(...)` arguments a build chooses (`model_parameters.PyTorchEngineParameters` carries them)."""
 
     model_path: str  # the Hugging Face checkpoint, absolute
+    tokenizer_dir: str = ""  # the model's tokenizer, absolute: guided decoding needs it; "": none, and no guides
     dtype: str = _BUILT.dtype  # auto | float16 | bfloat16 | float32; quantization is read from the checkpoint
     kv_cache_dtype: str = _BUILT.kv_cache_dtype  # auto | fp8
     tensor_parallel_size: int = _BUILT.tensor_parallel_size
@@ -88,9 +99,14 @@ class LlmApiSettings:
 
 def llm_arguments(api, settings: LlmApiSettings, limits: EngineLimits) -> dict:
     """The keyword arguments of `LLM(...)`: every one a field of the LLM API's `TorchLlmArgs` at 1.2."""
+    if settings.tokenizer_dir:
+        tokenizer = {"tokenizer": settings.tokenizer_dir, "skip_tokenizer_init": False,
+                     "guided_decoding_backend": GUIDED_DECODING_BACKEND}
+    else:
+        tokenizer = {"skip_tokenizer_init": True}
     return {
         "model": settings.model_path,
-        "skip_tokenizer_init": True,
+        **tokenizer,
         "trust_remote_code": False,
         "dtype": settings.dtype,
         "tensor_parallel_size": settings.tensor_parallel_size,
@@ -135,6 +151,13 @@ def sampling_arguments(request: GenerationRequest) -> dict:
     if request.return_log_probs:
         arguments["logprobs"] = 1
     return arguments
+
+
+def guided_decoding_params(api, guided: GuidedDecoding):
+    """The LLM API's `GuidedDecodingParams` of a request's guide."""
+    if guided.guide_type == JSON:
+        return api.GuidedDecodingParams(json_object=True)
+    return api.GuidedDecodingParams(**{GUIDE_FIELDS[guided.guide_type]: guided.guide})
 
 
 def _log_probs(tokens: list[int], logprobs) -> list[float]:
@@ -200,6 +223,7 @@ class LlmApiEngine:
     def __init__(self, api, settings: LlmApiSettings, limits: EngineLimits, *, vocab_size: int,
                  check_period_s: float = 0.1):
         self.api = api
+        self.guided = bool(settings.tokenizer_dir)  # the LLM was made with a tokenizer and xgrammar
         self.limits = limits
         self.vocab_size = vocab_size
         self.check_period_s = check_period_s
@@ -219,9 +243,9 @@ class LlmApiEngine:
     def for_model(cls, parameters, settings, api=None) -> LlmApiEngine:
         """The engine of a `tensorrt_llm` model: its typed parameters (`PyTorchEngineParameters`) and the
         `EngineSettings` made from them (limits, the checkpoint's absolute path, the cancellation period)."""
-        llm = LlmApiSettings(model_path=settings.model_path,
+        llm = LlmApiSettings(model_path=settings.model_path, tokenizer_dir=settings.tokenizer_dir,
                              **{item.name: getattr(parameters, item.name) for item in dataclasses.fields(LlmApiSettings)
-                                if item.name != "model_path"})
+                                if item.name not in ("model_path", "tokenizer_dir")})
         return cls(api or load_llm_api(), llm, settings.limits, vocab_size=parameters.vocab_size,
                    check_period_s=settings.cancellation_check_period_ms / 1000)
 
@@ -232,6 +256,9 @@ class LlmApiEngine:
         if any(len(sequence) > 1 for sequence in request.bad_sequences):
             raise UnsupportedError(BAD_WORDS_LIST, "the tensorrtllm-pytorch engine bans single tokens only "
                                                      "(the LLM API's bad_token_ids); a bad word here has several")
+        if request.guided_decoding is not None and not self.guided:
+            raise UnsupportedError(GUIDED_DECODING_GUIDE_TYPE, "guided decoding needs the LLM's tokenizer, which "
+                                                               "this repository's build did not name: rebuild it")
 
     def submit(self, request: GenerationRequest) -> None:
         with self._lock:
@@ -305,7 +332,10 @@ class LlmApiEngine:
             if request.sink.cancelled():
                 running.end("cancelled")
                 return
-            params = self.api.SamplingParams(**sampling_arguments(request))
+            arguments = sampling_arguments(request)
+            if request.guided_decoding is not None:
+                arguments["guided_decoding"] = guided_decoding_params(self.api, request.guided_decoding)
+            params = self.api.SamplingParams(**arguments)
             running.result = self.llm.generate_async({"prompt_token_ids": list(request.prompt_ids)},
                                                      sampling_params=params, streaming=request.stream)
             request.sink.scheduled()

@@ -26,7 +26,8 @@ import os
 import tempfile
 import time
 
-from ....facts.errors import EngineShuttingDown
+from ....facts.contract import GUIDED_DECODING_GUIDE_TYPE
+from ....facts.errors import EngineShuttingDown, UnsupportedError
 from ....facts.limits import EngineLimits
 from ..generation import EngineStats, EngineThread, GenerationRequest, GenerationResult, check_limits
 
@@ -110,6 +111,9 @@ class ReplayEngine(EngineThread):
 
     def validate(self, request: GenerationRequest) -> None:
         check_limits(request, self.limits, vocab_size=self.vocab_size, pending=self.pending())
+        if request.guided_decoding is not None:  # its tokens are a recording: no grammar could hold them
+            raise UnsupportedError(GUIDED_DECODING_GUIDE_TYPE, "guided decoding is not supported by the replay "
+                                                               "engine, which streams recorded tokens")
 
     def _loop(self) -> None:
         next_step = time.monotonic()

@@ -8,8 +8,9 @@ One background thread owns the model. Each iteration it
 3. runs ONE batched forward pass that decodes the next token of every slot, each row at its own position
    (per-row position ids, a 4-D attention mask over the columns each row has written); on CUDA that step
    is replayed as a CUDA graph (decode_graphs.py),
-4. processes and samples every row's logits at once with its own parameters (`SlotSampler`), copies the
-   chosen tokens to the host (the step's one sync), reports them, and frees the slots of finished requests.
+4. processes and samples every row's logits at once with its own parameters (`SlotSampler`), masks the tokens
+   a guided row's grammar forbids (grammar.py), copies the chosen tokens to the host (the step's one sync),
+   reports them, and frees the slots of finished requests.
 
 A request that arrives while others generate therefore joins at the next step, as in TensorRT-LLM. Joining
 and leaving move no cache: a request owns its slot until it ends. The cache is bounded explicitly: at most
@@ -27,18 +28,20 @@ import heapq
 import inspect
 import logging
 import os
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
-from ....facts.errors import EngineShuttingDown
+from ....facts.contract import GUIDED_DECODING_GUIDE_TYPE
+from ....facts.errors import EngineShuttingDown, UnsupportedError
 from ....facts.limits import EngineLimits
 from ..generation import EngineStats, EngineThread, GenerationRequest, GenerationResult, check_limits
 from ..sampling import SlotSampler
 from .decode_graphs import DecodeGraphs, StaticInputs, graph_bucket
+from .grammar import GrammarMasks, Grammars
 from .slot_attention import use_slot_attention
 
 logger = logging.getLogger(__name__)
@@ -169,15 +172,16 @@ def check_cache_layers(model) -> None:
 class _Sequence:
     """A running request and its state."""
 
-    __slots__ = ("request", "slot", "tokens", "generated", "log_probs", "finish_reason")
+    __slots__ = ("request", "slot", "tokens", "generated", "log_probs", "finish_reason", "matcher")
 
-    def __init__(self, request: GenerationRequest, slot: int):
+    def __init__(self, request: GenerationRequest, slot: int, matcher=None):
         self.request = request
         self.slot = slot
         self.tokens = list(request.prompt_ids)
         self.generated: list[int] = []
         self.log_probs: list[float] = []
         self.finish_reason: str | None = None
+        self.matcher = matcher  # a guided request's xgrammar matcher, advanced by every token it accepts
 
 
 class StepFlags(NamedTuple):
@@ -189,13 +193,14 @@ class StepFlags(NamedTuple):
     penalised: bool
     biased: bool
     log_probs: bool
+    guided: bool
 
 
 class _Features:
     """How many running sequences use each optional sampling step: a step skips the ops nobody uses."""
 
     def __init__(self):
-        self.sampling = self.top_k = self.top_p = self.penalised = self.biased = self.log_probs = 0
+        self.sampling = self.top_k = self.top_p = self.penalised = self.biased = self.log_probs = self.guided = 0
 
     def add(self, request: GenerationRequest, sign: int) -> None:
         params = request.sampling
@@ -206,10 +211,11 @@ class _Features:
         self.penalised += sign * params.penalised
         self.biased += sign * (request.embedding_bias is not None)
         self.log_probs += sign * request.return_log_probs
+        self.guided += sign * (request.grammar is not None)
 
     def flags(self) -> StepFlags:
         return StepFlags(self.sampling > 0, self.top_k > 0, self.top_p > 0, self.penalised > 0, self.biased > 0,
-                         self.log_probs > 0)
+                         self.log_probs > 0, self.guided > 0)
 
 
 class InflightBatchingEngine(EngineThread):
@@ -217,11 +223,15 @@ class InflightBatchingEngine(EngineThread):
     sets TRITONFORGE_CUDA_GRAPHS=0). `prefill_tokens`: the most tokens (padding included) of the requests
     prefilled together in one forward pass; a longer prompt is prefilled alone. `admission_wait_steps`: how
     many decode steps waiting requests may wait to be prefilled together while others run (0: admitted at the
-    next step)."""
+    next step). `tokenizer`: the model's, whose vocabulary guided decoding compiles grammars for (None: guided
+    requests are refused). `mirror`: told each forward pass just before it runs, so that tensor-parallel ranks
+    run the same pass (tensor_parallel.py); decode steps then run eagerly."""
 
     def __init__(self, model, limits: EngineLimits, *, cuda_graphs: bool | None = None,
-                 prefill_tokens: int = PREFILL_TOKENS, admission_wait_steps: int = 0):
+                 prefill_tokens: int = PREFILL_TOKENS, admission_wait_steps: int = 0, tokenizer=None,
+                 mirror: StepMirror | None = None):
         super().__init__("inflight-engine")
+        self._mirror = mirror
         check_cache_layers(model)
         use_slot_attention(model)
         self.model = model
@@ -241,6 +251,9 @@ class InflightBatchingEngine(EngineThread):
         self._features = _Features()
         self._cache = SlotCache(model.config.num_hidden_layers, slots, limits.max_seq_len)
         self._sampler = SlotSampler(slots, self._vocab_size, self.device)
+        self._grammars = Grammars(tokenizer, self._vocab_size) if tokenizer is not None else None
+        # Before any captured step: a step that masks reads the device bitmask at this address.
+        self._masks = GrammarMasks(slots, self._grammars, self._vocab_size, self.device) if self._grammars else None
         forward = inspect.signature(model.forward).parameters
         # transformers 5.x renames `past_key_values` to `cache` (the old name warns on every call)
         self._cache_argument = "cache" if "cache" in forward else "past_key_values"
@@ -250,7 +263,7 @@ class InflightBatchingEngine(EngineThread):
             cuda_graphs = os.environ.get(CUDA_GRAPHS_ENV, "1") != "0"
         self._graphs: DecodeGraphs | None = None
         self._static: StaticInputs | None = None
-        if cuda_graphs and self.device.type == "cuda":
+        if cuda_graphs and self.device.type == "cuda" and mirror is None:  # a replay tells no other rank
             self.use_decode_graphs(capture=True)
         self._admission_wait_steps = admission_wait_steps
         self._decode_steps = 0
@@ -271,8 +284,15 @@ class InflightBatchingEngine(EngineThread):
     # ---- client side (any thread) -------------------------------------------------------------------------
 
     def validate(self, request: GenerationRequest) -> None:
-        """Raise RequestError for a request this engine must refuse; called before `submit`."""
+        """Raise RequestError for a request this engine must refuse; called before `submit`. Compiles a guided
+        request's grammar here, on the caller's thread, so that the engine's thread never waits for it."""
         check_limits(request, self.limits, vocab_size=self.model.config.vocab_size, pending=self.pending())
+        if request.guided_decoding is not None:
+            if self._grammars is None:
+                raise UnsupportedError(GUIDED_DECODING_GUIDE_TYPE, "guided decoding is off in this engine: it was "
+                                                                   "loaded without a tokenizer or without xgrammar "
+                                                                   "(the server's log says which)")
+            request.grammar = self._grammars.compile(request.guided_decoding)
 
     # ---- engine thread ------------------------------------------------------------------------------------
 
@@ -280,7 +300,7 @@ class InflightBatchingEngine(EngineThread):
         return [sequence for sequence in self._slots if sequence is not None]
 
     def _loop(self) -> None:
-        with torch.inference_mode(), _attention_backends(self.device):
+        with torch.inference_mode(), _on_device(self.device), _attention_backends(self.device):
             while not self._stopping.is_set():
                 if not self._running() and self._idle():
                     self._wait_for_work()
@@ -372,7 +392,8 @@ class InflightBatchingEngine(EngineThread):
         for request in group:
             request.sink.scheduled()
             slot = heapq.heappop(self._free)
-            sequence = _Sequence(request, slot)
+            matcher = self._grammars.matcher(request.grammar) if request.grammar is not None else None
+            sequence = _Sequence(request, slot, matcher)
             self._slots[slot] = sequence
             self._occupied[slot] = True
             self._features.add(request, +1)
@@ -391,6 +412,8 @@ class InflightBatchingEngine(EngineThread):
             keep = {}
             if self._keep_row_positions:  # [rows, 1]: each row's last real position
                 keep = {"logits_to_keep": torch.tensor([[length - 1] for length in lengths], device=self.device)}
+        if self._mirror is not None:
+            self._mirror.prefill(input_ids, keep, [sequence.slot for sequence in sequences])
         output = self.model(input_ids=input_ids, use_cache=True, **{self._cache_argument: cache}, **keep)
         if len(group) == 1 or keep:
             logits = output.logits[:, -1]
@@ -406,6 +429,8 @@ class InflightBatchingEngine(EngineThread):
             rows = torch.tensor([sequence.slot for sequence in sequences], device=self.device)
         live, banned = self._live_rows(sequences)
         if live:
+            if features.guided:
+                self._fill_masks(live)
             steps = torch.zeros(len(group), dtype=torch.long, device=self.device)
             chosen = self._choose(logits, rows, steps, features.flags(), banned=banned)
             self._accept_rows(live, chosen, features.log_probs > 0)
@@ -418,6 +443,8 @@ class InflightBatchingEngine(EngineThread):
         if live:
             length = int(self._state[1, :rows].max()) + 1  # the longest cache, and its new column
             flags = self._features.flags()
+            if flags.guided:
+                self._fill_masks(live)
             chosen = self._graph_step(length, flags, banned) if self._graphs is not None else None
             if chosen is None:
                 chosen = self._eager_step(rows, length, flags, banned)
@@ -456,11 +483,9 @@ class InflightBatchingEngine(EngineThread):
     def _decode_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, rows: int, length: int):
         """One decode forward pass of slots [0, rows), each row writing its token at its position; returns
         the logits [rows, vocab]."""
-        columns = torch.arange(length, device=self.device)
-        visible = columns[None, :] <= positions[:, None]  # [rows, length]: the row's cache and its new token
-        dtype = self.model.dtype
-        mask = torch.zeros(visible.shape, dtype=dtype, device=self.device).masked_fill_(
-            ~visible, torch.finfo(dtype).min)[:, None, None, :]  # [rows, 1, 1, length], additive
+        if self._mirror is not None:
+            self._mirror.decode(input_ids, positions, rows, length)
+        mask = decode_mask(positions, length, self.model.dtype)
         self._cache.prepare(rows, positions, length)
         output = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions[:, None],
                             use_cache=True, **{self._cache_argument: self._cache})
@@ -488,12 +513,22 @@ class InflightBatchingEngine(EngineThread):
                               if 0 <= token < vocab)
         return live, banned
 
+    def _fill_masks(self, live: list[tuple[int, _Sequence]]) -> None:
+        """Each live guided sequence's allowed tokens into its slot's bitmask row, then to the device."""
+        for _, sequence in live:
+            if sequence.matcher is not None:
+                self._masks.fill(sequence.slot, sequence.matcher)
+        self._masks.upload()
+
     def _choose(self, logits: torch.Tensor, rows, steps: torch.Tensor, flags: StepFlags, *, banned,
                 ban: torch.Tensor | None = None, record: bool = True) -> torch.Tensor:
         """Process and sample logits [n, vocab] of slots `rows`: the tokens [n], or with log probs [2, n]
-        (float64: token ids are exact)."""
+        (float64: token ids are exact). A guided row's grammar masks its logits after the request's own
+        processing (bias, penalties, bans) and before temperature, top-k and top-p."""
         logits = self._sampler.process(logits.float(), rows, biased=flags.biased, penalised=flags.penalised,
                                        banned=banned, ban=ban)
+        if flags.guided:
+            logits = self._masks.apply(logits, rows)
         tokens = self._sampler.choose(logits, rows, steps, sampling=flags.sampling, top_k=flags.top_k,
                                       top_p=flags.top_p)
         if flags.penalised and record:
@@ -519,6 +554,12 @@ class InflightBatchingEngine(EngineThread):
 
     def _accept(self, sequence: _Sequence, token: int, log_prob: float) -> None:
         request = sequence.request
+        matcher = sequence.matcher
+        # The grammar allowed the token, unless the request's own bans (min_tokens' end id, bad words) took every
+        # token it allows: the answer then ends where it is. Its stop token ends it once the text is whole.
+        if matcher is not None and (not matcher.accept_token(token) or matcher.is_terminated()):
+            sequence.finish_reason = "end_id"
+            return
         if request.end_id is not None and token == request.end_id:
             sequence.finish_reason = "end_id"
             return
@@ -547,7 +588,29 @@ class InflightBatchingEngine(EngineThread):
         self._state[:, sequence.slot] = 0
         self._occupied[sequence.slot] = False
         self._features.add(sequence.request, -1)
+        if sequence.matcher is not None:
+            self._masks.clear(sequence.slot)
         heapq.heappush(self._free, sequence.slot)
+
+
+def decode_mask(positions: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask [rows, 1, 1, length] of a decode step: row r sees its cache and its new token, the
+    columns up to positions[r]."""
+    columns = torch.arange(length, device=positions.device)
+    visible = columns[None, :] <= positions[:, None]  # [rows, length]
+    return torch.zeros(visible.shape, dtype=dtype, device=positions.device).masked_fill_(
+        ~visible, torch.finfo(dtype).min)[:, None, None, :]
+
+
+class StepMirror(Protocol):
+    """What an engine tells its tensor-parallel ranks before each forward pass (tensor_parallel.py)."""
+
+    def prefill(self, input_ids: torch.Tensor, keep: dict, slots: list[int]) -> None:
+        """A prefill of `input_ids` [rows, length] (`keep`: the pass's logits_to_keep argument, if any) whose
+        caches go into `slots`."""
+
+    def decode(self, input_ids: torch.Tensor, positions: torch.Tensor, rows: int, length: int) -> None:
+        """A decode step of slots [0, rows): input_ids [rows, 1] written at positions [rows], `length` columns."""
 
 
 def _keeps_row_positions() -> bool:
@@ -557,6 +620,12 @@ def _keeps_row_positions() -> bool:
     except ImportError:
         return False
     return "2D" in (slice_logits_to_keep.__doc__ or "")
+
+
+def _on_device(device: torch.device):
+    """The engine's GPU as its thread's current device (a new thread's is GPU 0): what CUDA makes without naming a
+    device (a graph's capture stream) lands on the engine's GPU, not on GPU 0 (build --gpus)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _attention_backends(device: torch.device):

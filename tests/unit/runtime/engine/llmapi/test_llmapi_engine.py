@@ -14,6 +14,7 @@ from tritonforge.facts.errors import ErrorKind, QueueFullError, UnsupportedError
 from tritonforge.facts.limits import EngineLimits
 from tritonforge.facts.release import TRITON_IMAGE
 from tritonforge.runtime.engine.generation import GenerationRequest
+from tritonforge.runtime.engine.guided import GuidedDecoding
 from tritonforge.runtime.engine.llmapi.engine import (
     NO_END_ID,
     LlmApiEngine,
@@ -258,3 +259,65 @@ def test_requests_beyond_the_batch_wait_in_the_llm_and_the_queue_limit_bounds_th
         assert second.done.wait(WAIT_S)
     finally:
         engine.shutdown()
+
+
+GUIDES = [
+    (GuidedDecoding("json"), {"json_object": True}),
+    (GuidedDecoding("json_schema", '{"type": "object"}'), {"json": '{"type": "object"}'}),
+    (GuidedDecoding("regex", "[ab]+"), {"regex": "[ab]+"}),
+    (GuidedDecoding("ebnf_grammar", 'root ::= "yes"'), {"grammar": 'root ::= "yes"'}),
+    (GuidedDecoding("structural_tag", '{"type": "structural_tag"}'), {"structural_tag": '{"type": "structural_tag"}'}),
+]
+
+
+@pytest.mark.parametrize(("guided", "fields"), GUIDES, ids=[guided.guide_type for guided, _ in GUIDES])
+def test_each_guide_type_reaches_the_llm_as_guided_decoding_params(api, checkpoint, tmp_path, guided, fields):
+    engine = make_engine(api, checkpoint, tokenizer_dir=str(tmp_path))
+    try:
+        sink = run(engine, guided_decoding=guided)
+        assert sink.error is None
+        (_, params, _), = api.LLM.instances[-1].requests
+        expected = api.GuidedDecodingParams(**fields)
+        assert params.guided_decoding == expected
+    finally:
+        engine.shutdown()
+
+
+def test_with_a_tokenizer_the_llm_loads_it_and_runs_xgrammar(api, checkpoint, tmp_path):
+    engine = make_engine(api, checkpoint, tokenizer_dir=str(tmp_path))
+    engine.shutdown()
+    llm = api.LLM.instances[-1]
+    assert llm.tokenizer == str(tmp_path) and not llm.skip_tokenizer_init
+    assert llm.kwargs["guided_decoding_backend"] == "xgrammar"
+
+
+def test_an_unguided_request_sends_no_guide(api, checkpoint, tmp_path):
+    engine = make_engine(api, checkpoint, tokenizer_dir=str(tmp_path))
+    try:
+        run(engine)
+        (_, params, _), = api.LLM.instances[-1].requests
+        assert params.guided_decoding is None
+    finally:
+        engine.shutdown()
+
+
+def test_without_a_tokenizer_a_guided_request_is_unsupported_and_the_llm_gets_no_backend(api, engine):
+    with pytest.raises(UnsupportedError, match="^guided_decoding_guide_type: guided decoding needs the LLM's"):
+        run(engine, guided_decoding=GuidedDecoding("json"))
+    assert "guided_decoding_backend" not in api.LLM.instances[-1].kwargs and not api.LLM.instances[-1].requests
+
+
+def test_the_model_reads_the_tokenizer_its_build_named(api, tmp_path):
+    """The build names preprocessing's tokenizer relative to the model; the engine hands the LLM its absolute path."""
+    from tritonforge.facts.model_parameters import PyTorchEngineParameters
+    from tritonforge.runtime.engine.service import EngineSettings
+
+    model_dir = tmp_path / "tensorrt_llm"
+    (model_dir / "1" / "checkpoint").mkdir(parents=True)
+    (model_dir / "1" / "checkpoint" / "config.json").write_text(f'{{"vocab_size": {VOCAB}}}')
+    parameters = PyTorchEngineParameters(model_path="1/checkpoint", tokenizer_dir="../preprocessing/tokenizer",
+                                         vocab_size=VOCAB, max_batch_size=4, max_input_len=16, max_seq_len=600)
+    args = {"model_config": "{}", "model_repository": str(model_dir)}
+    settings = EngineSettings.from_model_args(args, parameters)
+    LlmApiEngine.for_model(parameters, settings, api=api).shutdown()
+    assert api.LLM.instances[-1].tokenizer == str(tmp_path / "preprocessing" / "tokenizer")
