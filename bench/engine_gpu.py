@@ -6,12 +6,19 @@ soon as its previous one ends, as bench/pipeline.py's clients do; tokens are cou
 a warm-up. --profile then records the engine at the last concurrency with torch.profiler and prints where the
 time goes (the top ops by host and by device time) and writes a Chrome trace. On CUDA the engine replays its
 decode steps as CUDA graphs unless --no-cuda-graphs; --compare-cuda-graphs measures both, eager first, in one
-run. The figures go to --results-dir (engine-gpu-<size>.json and .md).
+run. The figures go to --results-dir (engine-gpu-<size>.json and .md). Every point also times the engine's
+prefills and decode steps apart (each ends in its one sync to the host, so its wall time is its time).
+
+--tp-size 1,2,4 measures tensor parallelism instead (runtime/engine/transformers/tensor_parallel.py): the shape
+is written as a checkpoint, and each size loads it split over that many GPUs (rank 0 here, the others worker
+processes), eager decode steps as tensor parallelism runs them, with one GPU's CUDA graphs beside them as the
+ceiling of one GPU.
 
 Run:
   .venv/bin/python bench/engine_gpu.py --model-size tiny --concurrency 1,8 --duration-s 2       # CPU, a check
   python3 bench/engine_gpu.py --model-size 1b --concurrency 1,32,128 --duration-s 4 --compare-cuda-graphs
   python3 bench/engine_gpu.py --model-size 1b --concurrency 128 --duration-s 3 --profile --trace-dir /tmp
+  python3 bench/engine_gpu.py --model-size 1b --concurrency 128,256,512 --tp-size 1,2,4     # 4 GPUs
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import platform
 import random
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -144,13 +152,55 @@ class _Sink:
         return not self.load.running
 
 
+class StepClock:
+    """The engine thread's time in prefills and in decode steps while `on`; wraps the engine's own two methods
+    (instance attributes, which its loop calls in their place)."""
+
+    def __init__(self, engine):
+        self.on = False
+        self.reset()
+        prefill, decode = engine._prefill, engine._decode_step
+
+        def timed_prefill(group):
+            start = time.perf_counter()
+            prefill(group)
+            if self.on:
+                self.prefill_s += time.perf_counter() - start
+                self.prefills += 1
+                self.prefilled += len(group)
+
+        def timed_decode():
+            start = time.perf_counter()
+            decode()
+            if self.on:
+                self.decode_s += time.perf_counter() - start
+                self.decodes += 1
+
+        engine._prefill, engine._decode_step = timed_prefill, timed_decode
+
+    def reset(self) -> None:
+        self.prefill_s = self.decode_s = 0.0
+        self.prefills = self.prefilled = self.decodes = 0
+
+    def figures(self, seconds: float) -> dict:
+        return {"decode_ms": round(1000 * self.decode_s / self.decodes, 3) if self.decodes else None,
+                "prefill_ms": round(1000 * self.prefill_s / self.prefills, 3) if self.prefills else None,
+                "prefilled_per_pass": round(self.prefilled / self.prefills, 1) if self.prefills else None,
+                "decode_share": round(self.decode_s / seconds, 3), "prefill_share": round(self.prefill_s / seconds, 3)}
+
+
 def measure(engine, streams: int, args, vocab: int) -> dict:
+    clock = engine.step_clock
     load = Load(engine, streams, args.prompt_tokens, args.output_tokens, vocab, args.sampled)
     load.window(args.warmup_s)
+    clock.reset()
+    clock.on = True
     tokens, ttft = load.window(args.duration_s)
+    clock.on = False
     load.stop()
     return {"streams": streams, "tokens_per_s": round(tokens / args.duration_s, 1), "errors": load.errors,
-            "ttft_p50_ms": round(1000 * statistics.median(ttft), 2) if ttft else None}
+            "ttft_p50_ms": round(1000 * statistics.median(ttft), 2) if ttft else None,
+            **clock.figures(args.duration_s)}
 
 
 def profile(engine, streams: int, args, vocab: int) -> None:
@@ -195,27 +245,40 @@ def profile(engine, streams: int, args, vocab: int) -> None:
         print(f"trace: {path}")
 
 
+def limits_of(args, concurrency: list[int]) -> EngineLimits:
+    return EngineLimits(max_batch_size=max(concurrency), max_input_len=args.prompt_tokens,
+                        max_seq_len=args.prompt_tokens + args.output_tokens)
+
+
 def run_mode(model, args, concurrency: list[int], cuda_graphs: bool, admission_wait_steps: int = 0) -> dict:
     """One engine, every concurrency in turn; the engine's decode mode as it ended (a failed capture falls
     back to eager steps)."""
     from tritonforge.runtime.engine.transformers.inflight import InflightBatchingEngine
 
-    engine = InflightBatchingEngine(model, EngineLimits(
-        max_batch_size=max(concurrency), max_input_len=args.prompt_tokens,
-        max_seq_len=args.prompt_tokens + args.output_tokens), cuda_graphs=cuda_graphs,
-        admission_wait_steps=admission_wait_steps)
+    engine = InflightBatchingEngine(model, limits_of(args, concurrency), cuda_graphs=cuda_graphs,
+                                    admission_wait_steps=admission_wait_steps)
     label = ("CUDA graphs" if engine.cuda_graphs else "eager") + (
         f", admissions gathered up to {admission_wait_steps} steps" if admission_wait_steps else "")
+    return run_engine(engine, label, args, concurrency, cuda_graphs)
+
+
+def run_engine(engine, label: str, args, concurrency: list[int], cuda_graphs: bool) -> dict:
+    engine.step_clock = StepClock(engine)
+    vocab = engine.model.config.vocab_size
     rows = []
     try:
-        print(f"\ndecode steps: {label}\n{'streams':>8}{'tokens/s':>12}{'TTFT p50 ms':>14}{'errors':>8}", flush=True)
+        print(f"\ndecode steps: {label}\n{'streams':>8}{'tokens/s':>12}{'TTFT p50 ms':>14}{'errors':>8}"
+              f"{'decode ms':>11}{'prefill ms':>12}{'prefill share':>15}", flush=True)
         for streams in concurrency:
-            row = measure(engine, streams, args, model.config.vocab_size)
+            row = measure(engine, streams, args, vocab)
             ttft = f"{row['ttft_p50_ms']:.1f}" if row["ttft_p50_ms"] is not None else "-"
-            print(f"{row['streams']:>8}{row['tokens_per_s']:>12.0f}{ttft:>14}{row['errors']:>8}", flush=True)
+            decode, prefill = (f"{row[key]:.2f}" if row[key] is not None else "-" for key in ("decode_ms",
+                                                                                            "prefill_ms"))
+            print(f"{row['streams']:>8}{row['tokens_per_s']:>12.0f}{ttft:>14}{row['errors']:>8}{decode:>11}"
+                  f"{prefill:>12}{row['prefill_share']:>15.2f}", flush=True)
             rows.append(row)
         if args.profile:
-            profile(engine, concurrency[-1], args, model.config.vocab_size)
+            profile(engine, concurrency[-1], args, vocab)
         graphs = engine._graphs
         mode = {"cuda_graphs_asked": cuda_graphs, "cuda_graphs": engine.cuda_graphs,
                 "graphs_captured": graphs.captured if graphs is not None else 0, "rows": rows}
@@ -226,9 +289,38 @@ def run_mode(model, args, concurrency: list[int], cuda_graphs: bool, admission_w
     return mode
 
 
+def run_tensor_parallel(args, concurrency: list[int], dtype, work: Path) -> tuple[dict, float]:
+    """Each --tp-size in turn over a checkpoint of the shape (one tensor-parallel group at a time: a process
+    holds one), eager as tensor parallelism decodes; one GPU's CUDA graphs beside tp=1. The modes, and the
+    model's parameters in billions."""
+    from tritonforge.builder.planner import ModelShape
+    from tritonforge.runtime.engine.service import EngineSettings
+    from tritonforge.runtime.engine.transformers.inflight import InflightBatchingEngine
+    from tritonforge.runtime.engine.transformers.loading import load_model
+    from tritonforge.runtime.engine.transformers.tensor_parallel import make_tensor_parallel_engine
+    from tritonforge.tools.tiny_model import make_tiny_model
+
+    checkpoint = make_tiny_model(work / "model", shape=SHAPES[args.model_size])
+    shape = ModelShape.from_hf_config(json.loads((checkpoint / "config.json").read_text()))
+    modes = {}
+    for size in (int(value) for value in args.tp_size.split(",")):
+        settings = EngineSettings(limits=limits_of(args, concurrency), model_path=str(checkpoint),
+                                  dtype=str(dtype).removeprefix("torch."), device=args.device,
+                                  tensor_parallel_size=size)
+        if size == 1:
+            for graphs in (False, True) if args.device != "cpu" else (False,):
+                engine = InflightBatchingEngine(load_model(settings), settings.limits, cuda_graphs=graphs)
+                name = "tp=1, " + ("CUDA graphs" if engine.cuda_graphs else "eager")
+                modes[name] = run_engine(engine, name, args, concurrency, graphs)
+        else:
+            modes[f"tp={size}, eager"] = run_engine(make_tensor_parallel_engine(settings), f"tp={size}, eager", args,
+                                                    concurrency, False)
+    return modes, (shape.linear_params + shape.other_params) / 1e9
+
+
 def write_results(args, header: dict, modes: dict) -> Path:
     args.results_dir.mkdir(parents=True, exist_ok=True)
-    stem = args.results_dir / f"engine-gpu-{args.model_size}"
+    stem = args.results_dir / f"engine-gpu-{args.model_size}{'-tp' if args.tp_size != '1' else ''}"
     stem.with_suffix(".json").write_text(json.dumps({**header, "modes": modes}, indent=1) + "\n")
     streams = [row["streams"] for row in next(iter(modes.values()))["rows"]]
     lines = [f"# bench/engine_gpu.py: {args.model_size} on {header['device_name']}", "",
@@ -242,7 +334,14 @@ def write_results(args, header: dict, modes: dict) -> Path:
         cells = [f"{row['tokens_per_s']:,.0f} ({row['ttft_p50_ms'] if row['ttft_p50_ms'] is not None else '-'})"
                  + (f", {row['errors']} errors" if row["errors"] else "") for row in mode["rows"]]
         lines.append(f"| {name} ({mode['graphs_captured']} captured graphs) | " + " | ".join(cells) + " |")
-    if len(modes) >= 2:
+    lines += ["", "Prefill and decode apart: mean ms a decode step, mean ms a prefill pass (requests a pass), "
+              "share of the time in prefills.", "",
+              "| decode steps | " + " | ".join(f"{n} streams" for n in streams) + " |", "|---|" + "---|" * len(streams)]
+    for name, mode in modes.items():
+        lines.append(f"| {name} | " + " | ".join(
+            f"decode {row['decode_ms']} ms, prefill {row['prefill_ms']} ms ({row['prefilled_per_pass']}), "
+            f"{row['prefill_share']:.0%} in prefills" for row in mode["rows"]) + " |")
+    if len(modes) >= 2 and args.tp_size == "1":
         eager, graphed = (mode["rows"] for mode in list(modes.values())[:2])
         lines += ["", "CUDA graphs / eager: " + ", ".join(
             f"{a['streams']} streams {b['tokens_per_s'] / a['tokens_per_s']:.1f}x" for a, b in zip(eager, graphed)
@@ -267,6 +366,7 @@ def main() -> int:
     graphs.add_argument("--compare-cuda-graphs", action="store_true",
                         help="measure eager decode steps, then CUDA graphs, then CUDA graphs with admissions "
                              "gathered, in one run")
+    parser.add_argument("--tp-size", default="1", help="tensor-parallel sizes to measure, e.g. 1,2,4 (GPUs each)")
     parser.add_argument("--profile", action="store_true", help="profile the last concurrency after measuring")
     parser.add_argument("--profile-rows", type=int, default=30)
     parser.add_argument("--trace-dir", default=None)
@@ -281,9 +381,19 @@ def main() -> int:
     concurrency = [int(value) for value in args.concurrency.split(",")]
     dtype = getattr(torch, args.dtype or (SHAPES[args.model_size].dtype if args.device != "cpu" else "float32"))
     start = time.perf_counter()
+    device_name = torch.cuda.get_device_name(args.device) if args.device != "cpu" else platform.processor() or "CPU"
+    header = {"command": "python3 bench/engine_gpu.py " + " ".join(sys.argv[1:]), "device_name": device_name,
+              "dtype": str(dtype).removeprefix("torch."), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+    if args.tp_size != "1":
+        with tempfile.TemporaryDirectory() as work:
+            modes, parameters_b = run_tensor_parallel(args, concurrency, dtype, Path(work))
+        header.update(parameters_b=parameters_b, gpus=torch.cuda.device_count(),
+                      seconds=round(time.perf_counter() - start, 1))
+        stem = write_results(args, header, modes)
+        print(f"\nresults: {stem}.json, {stem}.md ({header['seconds']:.0f} s in all)")
+        return 1 if any(row["errors"] for mode in modes.values() for row in mode["rows"]) else 0
     model = build_model(args.model_size, args.device, dtype)
     parameters = sum(p.numel() for p in model.parameters())
-    device_name = torch.cuda.get_device_name(args.device) if args.device != "cpu" else platform.processor() or "CPU"
     print(f"{args.model_size} Llama ({parameters / 1e9:.2f}B parameters) on {args.device} ({device_name}) in {dtype}, "
           f"made in {time.perf_counter() - start:.1f} s, attention {model.config._attn_implementation}; "
           f"{args.output_tokens} tokens a request, prompts <= {args.prompt_tokens}", flush=True)
@@ -294,9 +404,7 @@ def main() -> int:
         plan = {"eager" if args.no_cuda_graphs or args.device == "cpu" else "CUDA graphs": (not args.no_cuda_graphs, 0)}
     modes = {name: run_mode(model, args, concurrency, cuda_graphs, wait)
              for name, (cuda_graphs, wait) in plan.items()}
-    header = {"command": "python3 bench/engine_gpu.py " + " ".join(sys.argv[1:]), "device_name": device_name,
-              "dtype": str(dtype).removeprefix("torch."), "parameters_b": parameters / 1e9, "torch": torch.__version__,
-              "date": time.strftime("%Y-%m-%d"), "seconds": round(time.perf_counter() - start, 1)}
+    header.update(parameters_b=parameters / 1e9, seconds=round(time.perf_counter() - start, 1))
     stem = write_results(args, header, modes)
     print(f"\nresults: {stem}.json, {stem}.md ({header['seconds']:.0f} s in all)")
     return 1 if any(row["errors"] for mode in modes.values() for row in mode["rows"]) else 0

@@ -58,7 +58,9 @@ def build_repository(args, model_dir: Path, engine: str, output: Path) -> None:
         postprocessing_delay_microseconds=args.postprocessing_delay_us,
         postprocessing_preserve_ordering=not args.postprocessing_unordered)
     engine_batch = args.engine_max_batch_size or max(args.concurrency)
-    build(BuildOptions(model=model_dir, output=output, engine=engine, max_batch_size=engine_batch,
+    # The transformers engine's GPUs (one instance each, each with engine_batch slots) and tensor parallelism.
+    gpu_options = {"gpus": args.gpus, "tp_size": args.tp_size} if engine == "transformers" else {}
+    build(BuildOptions(model=model_dir, output=output, engine=engine, max_batch_size=engine_batch, **gpu_options,
                        max_input_len=args.max_prompt_tokens + 8,
                        max_seq_len=args.max_prompt_tokens + 8 + args.output_tokens, dtype=args.dtype,
                        serving=serving, replay_step_ms=args.replay_step_ms, replay_native=args.replay_native,
@@ -150,6 +152,10 @@ def main() -> int:
     parser.add_argument("--engine-instances", type=int, default=1,
                         help="replay engine: Python stubs sharing the engine's batch (8 reach a real engine's rate "
                              "on 16 cores)")
+    parser.add_argument("--gpus", type=int, default=BuildOptions.gpus,
+                        help="transformers engine: one instance on each of GPUs 0..N-1 (build --gpus)")
+    parser.add_argument("--tp-size", type=int, default=BuildOptions.tp_size,
+                        help="transformers engine: GPUs one instance's weights are split over (build --tp-size)")
     parser.add_argument("--engine-max-batch-size", type=int, default=None,
                         help="requests the engine runs at once (default: the largest concurrency); 128 with the "
                              "replay engine's 8.5 ms step is a ~15k tokens/s engine")

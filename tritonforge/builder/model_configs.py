@@ -50,6 +50,9 @@ class ServingConfig:
     # and one Python stub cannot send a real engine's ~15k responses/s). The real engines run as one.
     engine_instances: int = setting(1, "--engine replay only: Python stubs sharing --max-batch-size, to send a real "
                                     "engine's response rate")
+    # The transformers engine on several GPUs (build --gpus): one instance on each of these GPUs, Triton handing
+    # each its device. Empty: `engine_instances` CPU-kind instances, the engine placing itself (--device).
+    engine_gpus: tuple[int, ...] = ()
     bls_max_concurrency: int = setting(BLS_MAX_CONCURRENCY, "requests one BLS instance runs at once")
     max_queue_delay_microseconds: int = setting(0, "preprocessing and engine queue delay",
                                                 flag="--max-queue-delay-us")
@@ -86,6 +89,11 @@ class ServingConfig:
         for name in ("max_queue_delay_microseconds", "postprocessing_delay_microseconds", "max_queue_size"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        object.__setattr__(self, "engine_gpus", tuple(self.engine_gpus))  # a manifest's JSON list reads back
+        if any(gpu < 0 for gpu in self.engine_gpus) or len(set(self.engine_gpus)) < len(self.engine_gpus):
+            raise ValueError(f"engine_gpus must be distinct GPU ids >= 0, got {list(self.engine_gpus)}")
+        if self.engine_gpus and self.engine_instances > 1:
+            raise ValueError("engine_gpus places one engine instance on each GPU: engine_instances must stay 1")
 
 
 def _add_tensors(container, tensors: list[Tensor], *, is_input: bool) -> None:
@@ -152,8 +160,15 @@ def engine_config(serving: ServingConfig, *, backend: str, parameters: dict[str,
     config.dynamic_batching.max_queue_delay_microseconds = serving.max_queue_delay_microseconds
     if serving.max_queue_size:
         config.dynamic_batching.default_queue_policy.max_queue_size = serving.max_queue_size
-    # The engines place themselves on GPUs: Triton sees CPU instances (one, but for the replay engine).
-    _cpu_instances(config, serving.engine_instances)
+    if serving.engine_gpus:
+        # One instance on each GPU, count 1 a GPU: Triton passes each its device (`model_instance_device_id`).
+        group = config.instance_group.add()
+        group.kind = mc.ModelInstanceGroup.KIND_GPU
+        group.count = 1
+        group.gpus.extend(serving.engine_gpus)
+    else:
+        # The engines place themselves on GPUs: Triton sees CPU instances (one, but for the replay engine).
+        _cpu_instances(config, serving.engine_instances)
     _set_parameters(config, parameters)
     return config
 
@@ -182,8 +197,10 @@ def ensemble_config(serving: ServingConfig) -> mc.ModelConfig:
     return config
 
 
-def bls_config(serving: ServingConfig, limits: EngineLimits, tokenizer_dir: str) -> mc.ModelConfig:
-    config = _python_model(BLS_MODEL, serving.max_batch_size)
+def bls_config(serving: ServingConfig, limits: EngineLimits, tokenizer_dir: str, backend: str = "python"
+               ) -> mc.ModelConfig:
+    """The BLS: the Python model or its C++ twin (`backend`), one config for both."""
+    config = mc.ModelConfig(name=BLS_MODEL, backend=backend, max_batch_size=serving.max_batch_size)
     # Non-decoupled, it answers one response per request through its response sender (Triton >= 23.10).
     config.model_transaction_policy.decoupled = serving.decoupled
     _add_tensors(config.input, contract.bls_inputs(messages=serving.messages_input), is_input=True)

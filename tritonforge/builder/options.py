@@ -24,7 +24,9 @@ class BuildOptions:
 
     model: Path = setting(help="Hugging Face checkpoint directory", parse=Path)
     output: Path = setting(Path("model_repository"), "repository to write")
-    engine: str = setting(DEFAULT_ENGINE, choices=ENGINE_NAMES)
+    engine: str = setting(DEFAULT_ENGINE, "the engine step: " + "; ".join(f"{kind.name}: {kind.summary}"
+                                                                     for kind in ENGINE_KINDS.values()),
+                          choices=ENGINE_NAMES)
     frontends: tuple[str, ...] = setting(("ensemble", "bls"), "client-facing models, comma-separated: ensemble, bls",
                                          parse=comma_list)
     max_batch_size: int = setting(8, "sequences the engine runs at once")
@@ -32,6 +34,9 @@ class BuildOptions:
     max_seq_len: int = setting(2048, "prompt + generated tokens")
     dtype: str = setting("auto", "auto | float32 | float16 | bfloat16")
     device: str = setting("auto", "transformers engine: auto | cpu | cuda")
+    gpus: int = setting(0, "transformers engine: one engine instance on each of GPUs 0..N-1, each with its own "
+                        "--max-batch-size (with --tp-size T: N/T instances of T GPUs each); 0: one instance, placed "
+                        "by --device")
     serving: configs.ServingConfig = configs.ServingConfig()
     force: bool = setting(False, "replace the files an earlier build recorded writing in the output folder")
     replay_step_ms: float = setting(8.5, "--engine replay (benchmarking only): ms per step, one token per running "
@@ -47,17 +52,25 @@ class BuildOptions:
     response_lanes: int = setting(EngineParameters.response_lanes, "transformers, replay and tensorrtllm-pytorch "
                                   "engines: threads that build and send responses off the engine's thread, "
                                   "each row's in order (0: the engine's thread sends them)")
-    text_backend: str = setting("python", "postprocessing (the detokenizer) as a Python model or as the C++ backend "
-                                "beside it, compiled at build time (no Python per token; needs a C++ compiler); "
-                                "auto: C++ where a compiler exists", choices=TEXT_BACKENDS)
-    tp_size: int = setting(1, "tensor parallel size", group=TRT)
+    text_backend: str = setting("auto", "postprocessing (the detokenizer) as its C++ backend, compiled at build time "
+                                "(no Python per token; needs a C++ compiler), or as the Python model it is the "
+                                "twin of; auto: C++ where a compiler exists, else Python, said in one line",
+                                choices=TEXT_BACKENDS)
+    tp_size: int = setting(1, "tensor parallel size: the GPUs one engine's weights are split over (TensorRT-LLM's "
+                           "ranks; the transformers engine's torch.distributed ranks, which its model starts)")
     pp_size: int = setting(1, "pipeline parallel size", group=TRT)
-    quantization: str = setting("none", choices=trtllm.QUANTIZATIONS, group=TRT)
-    kv_cache_dtype: str = setting("auto", choices=trtllm.KV_CACHE_DTYPES, group=TRT)
+    quantization: str = setting("none", "weights (and activations) in fewer bits: fp8, int8_sq (SmoothQuant) and "
+                                "int4_awq calibrate on --calib-dataset; int8_wo, int4_wo quantize weights only",
+                                choices=trtllm.QUANTIZATIONS, group=TRT)
+    kv_cache_dtype: str = setting("auto", "KV cache precision (auto: the model's dtype); fp8 or int8 hold twice the "
+                                  "tokens of a 16-bit cache", choices=trtllm.KV_CACHE_DTYPES, group=TRT)
     max_num_tokens: int = setting(8192, "tokens per engine step (prefill budget)", group=TRT)
     kv_cache_free_gpu_mem_fraction: float = setting(0.9, "share of the GPU memory left after the weights that the KV "
                                                     "cache takes", group=TRT)
-    batch_scheduler_policy: str = setting("guaranteed_no_evict", choices=trtllm.BATCH_SCHEDULER_POLICIES, group=TRT)
+    batch_scheduler_policy: str = setting("guaranteed_no_evict", "guaranteed_no_evict: admit a request only when "
+                                          "the KV cache holds its whole generation; max_utilization: admit more, "
+                                          "pausing some when the cache runs out",
+                                          choices=trtllm.BATCH_SCHEDULER_POLICIES, group=TRT)
     enable_kv_cache_reuse: bool = setting(True, "disable KV-cache (prefix) reuse", flag="--no-kv-cache-reuse",
                                           group=TRT)
     enable_chunked_context: bool = setting(False, "enable chunked prefill", flag="--chunked-context", group=TRT)
@@ -88,19 +101,25 @@ class BuildOptions:
             raise ValueError(f"--response-lanes must be >= 0, got {self.response_lanes}")
         if self.stream_interval < 1:
             raise ValueError(f"--stream-interval must be >= 1, got {self.stream_interval}")
-        for other in ENGINE_KINDS.values():
-            for name in other.own_options if other is not kind else ():
-                if getattr(self, name) != _DEFAULTS[name]:
-                    raise ValueError(f"{_flag(name)} is for --engine {other.name} only")
         if self.serving.engine_instances > 1 and not kind.several_instances:
             several = ", ".join(k.name for k in ENGINE_KINDS.values() if k.several_instances)
             raise ValueError(f"--engine-instances > 1 is for the {several} engine only; the {self.engine} engine runs "
                              f"as one instance that batches in flight")
-        kind.check(self)
+        kind.check(self)  # first: a kind's own word on an option it refuses says more than the rule below
+        for name, owners in _OWNED_OPTIONS.items():
+            if kind.name not in owners and getattr(self, name) != _DEFAULTS[name]:
+                raise ValueError(f"{_flag(name)} is for --engine {' or '.join(owners)} only: the {self.engine} "
+                                 f"engine would ignore it")
 
 
-_DEFAULTS = {field.name: field.default for field in dataclasses.fields(BuildOptions)}
+_FIELDS = {field.name: field for field in dataclasses.fields(BuildOptions)}
+_DEFAULTS = {name: field.default for name, field in _FIELDS.items()}
+# Each option some kinds read and others ignore: the kinds that read it.
+_OWNED_OPTIONS = {name: tuple(kind.name for kind in ENGINE_KINDS.values() if name in kind.own_options)
+                  for name in dict.fromkeys(name for kind in ENGINE_KINDS.values() for name in kind.own_options)}
 
 
 def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    """A field's command-line flag, as `facts/settings.add_arguments` makes it."""
+    declared = _FIELDS[name].metadata["option"].flag
+    return declared or "--" + name.replace("_", "-")

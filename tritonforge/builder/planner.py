@@ -144,18 +144,22 @@ def plan_memory(shape: ModelShape, *, gpu_memory_gib: float, dtype: str = "float
             f"({kv_memory / GIB:.2f} GiB at {kv_per_token / 1024:.0f} KiB per token). Lower --max-seq-len, raise "
             f"--kv-cache-free-gpu-mem-fraction, use --kv-cache-dtype fp8, quantize the weights, or add GPUs "
             f"(--tp-size)")
-    concurrency = min(max_batch_size, sequences)
-    # Python instances scaled with the streams the engine runs, as measured on a 16-core H200 host at 128
-    # streams: 8 preprocessing (one call per request: 128 streams ending in one engine step start their next
-    # requests together, and 4 instances made them wait; bench/results/gpu-ensemble-defaults/), 8
-    # postprocessing (one call per response), 8 BLS (one response round trip per chunk; with its engine calls
-    # on one gRPC stream per instance, 8 kept more of the engine's rate than 16 at 128 and 256 streams;
-    # docs/performance.md#at-a-real-engines-rate-the-h200-machine).
     return MemoryPlan(
         weight_bytes_per_gpu=weights_per_gpu, kv_bytes_per_token=kv_per_token, kv_memory_bytes=kv_memory,
-        kv_tokens=kv_tokens, max_sequences=sequences,
-        preprocessing_instances=max(2, min(8, math.ceil(concurrency / 16))),
-        postprocessing_instances=max(2, min(8, math.ceil(concurrency / 16))),
-        bls_instances=max(1, min(8, math.ceil(concurrency / 16))),
+        kv_tokens=kv_tokens, max_sequences=sequences, **frontend_instances(min(max_batch_size, sequences)),
         bls_max_concurrency=2 * max_batch_size, max_queue_size=4 * max_batch_size,
         max_queue_delay_microseconds=0)
+
+
+def frontend_instances(concurrency: int) -> dict[str, int]:
+    """The Python instances for `concurrency` streams that the engines run at once (all the instances of the
+    engine together).
+
+    Scaled with the streams, as measured on a 16-core H200 host at 128 streams: 8 preprocessing (one call per
+    request: 128 streams ending in one engine step start their next requests together, and 4 instances made them
+    wait; bench/results/gpu-ensemble-defaults/), 8 postprocessing (one call per response), 8 BLS (one response
+    round trip per chunk; with its engine calls on one gRPC stream per instance, 8 kept more of the engine's
+    rate than 16 at 128 and 256 streams; docs/performance.md#at-a-real-engines-rate-the-h200-machine)."""
+    share = math.ceil(concurrency / 16)
+    return {"preprocessing_instances": max(2, min(8, share)), "postprocessing_instances": max(2, min(8, share)),
+            "bls_instances": max(1, min(8, share))}

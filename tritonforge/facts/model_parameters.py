@@ -27,10 +27,21 @@ class ParameterError(ValueError):
     pass
 
 
+_WRITTEN_WHEN_SET = "written_when_set"
+
+
+def written_when_set(default):
+    """A parameter that `to_config` writes only when it differs from its default: a key added after configs were
+    compared byte for byte (tests/unit/builder/test_source_configs.py) leaves the default build's config as it
+    was, and reads back as its default where absent."""
+    return dataclasses.field(default=default, metadata={_WRITTEN_WHEN_SET: True})
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelParameters:
     def to_config(self) -> dict[str, str]:
-        return {field.name: _to_text(getattr(self, field.name)) for field in dataclasses.fields(self)}
+        return {field.name: _to_text(getattr(self, field.name)) for field in dataclasses.fields(self)
+                if not (field.metadata.get(_WRITTEN_WHEN_SET) and getattr(self, field.name) == field.default)}
 
     @classmethod
     def from_config(cls, parameters: dict[str, str]):
@@ -117,8 +128,12 @@ class EngineParameters(ModelParameters):
 @dataclass(frozen=True, kw_only=True)
 class TransformersEngineParameters(EngineParameters):
     model_path: str
+    # The tokenizer guided decoding compiles grammars for (preprocessing's); "": a repository built before it.
+    tokenizer_dir: str = ""
     dtype: str = "auto"  # auto | float32 | float16 | bfloat16
-    device: str = "auto"  # auto | cpu | cuda
+    device: str = "auto"  # auto | cpu | cuda; an instance Triton placed on a GPU runs there instead
+    # Devices one engine's weights are split over (torch.distributed ranks: the instance's device and the next ones).
+    tensor_parallel_size: int = written_when_set(1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,6 +163,7 @@ class PyTorchEngineParameters(EngineParameters):
 
     model_path: str  # the Hugging Face checkpoint, relative to the model's directory
     vocab_size: int
+    tokenizer_dir: str = ""  # the LLM's tokenizer, which its guided decoding needs; "": none (no guided decoding)
     dtype: str = "auto"  # auto | float16 | bfloat16 | float32; quantization comes with the checkpoint
     kv_cache_dtype: str = "auto"  # auto | fp8
     tensor_parallel_size: int = 1

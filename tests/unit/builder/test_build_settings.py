@@ -33,7 +33,6 @@ def test_each_flag_lands_on_its_field():
 
 @pytest.mark.parametrize("engine", ["transformers", "replay"])
 @pytest.mark.parametrize("flags, flag, owners", [
-    (["--tp-size", "3"], "--tp-size", "tensorrtllm or tensorrtllm-pytorch"),
     (["--pp-size", "2"], "--pp-size", "tensorrtllm or tensorrtllm-pytorch"),
     (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype", "tensorrtllm or tensorrtllm-pytorch"),
     (["--chunked-context"], "--chunked-context", "tensorrtllm or tensorrtllm-pytorch"),

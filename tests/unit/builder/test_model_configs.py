@@ -96,6 +96,7 @@ def test_nvidia_wiring_declares_exactly_nvidias_tensors():
     ensemble = configs.ensemble_config(serving)
     assert (names(ensemble.input), names(ensemble.output)) == (NVIDIA_ENSEMBLE_INPUTS, NVIDIA_CLIENT_OUTPUTS)
     assert {i.name: i.optional for i in ensemble.input}["text_input"] is False
+    assert {i.name: i.optional for i in ensemble.input}["max_tokens"] is False
     bls = configs.bls_config(serving, LIMITS, "tok")
     assert names(bls.input) == NVIDIA_ENSEMBLE_INPUTS | {"num_draft_tokens", "use_draft_logits"}
     assert names(bls.output) == NVIDIA_CLIENT_OUTPUTS
@@ -110,6 +111,18 @@ def test_default_wiring_adds_only_the_messages_input():
     ensemble = configs.ensemble_config(serving)
     assert names(ensemble.input) == NVIDIA_ENSEMBLE_INPUTS | {"messages"}
     assert {i.name: i.optional for i in ensemble.input}["text_input"] is True
+
+
+def test_default_wiring_lets_a_request_without_max_tokens_reach_the_models_that_refuse_it():
+    """Optional wherever the request enters: Triton 2.51 runs no ensemble step whose required input is missing,
+    and answers with an empty success (tests/integration/test_serve_lifecycle.py sends one)."""
+    serving = configs.ServingConfig()
+    optional = {
+        "ensemble": {i.name: i.optional for i in configs.ensemble_config(serving).input}["max_tokens"],
+        "bls": {i.name: i.optional for i in configs.bls_config(serving, LIMITS, "tok").input}["max_tokens"],
+        "preprocessing": {i.name: i.optional for i in configs.preprocessing_config(serving, LIMITS, "tok").input}[
+            "REQUEST_OUTPUT_LEN"]}
+    assert optional == {"ensemble": True, "bls": True, "preprocessing": True}
     assert names(configs.preprocessing_config(serving, LIMITS, "tok").input) == NVIDIA_PREPROCESSING_INPUTS | {
         "MESSAGES"}
 

@@ -62,7 +62,14 @@ class EngineKind:
     needs_vocab_size: bool = False  # the checkpoint's config.json must name vocab_size
     serves_checkpoint: bool = False  # the checkpoint's weights are copied under tensorrt_llm/1/checkpoint
     several_instances: bool = False  # --engine-instances > 1 applies
-    own_options: tuple[str, ...] = ()  # BuildOptions fields for this kind alone
+    # The BuildOptions fields this kind reads that some other kind ignores (several kinds may list one): a build
+    # for a kind that does not list a field refuses it given (a --tp-size the transformers engine would ignore).
+    own_options: tuple[str, ...] = ()
+
+
+# The BuildOptions fields TensorRT-LLM reads whichever way it serves: its engine build and its LLM API.
+TENSORRT_LLM_OPTIONS = ("tp_size", "pp_size", "kv_cache_dtype", "max_num_tokens", "kv_cache_free_gpu_mem_fraction",
+                        "enable_kv_cache_reuse", "enable_chunked_context", "target_triton")
 
 
 def _registry() -> dict[str, EngineKind]:

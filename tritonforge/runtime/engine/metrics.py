@@ -8,7 +8,8 @@ whichever engine serves.
   (blocks for max_batch_size sequences of max_seq_len), `used` (blocks the running sequences fill), `free`,
   `fraction` (used / max).
 
-Every series also carries `model` and `version`, as the backend's do. The transformers engine keeps one
+Every series also carries `model` and `version`, as the backend's do; an engine model of several instances (the
+transformers engine on several GPUs) adds `model_instance`, one series each. The transformers engine keeps one
 contiguous cache per sequence, not a paged one: its block figures are the paged cache's equivalent.
 Updated every `stats_check_period_ms` (100 ms, the backend parameter of the same name) by a thread.
 """
@@ -26,7 +27,7 @@ KV_BLOCK_TYPES = ("tokens_per", "max", "used", "free", "fraction")
 
 class EngineMetrics:
     def __init__(self, pb_utils, engine, *, model: str, version: str, max_batch_size: int, max_seq_len: int,
-                 period_s: float = 0.1):
+                 instance: str | None = None, period_s: float = 0.1):
         self.engine = engine
         self.max_batch_size = max_batch_size
         self.max_blocks = max_batch_size * math.ceil(max_seq_len / TOKENS_PER_BLOCK)
@@ -35,7 +36,7 @@ class EngineMetrics:
                                          kind=gauge)
         blocks = pb_utils.MetricFamily(name="nv_trt_llm_kv_cache_block_metrics",
                                        description="TRT LLM KV cache block metrics", kind=gauge)
-        labels = {"model": model, "version": version}
+        labels = {"model": model, "version": version, **({"model_instance": instance} if instance else {})}
         self.requests = {kind: requests.Metric(labels={**labels, "request_type": kind}) for kind in REQUEST_TYPES}
         self.blocks = {kind: blocks.Metric(labels={**labels, "kv_cache_block_type": kind}) for kind in KV_BLOCK_TYPES}
         self._families = (requests, blocks)  # kept alive as long as their metrics

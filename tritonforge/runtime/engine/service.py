@@ -10,6 +10,7 @@ same request id.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -57,6 +58,7 @@ from ..triton_adapter import (
 )
 from .generation import GenerationRequest, GenerationResult
 from .requests import EngineRow, is_stop_request, parse_engine_request
+from .stop_board import StopBoard
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +76,11 @@ class EngineSettings:
 
     limits: EngineLimits
     model_path: str = ""  # the transformers checkpoint, absolute; unused by the replay engine
+    tokenizer_dir: str = ""  # the model's tokenizer, absolute, for guided decoding; "" where the build named none
     dtype: str = "auto"  # auto | float32 | float16 | bfloat16
-    device: str = "auto"  # auto | cpu | cuda
+    device: str = "auto"  # auto | cpu | cuda | cuda:N (where Triton placed the instance on GPU N)
+    tensor_parallel_size: int = 1  # transformers engine: ranks over `device` and the devices after it
+    instances: int = 1  # the engine model's instances (several: stops go through a StopBoard)
     exclude_input_in_output: bool = True
     cancellation_check_period_ms: int = CANCELLATION_CHECK_PERIOD_MS
     decoupled: bool = True
@@ -85,14 +90,16 @@ class EngineSettings:
 
     @classmethod
     def from_parameters(cls, parameters: EngineParameters, *, decoupled: bool, max_queue_size: int,
-                        model_path: str = "") -> EngineSettings:
+                        model_path: str = "", tokenizer_dir: str = "") -> EngineSettings:
         transformers = isinstance(parameters, TransformersEngineParameters)
         return cls(
             model_path=model_path,
+            tokenizer_dir=tokenizer_dir,
             limits=EngineLimits(max_batch_size=parameters.max_batch_size, max_input_len=parameters.max_input_len,
                                 max_seq_len=parameters.max_seq_len, max_queue_size=max_queue_size),
             dtype=parameters.dtype if transformers else "auto",
             device=parameters.device if transformers else "auto",
+            tensor_parallel_size=parameters.tensor_parallel_size if transformers else 1,
             exclude_input_in_output=parameters.exclude_input_in_output,
             cancellation_check_period_ms=parameters.cancellation_check_period_ms,
             decoupled=decoupled,
@@ -104,12 +111,26 @@ class EngineSettings:
     @classmethod
     def from_model_args(cls, args: dict, parameters: EngineParameters) -> EngineSettings:
         """From the `args` of `initialize` and the model's parsed parameters: decoupled policy, queue size, the
-        checkpoint path made absolute."""
-        queue_policy = json.loads(args["model_config"]).get("dynamic_batching", {}).get("default_queue_policy", {})
+        checkpoint path made absolute, the GPU Triton placed this instance on, the model's instance count."""
+        config = json.loads(args["model_config"])
+        queue_policy = config.get("dynamic_batching", {}).get("default_queue_policy", {})
         model_path = getattr(parameters, "model_path", "")
-        return cls.from_parameters(parameters, decoupled=is_decoupled(args),
-                                   max_queue_size=int(queue_policy.get("max_queue_size", 0)),
-                                   model_path=resolve_path(args, model_path) if model_path else "")
+        tokenizer_dir = getattr(parameters, "tokenizer_dir", "")
+        settings = cls.from_parameters(parameters, decoupled=is_decoupled(args),
+                                       max_queue_size=int(queue_policy.get("max_queue_size", 0)),
+                                       model_path=resolve_path(args, model_path) if model_path else "",
+                                       tokenizer_dir=resolve_path(args, tokenizer_dir) if tokenizer_dir else "")
+        # A KIND_GPU instance (build --gpus) runs on the GPU Triton gave it, whatever the parameter says.
+        placed = (f"cuda:{args['model_instance_device_id']}" if args.get("model_instance_kind") == "GPU"
+                  else settings.device)
+        return dataclasses.replace(settings, device=placed, instances=instance_count(config))
+
+
+def instance_count(config: dict) -> int:
+    """The instances of a model config (JSON, as Triton hands it to `initialize`): a KIND_GPU group with GPUs
+    listed has `count` on each of them."""
+    return sum(int(group.get("count", 1)) * max(len(group.get("gpus") or ()), 1)
+               for group in config.get("instance_group") or [{}])
 
 
 def checkpoint_bos_token_id(model_path: str) -> int | None:
@@ -150,8 +171,11 @@ class _RowSink:
     """
 
     def __init__(self, state: RequestRows, row: EngineRow, batch_index: int, server_stopping: threading.Event,
-                 senders: Senders, stream_interval: int = 1, bos_token_id: int | None = None):
+                 senders: Senders, stream_interval: int = 1, bos_token_id: int | None = None,
+                 request_id: str = "", stop_board: StopBoard | None = None):
         self.state = state
+        self.request_id = request_id
+        self.stop_board = stop_board  # several engine instances: a stop taken by another reaches this row here
         self.bos_token_id = bos_token_id
         self.server_stopping = server_stopping  # set: every open row ends now, with ServerStopping
         self.row = row
@@ -253,15 +277,18 @@ class _RowSink:
 
     def cancelled(self) -> bool:
         """The client went away, or a response could not be sent: either way the engine stops the row, and
-        its finish tries once more to end the request (with what the row has). So does a server that stops."""
-        return self.outbox.failed or self.server_stopping.is_set() or self.state.cancelled()
+        its finish tries once more to end the request (with what the row has). So does a server that stops, and
+        a stop that another instance of the model took."""
+        return (self.outbox.failed or self.server_stopping.is_set() or self.state.cancelled()
+                or (self.stop_board is not None and self.stop_board.stopped(self.request_id, self.arrival_ns)))
 
 
 class EngineService:
-    def __init__(self, pb_utils, settings: EngineSettings, engine):
+    def __init__(self, pb_utils, settings: EngineSettings, engine, stop_board: StopBoard | None = None):
         self.pb_utils = pb_utils
         self.settings = settings
         self.engine = engine
+        self.stop_board = stop_board  # the model's other instances (stop_board.py); None: the only instance
         self.senders = Senders(settings.response_lanes, SEND_QUEUE_DEPTH, name="engine-send")
         self.metrics = None
         # Set when the stopping server's time for open requests is up (`drain`): the engine stops every row,
@@ -290,13 +317,15 @@ class EngineService:
                 self.server_stopping.set()
                 self._open_changed.wait_for(lambda: self._open == 0, timeout=DRAIN_END_S)
 
-    def publish_metrics(self, model: str, version: str) -> None:
-        """The backend's nv_trt_llm_* families on Triton's /metrics (one engine instance per model)."""
+    def publish_metrics(self, model: str, version: str, instance: str | None = None) -> None:
+        """The backend's nv_trt_llm_* families on Triton's /metrics; `instance`: this instance's name, a label
+        that keeps the series of several instances apart (the backend runs one, and has no such label)."""
         from .metrics import EngineMetrics
 
         limits = self.settings.limits
         self.metrics = EngineMetrics(self.pb_utils, self.engine, model=model, version=version,
-                                     max_batch_size=limits.max_batch_size, max_seq_len=limits.max_seq_len)
+                                     max_batch_size=limits.max_batch_size, max_seq_len=limits.max_seq_len,
+                                     instance=instance)
 
     def handle(self, request) -> None:
         """Answer one Triton request through its response sender (never raises)."""
@@ -310,6 +339,8 @@ class EngineService:
                 # Answered by the engine's thread once it takes the stop: a liveness probe's stop then tells
                 # whether that thread still runs, not just this stub.
                 self.engine.cancel(request.request_id(), lambda: send_final(pb_utils, sender))
+                if self.stop_board is not None:  # the request may run on another instance
+                    self.stop_board.post(request.request_id())
                 return
             requested = requested_outputs(request)
             if requested is not None and not REQUIRED_OUTPUTS <= requested:
@@ -331,8 +362,10 @@ class EngineService:
                     max_new_tokens=row.max_new_tokens, end_id=row.end_id, sampling=row.sampling,
                     stop_sequences=row.stop_sequences, bad_sequences=row.bad_sequences, stream=row.stream,
                     return_log_probs=row.return_log_probs, embedding_bias=row.embedding_bias,
+                    guided_decoding=row.guided_decoding,
                     sink=_RowSink(state, row, index, self.server_stopping, self.senders,
-                                  self.settings.stream_interval, self.settings.bos_token_id))
+                                  self.settings.stream_interval, self.settings.bos_token_id,
+                                  request_id=request.request_id(), stop_board=self.stop_board))
                 self.engine.validate(generation)
                 requests.append(generation)
         except Exception as error:  # noqa: BLE001 - every failure becomes this request's error response
@@ -365,10 +398,14 @@ class EngineModel:
     def initialize(self, args):
         parameters = self.PARAMETERS.from_model_args(args)
         settings = EngineSettings.from_model_args(args, parameters)
-        self.service = EngineService(self.PB_UTILS, settings, self.make_engine(args, parameters, settings))
+        several = settings.instances > 1
+        board = (StopBoard.for_model(args["model_repository"], settings.cancellation_check_period_ms / 1000)
+                 if several else None)
+        self.service = EngineService(self.PB_UTILS, settings, self.make_engine(args, parameters, settings), board)
         start_heartbeat(drain=self.service.drain)
         if self.METRICS:
-            self.service.publish_metrics(args["model_name"], args["model_version"])
+            self.service.publish_metrics(args["model_name"], args["model_version"],
+                                         instance=args.get("model_instance_name") if several else None)
 
     def execute(self, requests):
         for request in requests:

@@ -40,3 +40,12 @@ def test_the_gauges_follow_the_engines_stats():
     # 32-token blocks: 4 sequences of 64 tokens take 8 blocks at most; 70 tokens fill 3 of them
     assert blocks == {"tokens_per": 32, "max": 8, "used": 3, "free": 5, "fraction": 3 / 8}
     assert metrics.requests["active"].labels == {"model": "tensorrt_llm", "version": "1", "request_type": "active"}
+
+
+def test_each_instance_of_an_engine_on_several_gpus_publishes_series_of_its_own():
+    engine = SimpleNamespace(stats=EngineStats())
+    metrics = EngineMetrics(SimpleNamespace(MetricFamily=Family), engine, model="tensorrt_llm", version="1",
+                            max_batch_size=4, max_seq_len=64, instance="tensorrt_llm_0_1", period_s=3600)
+    metrics.stop()
+    assert metrics.blocks["used"].labels == {"model": "tensorrt_llm", "version": "1",
+                                             "model_instance": "tensorrt_llm_0_1", "kv_cache_block_type": "used"}

@@ -3,21 +3,68 @@ torch and transformers are imported here, when an engine model of this kind star
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 from ..service import EngineSettings
+from .grammar import xgrammar_available
 from .inflight import InflightBatchingEngine
 
+logger = logging.getLogger(__name__)
 
-def load_model(settings: EngineSettings):
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")  # any one: a tokenizer is there
+
+
+def engine_device(settings: EngineSettings):
+    """Where the engine runs: `cuda:N` where Triton placed the instance on GPU N (build --gpus), else --device
+    (auto: the first GPU where there is one). A GPU becomes this process's current device before CUDA is first
+    used, so that nothing of the engine's lands on GPU 0 by default."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     device = settings.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = "auto" if settings.dtype == "auto" else getattr(torch, settings.dtype)
-    model = AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=dtype, trust_remote_code=False)
+    device = torch.device(device)
+    if device.type == "cuda":
+        device = torch.device("cuda", device.index or 0)
+        torch.cuda.set_device(device)
+    return device
+
+
+def model_dtype(settings: EngineSettings):
+    import torch
+
+    return "auto" if settings.dtype == "auto" else getattr(torch, settings.dtype)
+
+
+def load_model(settings: EngineSettings):
+    from transformers import AutoModelForCausalLM
+
+    device = engine_device(settings)
+    model = AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=model_dtype(settings),
+                                                 trust_remote_code=False)
     return model.to(device).eval()
 
 
+def load_guided_tokenizer(settings: EngineSettings):
+    """The tokenizer guided decoding compiles grammars for: the build's (preprocessing's), else one beside the
+    checkpoint. None, and guided requests are refused, where there is none or xgrammar is not installed."""
+    from ...text.tokenization import load_tokenizer
+
+    folder = settings.tokenizer_dir or settings.model_path
+    if not any((Path(folder) / name).is_file() for name in TOKENIZER_FILES):
+        logger.warning("guided decoding is off: no tokenizer at %s (a repository built before guided decoding: "
+                       "rebuild it)", folder)
+        return None
+    if not xgrammar_available():
+        logger.warning("guided decoding is off: xgrammar is not installed (pip install xgrammar)")
+        return None
+    return load_tokenizer(folder)
+
+
 def make_engine(settings: EngineSettings) -> InflightBatchingEngine:
-    return InflightBatchingEngine(load_model(settings), settings.limits)
+    if settings.tensor_parallel_size > 1:  # the model split over ranks this engine starts (tensor_parallel.py)
+        from .tensor_parallel import make_tensor_parallel_engine
+
+        return make_tensor_parallel_engine(settings, tokenizer=load_guided_tokenizer(settings))
+    return InflightBatchingEngine(load_model(settings), settings.limits, tokenizer=load_guided_tokenizer(settings))
