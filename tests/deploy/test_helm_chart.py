@@ -175,6 +175,22 @@ def test_the_serving_command_is_one_tritonforge_serve_accepts(rendered):
                      "openai": options.openai_port}
 
 
+def test_serve_stops_within_the_grace_period_left_after_the_prestop_sleep(rendered):
+    """The kubelet's grace period counts from the preStop hook: serve's exit timeout is what is left of it after
+    the hook's sleep, less a margin for serve's own exit, so that answers in flight get nearly all of it and the
+    kubelet's SIGKILL never comes."""
+    _, manifests = rendered
+    template = pod_templates(manifests)["server"]
+    serving = container(template)
+    _, serve = serve_options(serving["command"][serving["command"].index("tritonforge") + 1:])
+    grace = template["spec"]["terminationGracePeriodSeconds"]
+    sleep = serving["lifecycle"]["preStop"]["exec"]["command"]
+    assert sleep[0] == "sleep" and serve.exit_timeout_s == grace - int(sleep[1]) - 5
+    longer = merged(MINIMAL, {"terminationGracePeriodSeconds": 300, "preStopSleepSeconds": 0})
+    serving = container(pod_templates(render(longer))["server"])
+    assert "--exit-timeout-s=295" in serving["command"] and "lifecycle" not in serving
+
+
 def serve_options(command: list[str]):
     """The parsed `tritonforge serve` command line and the options it gives (defaults included)."""
     args = make_parser().parse_args(command)
@@ -302,6 +318,7 @@ def test_shared_memory_and_tmp_are_memory_and_scratch_under_a_read_only_root():
     ({"ports": {"openai": 70000}}, "/ports/openai"),
     ({"shm": {"sizeLimit": "two gigs"}}, "/shm/sizeLimit"),
     ({"repository": {"source": "s3"}}, "/repository/source"),
+    ({"preStopSleepSeconds": -1}, "/preStopSleepSeconds"),
 ])
 def test_the_schema_refuses_a_bad_value_naming_it(override, message):
     with pytest.raises(helm().HelmValuesError, match=message):
@@ -317,6 +334,7 @@ def test_the_schema_refuses_a_bad_value_naming_it(override, message):
       "repository": {"source": "build", "build": {"checkpointClaimName": "c"}}}, "multiNode needs repository"),
     (merged(MINIMAL, {"apiKey": {"existingSecret": "s", "value": "v"}}), "not both"),
     (merged(MINIMAL, {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}), "minReplicas"),
+    (merged(MINIMAL, {"terminationGracePeriodSeconds": 15}), r"leaves tritonforge serve 5 s to stop"),
 ])
 def test_the_chart_refuses_values_that_cannot_work_together(values, message):
     with pytest.raises(helm().HelmRenderError, match=message):

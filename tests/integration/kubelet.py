@@ -76,12 +76,20 @@ class Pod:
         return time.monotonic() - started
 
     def terminate(self) -> float:
-        """SIGTERM, then SIGKILL after the grace period, as the kubelet stops a container; seconds it took."""
+        """As the kubelet stops a container: its preStop hook, then SIGTERM, then SIGKILL once the grace period,
+        counted from the hook's start, is over; seconds it took."""
         grace_s = self.template["spec"]["terminationGracePeriodSeconds"]
         started = time.monotonic()
-        self.process.send_signal(signal.SIGTERM)
+        hook = self.container.get("lifecycle", {}).get("preStop", {}).get("exec")
+        if hook and self.process.poll() is None:
+            try:
+                subprocess.run(hook["command"], env=self.env, timeout=grace_s, check=False)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
         try:
-            self.process.wait(timeout=grace_s)
+            self.process.wait(timeout=max(grace_s - (time.monotonic() - started), 0))
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()

@@ -291,13 +291,12 @@ def test_probe_says_a_serving_server_is_live(served):
 
 
 def test_the_tokenizer_stubs_never_load_torch_and_the_engine_stub_does(served):
-    """Preprocessing and the BLS only tokenize: their stubs load transformers without torch
-    (tokenization.tokenizer_only_process), where the transformers engine's stub runs the model on it; and
-    postprocessing is the C++ detokenizer the build compiled, no Python stub at all (its Python twin loads no
-    tokenizer library: test_native_postprocessing.py)."""
+    """Preprocessing only tokenizes: its stubs load transformers without torch (tokenization.tokenizer_only_process),
+    where the transformers engine's stub runs the model on it; postprocessing and the BLS are the C++ backends the
+    build compiled, no Python stub at all (their Python twins run beside them in test_native_postprocessing.py and
+    test_native_bls.py)."""
     server, _ = served
     maps = {model: Path(f"/proc/{pid}/maps").read_text() for pid, model in all_stub_pids(server.pid).items()}
-    assert {"preprocessing", "tensorrt_llm_bls", "tensorrt_llm"} <= set(maps), maps.keys()
-    assert "postprocessing" not in maps
+    assert set(maps) == {"preprocessing", "tensorrt_llm"}, maps.keys()
     assert sorted(model for model, text in maps.items() if "libtorch" in text) == ["tensorrt_llm"]
     assert "tokenizers" in maps["preprocessing"]

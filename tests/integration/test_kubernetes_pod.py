@@ -52,6 +52,11 @@ SCRAPE_S = 1
 # suites; the waits end at their event, so the wide bound costs a passing run nothing.
 RESTART_S = 180
 PROMETHEUS_DEADLINE_S = 60  # for a series to reach Prometheus through scrapes and rule evaluations every second
+# A rolling update's termination under streams: 24 through 2 slots answer for ~25 s on an idle 2-core machine
+# (up to twice that while it runs other suites), far past the 10 s that open streams used to get after SIGTERM,
+# and within the 70 s a grace period of GRACE_S leaves them (GRACE_S - preStop 5 s - margin 5 s - reserve 10 s).
+TERMINATION_STREAMS = 24
+GRACE_S = 90
 
 
 class Prometheus:
@@ -132,6 +137,7 @@ def pod(tiny_models, tmp_path_factory):
                    "readiness": {"periodSeconds": 1, "timeoutSeconds": 3, "failureThreshold": 2},
                    "liveness": {"timeoutS": 20, "periodSeconds": 1, "failureThreshold": 3}},
         "monitoring": {"prometheusRule": {"enabled": True}},
+        "terminationGracePeriodSeconds": GRACE_S,
     }
     manifests = render(values)
     pod = Pod(manifests, work_dir)
@@ -200,3 +206,43 @@ def test_a_killed_engine_stub_fails_the_probes_until_the_supervisor_has_the_pod_
     pod.wait_until("readinessProbe", True, budget_s=RESTART_S)
     assert pod.probe("livenessProbe")
     assert _client(pod).completions.create(model="tritonforge", prompt="Again", max_tokens=2).usage.completion_tokens
+
+
+def test_a_pods_termination_lets_the_answers_in_flight_finish_whole(pod):
+    """A rolling update stops the pod as the kubelet does (the preStop sleep, SIGTERM, SIGKILL at the end of the
+    grace period): every stream under way, the queued ones included, ends whole, though they take far longer than
+    the 10 s open streams used to get, and serve exits by itself within the grace period. Runs last: it ends the
+    module's pod."""
+    import threading
+
+    pod.wait_until("startupProbe", True)
+    pod.wait_until("readinessProbe", True, budget_s=RESTART_S)
+    answers: list[dict] = [{} for _ in range(TERMINATION_STREAMS)]
+    first_chunk = threading.Event()
+
+    def stream(answer: dict) -> None:
+        try:
+            chunks = _client(pod).completions.create(
+                model="tritonforge", prompt="The server", max_tokens=LONG_TOKENS, stream=True,
+                stream_options={"include_usage": True}, extra_body={"min_tokens": LONG_TOKENS}, timeout=GRACE_S)
+            for chunk in chunks:
+                first_chunk.set()
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    answer["finish_reason"] = chunk.choices[0].finish_reason
+                if chunk.usage:
+                    answer["tokens"] = chunk.usage.completion_tokens
+        except Exception as error:  # noqa: BLE001 - the outcome under test
+            answer["error"] = repr(error)
+
+    threads = [threading.Thread(target=stream, args=(answer,), daemon=True) for answer in answers]
+    for thread in threads:
+        thread.start()
+    assert first_chunk.wait(RESTART_S), answers
+    took = pod.terminate()
+    assert pod.process.returncode == 0 and took < GRACE_S, f"exit {pod.process.returncode} after {took:.0f} s:\n" \
+                                                           f"{pod.log()}"
+    for thread in threads:
+        thread.join(GRACE_S)
+    cut = [answer for answer in answers if answer != {"finish_reason": "length", "tokens": LONG_TOKENS}]
+    assert not cut, f"{len(cut)} of {len(answers)} answers were not whole: {cut[:3]}\n{pod.log()}"
+    assert "killing" not in pod.log()

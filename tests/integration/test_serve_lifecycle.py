@@ -1,10 +1,14 @@
 """`tritonforge serve` as a user runs it (a subprocess, a real tritonserver): what it says, what it refuses while
-it serves (a second serve on its ports, `tune` of its repository), how it stops (SIGTERM under open streams:
-one line, the server exits by itself, nothing left), and what a run killed with SIGKILL leaves to the next
-start (nothing, once that start has swept). The supervisor gives up on a server that cannot come back."""
+it serves (a second serve on its ports, `tune` of its repository), how it stops (SIGTERM or Ctrl-C under open
+ensemble, BLS and OpenAI streams: one line, within the exit timeout it announces, the server exiting by itself,
+clients told the server stopped, nothing left), and what a run killed with SIGKILL leaves (no stub, and for
+the next start, which says so in one line, its folders and shared memory). The supervisor gives up on a server
+that cannot come back."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import logging
 import os
 import queue
@@ -23,42 +27,60 @@ import pytest
 from tritonforge.builder.build import BuildOptions, build
 from tritonforge.clients.client import GrpcClient
 from tritonforge.facts.contract import ENGINE_MODEL
-from tritonforge.serve.server import DRAIN_END_S, SHARED_MEMORY_DIR, TritonServer, free_port, only_models
+from tritonforge.serve.processes import all_stub_pids
+from tritonforge.serve.server import (
+    DEFAULT_EXIT_TIMEOUT_S,
+    DRAIN_END_S,
+    OWNER_RECORD,
+    SHARED_MEMORY_DIR,
+    TritonServer,
+    free_port,
+    only_models,
+)
 from tritonforge.serve.supervisor import Supervisor
 
 from .conftest import child_pids, lean_serving
 from .test_user_mistakes import assert_one_line, tritonforge
 
 READY_WITHIN_S = 300  # a server start on the loaded 2-core CI machine takes 10-60 s
-EXIT_TIMEOUT_S = 10  # TritonServer's default: the wait for in-flight requests, and again for unloading
-# A clean stop takes at most the server's two waits and the stubs' exit; more means it had to be killed.
-STOP_WITHIN_S = 2 * EXIT_TIMEOUT_S + 15
+# serve's: a stop ends within it (open streams get all of it but its last 10 s), or the server is killed
+EXIT_TIMEOUT_S = DEFAULT_EXIT_TIMEOUT_S
+STOPPING = re.compile(r"^stopping tritonserver: .* exits within (\d+(?:\.\d+)?) s")
+# Once serve has exited: how long its clients may take to see their streams end (a gateway's last events)
+CLIENTS_END_S = 10
 STREAMS = 2  # per model, ensemble and BLS
 STEP_MS = 20  # the replay engine's step
-# Streams that finish well within the exit timeout (0.8 s at STEP_MS): streams cut at that deadline can leave
-# Triton 2.51 counting ensemble requests in flight, which ends the stop in a kill (the edge
-# docs/design/faults.md describes); and streams that outlive any stop's deadline (18 s).
+# Streams that finish well within the time a stop gives them (0.8 s at STEP_MS), and streams that outlive any
+# stop's deadline (18 s; 180 s at LAG_STEP_MS).
 SHORT_STREAM_TOKENS = 40
 LONG_STREAM_TOKENS = 900
 # The one warning a sound start may log: Triton 2.51 wedged or crashed while loading (a starved CPU is enough),
 # and the start made once more (test_server_start.py). Its message spans lines, up to this one.
 START_RETRIED = re.compile(r"^WARNING tritonforge\.serve\.server: .*?^starting the server once more$\n?", re.M | re.S)
+# And the line of a start that removed what killed runs left (other test runs on the machine: their regions).
+SWEPT = re.compile(r"^WARNING tritonforge\.serve\.server: removed what killed tritonforge servers .*$\n?", re.M)
 
 
 class Serve:
     """A `tritonforge serve` subprocess; its stderr lines as they come."""
 
-    def __init__(self, repository: Path):
+    def __init__(self, repository: Path, *, openai: bool = False):
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.openai_port = free_port() if openai else None
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tritonforge.cli", "serve", str(repository), "--http-port", str(self.http_port),
-             "--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port)],
+             "--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port),
+             *(["--openai-port", str(self.openai_port)] if openai else [])],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.stderr: list[str] = []
         self.stderr_lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._read_stderr, daemon=True).start()
         line = self.process.stdout.readline()  # "serving ..." once ready (or EOF if it failed)
-        assert line.startswith("serving"), (line, self.stderr)
+        if openai and line.startswith("OpenAI API:"):  # said first, once the gateway listens
+            line = self.process.stdout.readline()
+        if not line.startswith("serving"):
+            self.stop()
+            pytest.fail(f"serve did not start: {line!r}, {self.stderr}")
         self.url = f"127.0.0.1:{self.grpc_port}"
 
     def wait_for_stderr(self, text: str, within_s: float = 30) -> bool:
@@ -89,6 +111,24 @@ class Serve:
         backends = next(part.split("=", 1)[1] for part in command if part.startswith("--backend-directory="))
         return Path(backends).parent
 
+    def leftovers(self) -> dict:
+        """What the run makes that must not outlive it: its server's work folder, shared-memory prefix and
+        Python backend folder (from the folder's record), and the server's and stubs' pids."""
+        server_pid = self.server_pid()
+        work_dir = self.work_dir(server_pid)
+        record = json.loads((work_dir / OWNER_RECORD).read_text())
+        assert record["python_env"] and Path(record["python_env"]).is_dir(), record  # known while it serves
+        return {"server": server_pid, "stubs": all_stub_pids(server_pid), "work_dir": work_dir,
+                "shm_prefix": record["shm_prefix"], "python_env": Path(record["python_env"])}
+
+    def stop_line(self, since: int) -> tuple[str, float]:
+        """The one line serve says at a stop, after stderr line `since`, and the exit timeout it announces."""
+        lines = [line for line in self.stderr[since:] if line.startswith("stopping")]
+        assert len(lines) == 1, self.stderr[since:]
+        announced = STOPPING.match(lines[0])
+        assert announced, lines[0]
+        return lines[0], float(announced.group(1))
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
@@ -96,14 +136,17 @@ class Serve:
 
 
 def _gone(pid: int, within_s: float) -> bool:
+    """Whether `pid` ends within `within_s`: an exited process its adopter has not reaped yet (a zombie) has."""
     deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
+    while True:
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                return True
+        except OSError:
             return True
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.05)  # polling for an exit we are not the parent of: it has no signal of its own
-    return False
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +167,7 @@ def serve(repository):
 
 def test_serve_says_it_holds_the_terminal_and_answers_from_a_second_one(serve):
     assert serve.wait_for_stderr("second terminal"), serve.stderr
-    said = START_RETRIED.sub("", "\n".join(serve.stderr))
+    said = SWEPT.sub("", START_RETRIED.sub("", "\n".join(serve.stderr)))
     assert "WARNING" not in said and "error" not in said, serve.stderr
     result = tritonforge("generate", "The server", "--url", serve.url, "--max-tokens", "4")
     assert result.returncode == 0 and result.stdout.strip(), result.stderr
@@ -197,9 +240,11 @@ def test_tune_refuses_a_repository_that_a_running_serve_uses_and_changes_nothing
     assert {path: path.read_text() for path in repository.glob("*/config.pbtxt")} == before
 
 
-def open_streams(url: str, first_chunk: threading.Barrier, tokens: int = LONG_STREAM_TOKENS) -> list[dict]:
-    """Streams of `tokens` through the ensemble and the BLS, still open when the test stops the server."""
-    outcomes = [{"ended": threading.Event()} for _ in range(2 * STREAMS)]
+def open_streams(url: str, first_chunk: threading.Barrier, tokens: int = LONG_STREAM_TOKENS,
+                 models: tuple[str, ...] = ("ensemble",) * STREAMS + ("tensorrt_llm_bls",) * STREAMS) -> list[dict]:
+    """Streams of `tokens` through `models` (the ensemble and the BLS), still open when the test stops the
+    server; each waits at `first_chunk` once it has its first text."""
+    outcomes = [{"ended": threading.Event()} for _ in models]
 
     def run(outcome: dict, model: str) -> None:
         client = GrpcClient(url, model=model)
@@ -214,8 +259,7 @@ def open_streams(url: str, first_chunk: threading.Barrier, tokens: int = LONG_ST
             outcome["ended"].set()
             client.close()
 
-    for index, outcome in enumerate(outcomes):
-        model = "ensemble" if index < STREAMS else "tensorrt_llm_bls"
+    for outcome, model in zip(outcomes, models):
         threading.Thread(target=run, args=(outcome, model), daemon=True).start()
     return outcomes
 
@@ -224,47 +268,190 @@ def test_sigterm_under_open_streams_stops_in_one_line_and_the_server_exits_by_it
     first_chunk = threading.Barrier(2 * STREAMS + 1)
     outcomes = open_streams(serve.url, first_chunk, SHORT_STREAM_TOKENS)
     first_chunk.wait(timeout=READY_WITHIN_S)
-    server_pid = serve.server_pid()
-    work_dir = serve.work_dir(server_pid)
-    shm_prefix = next(part.rsplit("=", 1)[1] for part in
-                      Path(f"/proc/{server_pid}/cmdline").read_bytes().decode().split("\0")
-                      if "shm-region-prefix-name=" in part)
+    left = serve.leftovers()
     lines_before = len(serve.stderr)
     asked = time.monotonic()
     serve.process.send_signal(signal.SIGTERM)
-    assert serve.process.wait(timeout=STOP_WITHIN_S + 30) == 0
+    assert serve.process.wait(timeout=EXIT_TIMEOUT_S + 30) == 0
     took = time.monotonic() - asked
     said = serve.stderr[lines_before:]
-    assert took < STOP_WITHIN_S, (took, said)
-    assert len([line for line in said if "stopping" in line]) == 1, said
+    _, announced = serve.stop_line(lines_before)
+    assert took < announced, (took, said)
     assert not any("killing" in line or "Traceback" in line for line in said), said
-    assert all(outcome["ended"].wait(10) for outcome in outcomes), outcomes  # each stream finished or failed
-    assert _gone(server_pid, 5)
-    assert not work_dir.exists(), "the server's work folder outlived it"
-    assert not list(SHARED_MEMORY_DIR.glob(f"{shm_prefix}*")), "the stubs' shared memory outlived them"
+    assert all(outcome["ended"].wait(CLIENTS_END_S) for outcome in outcomes), outcomes  # each finished or failed
+    assert_nothing_left(left)
 
 
-def test_serve_killed_with_sigkill_takes_its_server_along_and_the_next_start_sweeps_what_it_left(repository, tmp_path,
-                                                                                                   monkeypatch):
+def assert_nothing_left(left: dict) -> None:
+    """No process of the run's server, and none of its folders or shared memory (the server and its stubs end
+    within a bounded wait: they are no children of the test)."""
+    assert _gone(left["server"], 5)
+    assert all(_gone(stub, 5) for stub in left["stubs"]), left["stubs"]
+    assert not left["work_dir"].exists(), "the server's work folder outlived it"
+    assert not list(SHARED_MEMORY_DIR.glob(f"{left['shm_prefix']}*")), "the stubs' shared memory outlived them"
+    assert not left["python_env"].exists(), "the Python backend's folder outlived its server"
+
+
+LAG_STEP_MS = 200
+# Slower than a step: the postprocessing of an ensemble stream's last chunk is still running when a stop ends
+# the stream (as on a loaded machine), which Triton 2.51 answered by keeping the ensemble request in flight for
+# ever; two instances keep up with one ensemble stream on average (5 chunks a second).
+POSTPROCESSING_LAG_S = 0.3
+LAGGING_POSTPROCESSING = f"""
+
+import time as _time
+
+_execute = TritonPythonModel.execute
+
+
+def _lagging_execute(self, requests):  # a test double: postprocessing that lags behind the engine
+    _time.sleep({POSTPROCESSING_LAG_S})
+    return _execute(self, requests)
+
+
+TritonPythonModel.execute = _lagging_execute
+"""
+OPENAI_STREAMS = 2
+
+
+@pytest.fixture(scope="module")
+def lagging_repository(tiny_models, tmp_path_factory) -> Path:
+    repository = build(BuildOptions(model=tiny_models["bpe"], output=tmp_path_factory.mktemp("lagging") / "repo",
+                                    engine="replay", replay_step_ms=LAG_STEP_MS, text_backend="python",
+                                    max_input_len=64, max_seq_len=1024, max_batch_size=2 + OPENAI_STREAMS,
+                                    serving=lean_serving(postprocessing_instances=2)))
+    model = repository / "postprocessing" / "1" / "model.py"
+    model.write_text(model.read_text() + LAGGING_POSTPROCESSING)
+    return repository
+
+
+def openai_stream(port: int, outcome: dict, first_chunk: threading.Barrier) -> None:
+    """One OpenAI completion streamed as server-sent events; `outcome` gets its last event before [DONE]."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=READY_WITHIN_S)
+    body = {"model": "tritonforge", "prompt": "Tell me a long story", "stream": True,
+            "max_tokens": LONG_STREAM_TOKENS, "min_tokens": LONG_STREAM_TOKENS}
+    try:
+        connection.request("POST", "/v1/completions", body=json.dumps(body),
+                           headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        events = 0
+        for line in response:
+            if line.startswith(b"data: {"):
+                outcome["last"] = json.loads(line[6:])
+                events += 1
+                if events == 1:
+                    first_chunk.wait(timeout=READY_WITHIN_S)
+            elif line.startswith(b"data: [DONE]"):
+                outcome["done"] = True
+    except Exception as error:  # noqa: BLE001 - the outcome under test
+        outcome["error"] = repr(error)
+    finally:
+        outcome["ended"].set()
+        connection.close()
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT], ids=["ctrl-c"])
+def test_a_stop_under_ensemble_bls_and_openai_streams_ends_within_its_exit_timeout_and_tells_the_clients(
+        lagging_repository, stop):
+    """Ctrl-C of `serve --openai-port` under streams that outlive any stop: serve ends within the exit timeout it
+    announces, without killing tritonserver (whose ensemble stream ended while postprocessing still ran its last
+    chunk), and every client is told that the server is shutting down, none that no server answers."""
+    serving = Serve(lagging_repository, openai=True)
+    try:
+        first_chunk = threading.Barrier(2 + OPENAI_STREAMS + 1)
+        grpc_outcomes = open_streams(serving.url, first_chunk, models=("ensemble", "tensorrt_llm_bls"))
+        openai_outcomes = [{"ended": threading.Event()} for _ in range(OPENAI_STREAMS)]
+        for outcome in openai_outcomes:
+            threading.Thread(target=openai_stream, args=(serving.openai_port, outcome, first_chunk),
+                             daemon=True).start()
+        first_chunk.wait(timeout=READY_WITHIN_S)
+        left = serving.leftovers()
+        lines_before = len(serving.stderr)
+        asked = time.monotonic()
+        serving.process.send_signal(stop)
+        assert serving.process.wait(timeout=EXIT_TIMEOUT_S + 30) == 0
+        took = time.monotonic() - asked
+        said = serving.stderr[lines_before:]
+        _, announced = serving.stop_line(lines_before)
+        assert took < announced, (took, said)
+        assert not any("killing" in line or "Traceback" in line or "WARNING" in line for line in said), said
+        assert all(outcome["ended"].wait(CLIENTS_END_S) for outcome in grpc_outcomes + openai_outcomes)
+        for outcome in grpc_outcomes:
+            assert "unavailable: the server is shutting down" in (outcome["error"] or ""), outcome
+        for outcome in openai_outcomes:
+            assert outcome.get("done") and "the server is shutting down" in outcome["last"]["error"]["message"], \
+                outcome
+        assert_nothing_left(left)
+    finally:
+        serving.stop()
+
+
+STUB_EXIT_S = 30  # a stub's watcher acts on its server's end at once; the rest absorbs a loaded machine
+
+
+@pytest.fixture(scope="module")
+def transformers_repository(tiny_models, tmp_path_factory) -> Path:
+    """The transformers engine, whose stub publishes Triton metrics from a thread of its own: the stub that was
+    left running after its server was killed."""
+    return build(BuildOptions(model=tiny_models["bpe"], output=tmp_path_factory.mktemp("engine") / "repo",
+                              max_input_len=64, max_seq_len=1024, max_batch_size=2 * STREAMS, serving=lean_serving()))
+
+
+def test_serve_killed_with_sigkill_under_streams_leaves_no_stub_and_the_next_start_sweeps_the_rest_in_one_line(
+        transformers_repository, repository, tmp_path, monkeypatch, caplog):
+    """`kill -9` of serve while the engine answers streams: its server dies with it and so does every stub (the
+    engine's was seen holding 429 MB five minutes later, its metrics thread stuck with the GIL in a call to the
+    dead server), the clients are told the server stopped their streams, and the next start removes the run's work
+    folder, shared memory and Python backend folder, saying so in one line."""
     # Work folders in a temporary folder of this test's own: a server started meanwhile by another test process
     # sweeps the shared one, and could remove the dead run's folder before this test looks for it.
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
-    killed = Serve(repository)
+    killed = Serve(transformers_repository)
     try:
-        server_pid = killed.server_pid()
-        work_dir = killed.work_dir(server_pid)
+        first_chunk = threading.Barrier(2 * STREAMS + 1)
+        outcomes = open_streams(killed.url, first_chunk)
+        first_chunk.wait(timeout=READY_WITHIN_S)
+        left = killed.leftovers()
         stub_regions = sorted(SHARED_MEMORY_DIR.glob(f"tritonforge_pid{killed.process.pid}_*"))
         assert stub_regions, "the stubs' regions do not name the process that started their server"
+        assert "tensorrt_llm" in left["stubs"].values(), left["stubs"]
         killed.process.kill()
         killed.process.wait()
-        assert _gone(server_pid, 30), "tritonserver outlived the `serve` that started it"
-        assert work_dir.exists()  # left: nobody was there to clean up
-        with TritonServer(repository, extra_args=only_models(ENGINE_MODEL)):  # any start sweeps: the quickest
-            assert not work_dir.exists(), "the next start left the dead run's work folder"
-            assert not [region for region in stub_regions if region.exists()], "and its shared memory"
+        assert _gone(left["server"], STUB_EXIT_S), "tritonserver outlived the `serve` that started it"
+        alive = [(pid, model) for pid, model in left["stubs"].items() if not _gone(pid, STUB_EXIT_S)]
+        assert not alive, f"stubs outlived their server: {alive}"
+        assert all(outcome["ended"].wait(CLIENTS_END_S) for outcome in outcomes), outcomes
+        assert all("stopped the stream" in (outcome["error"] or "") for outcome in outcomes), outcomes
+        assert left["work_dir"].exists() and left["python_env"].exists()  # left: nobody was there to clean up
+        with caplog.at_level(logging.WARNING, logger="tritonforge.serve.server"):
+            with TritonServer(repository, extra_args=only_models(ENGINE_MODEL)):  # any start sweeps: the quickest
+                assert not left["work_dir"].exists(), "the next start left the dead run's work folder"
+                assert not [region for region in stub_regions if region.exists()], "and its shared memory"
+                assert not left["python_env"].exists(), "and its Python backend folder"
+        swept = [record.getMessage() for record in caplog.records if "killed tritonforge servers" in
+                 record.getMessage()]
+        assert len(swept) == 1 and "\n" not in swept[0] and str(killed.process.pid) in swept[0], swept
+        assert "1 work folder" in swept[0] and "1 Python backend folder" in swept[0], swept
     finally:
         killed.stop()
+
+
+def test_a_tritonserver_killed_from_outside_takes_its_stubs_along(transformers_repository):
+    """tritonserver killed by someone else, its launcher alive but not looking (no supervisor): its stubs end
+    without it, the engine's too, whose metrics thread gets stuck with the GIL in its next call to the server."""
+    server = TritonServer(transformers_repository, extra_args=only_models(ENGINE_MODEL)).start()
+    try:
+        stubs, python_env = all_stub_pids(server.pid), server.python_env
+        assert list(stubs.values()) == [ENGINE_MODEL], stubs
+        os.kill(server.pid, signal.SIGKILL)
+        alive = [(pid, model) for pid, model in stubs.items() if not _gone(pid, STUB_EXIT_S)]
+        assert not alive, f"stubs outlived their server: {alive}"
+        assert python_env.is_dir()  # a killed server cannot remove its Python backend's folder ...
+        server.kill()
+        assert not python_env.exists()  # ... its launcher does
+    finally:
+        server.kill()
 
 
 def test_the_supervisor_gives_up_on_a_server_that_does_not_come_back(repository, tmp_path, caplog):
@@ -289,19 +476,21 @@ def test_the_supervisor_gives_up_on_a_server_that_does_not_come_back(repository,
     assert waits == ["1", "2"], caplog.text
 
 
-def test_streams_still_open_when_the_stop_deadline_comes_end_unavailable_and_nothing_is_left(repository):
+def test_streams_still_open_when_the_stop_deadline_comes_end_unavailable_and_the_server_exits_by_itself(
+        repository):
     """A stop that gives open requests 1 s, less than the open streams need: the engine ends them with
-    UNAVAILABLE, the ensemble's included, within that time and the engine's few seconds to end them. (Triton
-    2.51 then keeps those ensemble requests in flight, so that server may still need its kill after its own
-    timeouts: docs/design/faults.md#supervisor; a 2 s exit timeout keeps that wait short.)"""
-    server = TritonServer(repository, drain_timeout_s=1, exit_timeout_s=2).start()
+    UNAVAILABLE, the ensemble's included, within that time and the engine's few seconds to end them, and the
+    server then unloads and exits by itself (status 0: no kill) within its exit timeout."""
+    server = TritonServer(repository, drain_timeout_s=1).start()
     first_chunk = threading.Barrier(2 * STREAMS + 1)
     outcomes = open_streams(server.grpc_url, first_chunk)
     first_chunk.wait(timeout=READY_WITHIN_S)
-    work_dir, shm_prefix = server._work_dir, server.shm_prefix
-    stopping = threading.Thread(target=server.stop)
-    stopping.start()
+    work_dir, shm_prefix, python_env = server._work_dir, server.shm_prefix, server.python_env
+    stopped: queue.Queue = queue.Queue()
+    asked = time.monotonic()
+    threading.Thread(target=lambda: stopped.put(server.stop()), daemon=True).start()
     assert all(outcome["ended"].wait(1 + DRAIN_END_S + 5) for outcome in outcomes), outcomes
     assert all("the server is shutting down" in (outcome["error"] or "") for outcome in outcomes), outcomes
-    stopping.join(timeout=server.stop_timeout_s + 30)
+    assert stopped.get(timeout=server.exit_timeout_s + 30) == 0 and time.monotonic() - asked < server.exit_timeout_s
     assert not work_dir.exists() and not list(SHARED_MEMORY_DIR.glob(f"{shm_prefix}*"))
+    assert python_env is not None and not python_env.exists()

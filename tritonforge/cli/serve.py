@@ -8,12 +8,15 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 from ..builder.trtllm import EngineMismatch
 from ..facts.settings import add_arguments, given
 from ..serve.options import ServeOptions
 from .arguments import say
+
+GATEWAY_END_S = 2.0  # once the server is gone, how long the gateway gets at least to send its streams' last events
 
 
 def check_repository_engine(repository: Path) -> int:
@@ -43,23 +46,26 @@ def serve_command(args: argparse.Namespace) -> int:
     server = TritonServer(repository, executable=options.tritonserver, http_port=options.http_port,
                           grpc_port=options.grpc_port, metrics_port=options.metrics_port, address=options.address,
                           log_verbose=options.log_verbose, world_size=world_size,
-                          restricted_apis="" if options.open_apis else RESTRICTED_APIS, log_file=options.log_file)
+                          restricted_apis="" if options.open_apis else RESTRICTED_APIS, log_file=options.log_file,
+                          exit_timeout_s=options.exit_timeout_s)
     supervisor = Supervisor(server, wedged_after_s=options.wedged_after_s)
     stop, serving = threading.Event(), threading.Event()
+    stopping_since: list[float] = []
 
     def on_signal(*_) -> None:
         # While the server is still loading, a signal interrupts the wait (the start stops what it started).
-        # Once it serves, the first SIGINT / SIGTERM stops cleanly (open streams get the server's exit timeout);
-        # another one kills the server's process group at once. Neither interrupts the cleanup.
+        # Once it serves, the first SIGINT / SIGTERM stops cleanly, within the exit timeout; another one kills
+        # the server's process group at once. Neither interrupts the cleanup.
         if not serving.is_set():
             raise KeyboardInterrupt
         if stop.is_set() and server.pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(server.pid, signal.SIGKILL)
             return
+        stopping_since.append(time.monotonic())
         stop.set()
-        say(f"stopping tritonserver: open streams get up to {server.exit_timeout_s} s to finish "
-             f"(Ctrl-C again: stop at once)")
+        say(f"stopping tritonserver: open streams get up to {server.drain_s:g} s to finish; it exits within "
+            f"{server.exit_timeout_s:g} s (--exit-timeout-s) (Ctrl-C again: stop at once)")
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -76,7 +82,8 @@ def serve_command(args: argparse.Namespace) -> int:
                                     model=options.openai_model, served_model_name=options.served_model_name,
                                     api_key=api_key_from_environment(options.api_key)).start()
             # At a stop the gateway takes no new request while the server's open ones finish.
-            threading.Thread(target=lambda: (stop.wait(), gateway.stop()), name="gateway-stop", daemon=True).start()
+            threading.Thread(target=lambda: (stop.wait(), gateway.stop_accepting()), name="gateway-stop",
+                             daemon=True).start()
             print(f"OpenAI API: {gateway.base_url}/v1 (model {options.served_model_name!r} → {options.openai_model})")
         print(f"serving {repository}: HTTP {server.http_url}, gRPC {server.grpc_url}; log {server.log_path}",
               flush=True)
@@ -84,9 +91,10 @@ def serve_command(args: argparse.Namespace) -> int:
              "(tritonforge generate \"Hello\"); Ctrl-C stops it")
         supervisor.run(stop)  # restarts the server when it or a Python stub dies; stops it on the way out
     finally:
-        if gateway is not None:
-            gateway.stop()
         server.stop()  # already stopped by run(), unless the gateway could not start
+        if gateway is not None:  # its streams ended with the server: it gets what is left of the exit timeout
+            left = options.exit_timeout_s - (time.monotonic() - stopping_since[0]) if stopping_since else 0
+            gateway.stop(max(left, GATEWAY_END_S))
     say("tritonserver stopped")
     return 0
 

@@ -269,11 +269,16 @@ def one_streamed_answer(client, model: str, inputs: list, request_id: str, timeo
     raises queue.Empty when none came. An answered stream is closed, an unanswered one cancelled (a close would
     wait for it): Triton 2.51 can lose track of a stream cancelled just after its final response, and then
     never unloads its models at a stop (GrpcClient.stream_bytes)."""
+    from tritonclient.utils import InferenceServerException
+
     answered: queue.Queue = queue.Queue()
     got_answer = False
     client.start_stream(callback=lambda result, error: answered.put(error))
     try:
-        client.async_stream_infer(model, inputs, request_id=request_id, enable_empty_final_response=True)
+        try:
+            client.async_stream_infer(model, inputs, request_id=request_id, enable_empty_final_response=True)
+        except InferenceServerException:  # the stream failed at once (no server there): the callback has why
+            pass
         error = answered.get(timeout=timeout_s)
         got_answer = True
         return error

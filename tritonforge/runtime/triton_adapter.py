@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +30,14 @@ from ..facts.environment import (
 from ..facts.errors import ERROR_CODES, INTERNAL_PREFIX, ErrorKind, ResponseSendError, TritonforgeError
 
 logger = logging.getLogger(__name__)
+
+# How long a request's last response, when it is an error, waits after the request's response before it: time
+# for that response to pass the ensemble's later steps (postprocessing). Triton 2.51's ensemble stops counting
+# the steps of a request once one of them answers an error, so a postprocessing step still running then keeps
+# the ensemble request in flight for ever: the server's stop waits its whole exit timeout for it, then cannot
+# unload the ensemble and is killed (core's EnsembleContext::PrepareSteps, fixed upstream in 2026).
+ERROR_AFTER_RESPONSE_S = 1.0
+_STUB_WATCH = Path(__file__).with_name("stub_watch.py")
 
 
 def request_inputs(request) -> dict[str, np.ndarray]:
@@ -108,17 +119,23 @@ class RequestRows:
         self.on_done = on_done  # called once, after the final response
         self.cancelled = CancellationCheck(sender, check_period_s)
         self._lock = threading.Lock()  # held through a send: no response can follow the final one
+        self._errors: set[int] = set()  # the ids of the error responses made and not sent yet
+        self._last_sent = -ERROR_AFTER_RESPONSE_S  # time.monotonic() of the last response sent
 
     def response(self, outputs: dict[str, np.ndarray]):
         return self.pb_utils.InferenceResponse(output_tensors(self.pb_utils, outputs, self.requested))
 
     def error_response(self, error: Exception):
-        return self.pb_utils.InferenceResponse(error=to_triton_error(self.pb_utils, error))
+        response = self.pb_utils.InferenceResponse(error=to_triton_error(self.pb_utils, error))
+        self._errors.add(id(response))
+        return response
 
     def send(self, response=None, *, row_done: bool = False) -> bool:
         """Send a row's response (None: nothing, unless it is the request's final flag); `row_done`: the row's
         last. True when sent. A row's last response that cannot be sent is replaced by an error response, so
-        that the request still ends (a final flag never sent would hold the client's stream open)."""
+        that the request still ends (a final flag never sent would hold the client's stream open). A last
+        response that is an error goes out `ERROR_AFTER_RESPONSE_S` after the response before it, at the
+        earliest."""
         with self._lock:
             if row_done:
                 self.open_rows -= 1
@@ -126,8 +143,12 @@ class RequestRows:
             if response is None and not final:
                 return True
             flags = self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+            if final and id(response) in self._errors:
+                time.sleep(max(self._last_sent + ERROR_AFTER_RESPONSE_S - time.monotonic(), 0.0))
+            self._errors.discard(id(response))
             try:
                 if _try_send(self.sender, response, flags):
+                    self._last_sent = time.monotonic()
                     return True
                 if final:
                     send_final(self.pb_utils, self.sender, self.error_response(ResponseSendError()))
@@ -177,9 +198,10 @@ def start_heartbeat(drain: Callable[[float], None] | None = None) -> None:
     call stuck holding the GIL) stops writing, even where other instances of its model still answer. Nothing
     happens where no supervisor asked for it (no folder in the environment).
 
-    The same thread ends the stub when its server is gone (its parent changed: the server was killed, e.g.
-    with the `tritonforge serve` that started it): Triton 2.51's stub then waits for ever in some states (an
-    engine stub seen idle a minute later), holding its memory and shared-memory region. And with `drain`, it
+    A stub whose server is gone (killed, with or without the `tritonforge serve` that started it) ends: Triton
+    2.51's stub then waits for ever in some states, holding its memory and shared-memory region. A process of
+    its own watches for that (`stub_watch.py`: a thread of the stub can be kept from running by one stuck with
+    the GIL); this thread checks its parent too, where that process could not start. And with `drain`, it
     calls `drain(deadline)` once the server is stopping (`STOPPING_FILE`), then says it is drained."""
     folder = os.environ.get(HEARTBEAT_DIR_ENV)
     if not folder:
@@ -189,6 +211,7 @@ def start_heartbeat(drain: Callable[[float], None] | None = None) -> None:
     server = os.getppid()
     if _launched_server(Path(folder)) not in (None, server):
         os._exit(1)  # the server died while this stub loaded: its parent now is whoever adopted it
+    _watch_server(server)
     if drain is not None:
         path.with_suffix(DRAINS_SUFFIX).touch()
 
@@ -211,6 +234,17 @@ def start_heartbeat(drain: Callable[[float], None] | None = None) -> None:
             time.sleep(HEARTBEAT_PERIOD_S)
 
     threading.Thread(target=beat, daemon=True, name="tritonforge-heartbeat").start()
+
+
+def _watch_server(server: int) -> subprocess.Popen | None:
+    """Start the process that ends this stub once `server` is gone (stub_watch.py), with the interpreter this
+    stub embeds (the launcher puts it first on PATH); None where there is none to run it with."""
+    python = sys.executable if sys.executable and os.access(sys.executable, os.X_OK) else shutil.which("python3")
+    if python is None:
+        logger.warning("no Python interpreter to watch the server with: the heartbeat thread watches it alone")
+        return None
+    return subprocess.Popen([python, "-I", "-S", str(_STUB_WATCH), str(server), str(os.getpid())],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _launched_server(folder: Path) -> int | None:

@@ -8,11 +8,12 @@ from pathlib import Path
 
 from ..facts.contract import BLS_MODEL, ENSEMBLE_MODEL
 from ..facts.ports import GRPC_PORT, HTTP_PORT, LOOPBACK, METRICS_PORT, check_distinct_ports, port_number
-from ..facts.settings import setting
+from ..facts.settings import positive_seconds, setting
 from ..gateway.options import API_KEY_HELP
 from ..gateway.serving import DEFAULT_MODEL as OPENAI_DEFAULT_MODEL
 from ..gateway.serving import SERVED_MODEL_NAME
 from .liveness import DEFAULT_WEDGED_AFTER_S
+from .server import DEFAULT_EXIT_TIMEOUT_S, STOP_RESERVE_S
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,6 +33,10 @@ class ServeOptions:
     openai_model: str = setting(OPENAI_DEFAULT_MODEL, "what the OpenAI API calls", choices=(BLS_MODEL, ENSEMBLE_MODEL))
     served_model_name: str = setting(SERVED_MODEL_NAME, "the model name the OpenAI API shows")
     api_key: str | None = setting(None, API_KEY_HELP, parse=str)
+    exit_timeout_s: float = setting(DEFAULT_EXIT_TIMEOUT_S, f"a stop (Ctrl-C, SIGTERM) ends within this: open streams "
+                                                            f"get all of it but the last {STOP_RESERVE_S:g} s (at most "
+                                                            f"half of it) to finish, the server then ends the rest and "
+                                                            f"exits", parse=positive_seconds)
     log_file: Path | None = setting(None, "tritonserver's log, kept after exit (default: a temporary file removed "
                                           "at exit)", parse=Path)
     open_apis: bool = setting(False, "leave model-config, statistics, ... unrestricted (perf_analyzer reads them)")

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 STUB_MODEL = re.compile(r"/([^/\s]+)/\d+/model\.py")
+STUB_PROGRAM = "triton_python_backend_stub"  # the Python backend's stub binary
 
 
 def children(pid: int) -> list[int]:

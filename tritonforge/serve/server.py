@@ -7,10 +7,14 @@ interpreter's `bin/` goes first on PATH, because the stub embeds the first `pyth
 
 Model control and repository APIs are not exposed to clients: the load API can upload code.
 
+A stop ends within the exit timeout (`exit_timeout_s`): open requests get all of it but a reserve to finish, the
+engine ends the rest, and only then is the server signalled, so that it unloads its models and exits by itself.
+
 Nothing is left behind, even by a run killed from outside: the server dies with the process that started
-it (PR_SET_PDEATHSIG), its stubs' temporary files go into its work folder, which records the pids it belongs
-to, and its stubs' shared-memory regions carry the starting process's pid in their names; every start removes
-what such dead runs left (`sweep_leftovers`).
+it (PR_SET_PDEATHSIG), its stubs end once it is gone (runtime/stub_watch.py), their temporary files go into
+its work folder, which records the pids it belongs to, their shared-memory regions carry the starting process's
+pid in their names, and the record names the Python backend's folder in /tmp (`python_env`); every start removes
+what such dead runs left (`sweep_leftovers`), and says so.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import errno
 import functools
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -48,6 +53,8 @@ from ..facts.environment import (
     TRITONSERVER_ENV,
 )
 from ..facts.ports import check_distinct_ports
+from . import python_env
+from .processes import STUB_PROGRAM
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +66,12 @@ HTTP_MAX_INPUT_BYTES = 8 * 1024 * 1024  # a prompt of max_input_len tokens is fa
 # its regions with a prefix of its own, and removes what is left under that prefix once it has exited.
 SHARED_MEMORY_DIR = Path("/dev/shm")
 USAGE_TEXT_INDENTS = ("  --", "\t")  # the lines of tritonserver's --help text
+# A stop ends within the exit timeout. Open requests get all of it but a reserve, at most half of it, kept for
+# the engine to end those still open (about a second: its last response waits `ERROR_AFTER_RESPONSE_S`), the
+# server to unload its models and exit: 3 to 5 s on the 2-core CPU machine under ten streams. Kubernetes sets the
+# timeout from the pod's grace period (deploy/helm/tritonforge).
+DEFAULT_EXIT_TIMEOUT_S = 20.0
+STOP_RESERVE_S = 10.0
 # After the time open requests get at a stop, how long the engine may take to end the rest (its
 # EngineService.drain waits 5 s) and to say so (a heartbeat later).
 DRAIN_END_S = 5 + 2 * HEARTBEAT_PERIOD_S
@@ -174,21 +187,28 @@ def check_ports_free(address: str, ports: dict[str, int]) -> None:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether process `pid` runs: one that exited and that its adopter has not reaped yet (a zombie, as a killed
+    run's tritonserver is for a moment) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # another user's process
-    return True
+        pass  # another user's process
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return True  # no /proc to tell: it answers signals
 
 
 def sweep_leftovers(temporary_dir: Path | None = None, shared_memory_dir: Path | None = None) -> list[Path]:
-    """Remove what servers of runs that were killed from outside left: work folders whose recorded processes
-    are all gone (and the Python stubs still running from them: a stub whose server died while it loaded can
-    wait for ever), and shared-memory regions whose starting process is gone. Folders and regions without our
-    record are never touched. Returns what was removed."""
-    removed = []
+    """Remove what servers of runs that were killed from outside left, and say so in one line: work folders whose
+    recorded processes are all gone (with the Python stubs still running from them, and the Python backend's
+    folder the record names), and shared-memory regions whose starting process is gone. Folders and regions
+    without our record are never touched. Returns what was removed."""
+    removed: list[Path] = []
+    ended: list[int] = []
+    runs: set[int] = set()
     for folder in Path(temporary_dir or tempfile.gettempdir()).glob(f"{WORK_DIR_PREFIX}*"):
         try:
             record = json.loads((folder / OWNER_RECORD).read_text())
@@ -196,33 +216,52 @@ def sweep_leftovers(temporary_dir: Path | None = None, shared_memory_dir: Path |
         except (OSError, ValueError, KeyError, TypeError):
             continue  # not ours to judge
         if pids and not any(_pid_alive(pid) for pid in pids):
-            for pid in _processes_running_from(folder):
+            for pid in _stubs_of_run(folder, record.get("shm_prefix")):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
+                    ended.append(pid)
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
+            runs.add(pids[0])
+            env = Path(record["python_env"]) if record.get("python_env") else None
+            if python_env.remove(env):
+                removed.append(env)
+    regions = 0
     for region in Path(shared_memory_dir or SHARED_MEMORY_DIR).glob("tritonforge_pid*"):
         match = _SHM_PREFIX.match(region.name)
         if match and not _pid_alive(int(match.group(1))):
             region.unlink(missing_ok=True)
             removed.append(region)
+            regions += 1
+            runs.add(int(match.group(1)))
     if removed:
-        logger.info("removed %d leftovers of tritonforge servers that were killed: %s", len(removed),
-                    ", ".join(str(path) for path in removed))
+        envs = sum(1 for path in removed if python_env.is_python_env(path))
+        left = ", ".join(part for part in (_count(len(removed) - regions - envs, "work folder"),
+                                           _count(regions, "shared-memory region"),
+                                           _count(envs, "Python backend folder")) if part)
+        stubs = f"; ended {_count(len(ended), 'stub')} still running" if ended else ""
+        logger.warning("removed what killed tritonforge servers (started by pid %s) left: %s%s",
+                       ", ".join(map(str, sorted(runs))), left, stubs)
     return removed
 
 
-def _processes_running_from(folder: Path) -> list[int]:
-    """The processes whose program lies inside `folder`: the stubs of the server whose backends were copied
-    there."""
+def _count(number: int, thing: str) -> str:
+    return f"{number} {thing}{'' if number == 1 else 's'}" if number else ""
+
+
+def _stubs_of_run(folder: Path, shm_prefix: str | None) -> list[int]:
+    """The Python stubs of a run's server: the processes whose program lies inside its work folder (the
+    backends it copied there), or a stub program whose shared-memory region carries the run's prefix (a
+    server's own backends, as in NVIDIA's container)."""
     prefix = str(folder) + os.sep
     found = []
     for entry in Path("/proc").glob("[0-9]*"):
         try:
-            program = (entry / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+            command = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:  # gone meanwhile, or not ours to read
             continue
-        if program.startswith(prefix):
+        if command[0].startswith(prefix) or (
+                shm_prefix and Path(command[0]).name == STUB_PROGRAM and any(shm_prefix in arg for arg in command)):
             found.append(int(entry.name))
     return found
 
@@ -348,8 +387,8 @@ class TritonServer:
     metrics_port: int = 0
     address: str = "127.0.0.1"
     ready_timeout_s: float = 300.0
-    exit_timeout_s: int = 10  # tritonserver's --exit-timeout-secs: its wait for in-flight requests, and for unloading
-    drain_timeout_s: float | None = None  # how long open requests get to finish at a stop; None: exit_timeout_s
+    exit_timeout_s: float = DEFAULT_EXIT_TIMEOUT_S  # a stop ends within this; only a server still running is killed
+    drain_timeout_s: float | None = None  # how long open requests get to finish at a stop; None: all but the reserve
     log_verbose: int = 0
     restricted_api_key: str | None = None  # header value that unlocks the restricted APIs; None = random
     # Which APIs need that key; "" opens them all (perf_analyzer reads the model config and statistics).
@@ -371,6 +410,8 @@ class TritonServer:
         self.log_path: Path | None = None
         self.shm_prefix = _new_shm_prefix()  # renewed at each start
         self.heartbeat_dir: Path | None = None  # where the stubs write their heartbeats (triton_adapter)
+        self.python_env: Path | None = None  # the Python backend's folder in /tmp, where known (python_env.py)
+        self._python_env_claim: python_env.PythonEnvClaim | None = None
 
     @property
     def http_url(self) -> str:
@@ -404,7 +445,7 @@ class TritonServer:
             *self._http_limit(binary),
             f"--exit-on-error={str(self.require_all_models).lower()}",
             f"--strict-readiness={str(self.require_all_models).lower()}",
-            f"--exit-timeout-secs={self.exit_timeout_s}",
+            f"--exit-timeout-secs={max(math.ceil(self.stop_reserve_s), 1)}",
             f"--log-verbose={self.log_verbose}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}{rank}_",
             *self.extra_args,
@@ -467,6 +508,7 @@ class TritonServer:
         sweep_leftovers()
         self.shm_prefix = _new_shm_prefix()
         self._work_dir = Path(tempfile.mkdtemp(prefix=WORK_DIR_PREFIX))
+        self._process, self.python_env = None, None
         self._record_owner()
         self.heartbeat_dir = self._work_dir / "heartbeats"
         self.heartbeat_dir.mkdir()
@@ -482,34 +524,55 @@ class TritonServer:
         self.log_path = Path(self.log_file) if self.log_file else self._work_dir / "tritonserver.log"
         command = self.mpi_command(binary)
         logger.info("starting %s", redacted(command))
-        with open(self.log_path, "wb") as log:
-            self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                             env=self.environment(binary), start_new_session=True,
-                                             preexec_fn=_die_with_parent)
-        self._record_owner(self._process.pid)
+        # Under mpirun the ranks are no children of the launched process: their folders are not told apart.
+        self._python_env_claim = python_env.PythonEnvClaim().begin() if self.world_size == 1 else None
+        try:
+            with open(self.log_path, "wb") as log:
+                self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                                 env=self.environment(binary), start_new_session=True,
+                                                 preexec_fn=_die_with_parent)
+        except BaseException:
+            self._settle_python_env()
+            self._remove_work_dir()
+            raise
+        self._record_owner()
         if self.world_size == 1:  # under mpirun each rank's stubs have their own tritonserver for parent
             _write_whole(self.heartbeat_dir / SERVER_PID_FILE, str(self._process.pid))
         try:
             self._wait_ready()
-        except StubLaunchWedged:
-            self.kill()  # a wedged load never lets the server exit by itself
+        except BaseException as failure:
+            self._settle_python_env()
+            if isinstance(failure, StubLaunchWedged):
+                self.kill()  # a wedged load never lets the server exit by itself
+            else:
+                self.stop()
             raise
-        except BaseException:
-            self.stop()
-            raise
+        self._settle_python_env()
         return self
 
-    def _record_owner(self, server_pid: int | None = None) -> None:
-        """Which processes the work folder belongs to: once all are gone, a later start may remove it."""
-        pids = [os.getpid(), *([server_pid] if server_pid else [])]
-        (self._work_dir / OWNER_RECORD).write_text(json.dumps({"pids": pids, "repository": str(self.repository),
-                                                               "shm_prefix": self.shm_prefix}))
+    def _settle_python_env(self) -> None:
+        """Which python_env folder is the server's, now that it is ready (or failed); recorded for a sweep."""
+        if self._python_env_claim is not None:
+            self.python_env = self._python_env_claim.finish(self.pid)
+            self._python_env_claim = None
+            if self.python_env is not None and self._work_dir is not None:
+                self._record_owner()
+
+    def _record_owner(self) -> None:
+        """Which processes the work folder belongs to (once all are gone, a later start may remove it) and what
+        else of the run's a sweep removes: its stubs' shared memory and its Python backend folder."""
+        pids = [os.getpid(), *([self._process.pid] if self._process is not None else [])]
+        record = {"pids": pids, "repository": str(self.repository), "shm_prefix": self.shm_prefix,
+                  "python_env": str(self.python_env) if self.python_env else None}
+        _write_whole(self._work_dir / OWNER_RECORD, json.dumps(record))
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout_s
         url = f"http://{self.http_url}/v2/health/ready"
         waiting_for_a_stub_since = None
         while time.monotonic() < deadline:
+            if self._python_env_claim is not None:
+                self._python_env_claim.poll(self._process.pid)
             # Under mpirun the launched process is not a tritonserver: no wedge to see there.
             if (self.world_size == 1 and threads_waiting_for_a_child(self._process.pid)
                     and STUB_FAILED not in self.log_text()):
@@ -594,21 +657,35 @@ class TritonServer:
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
+    @property
+    def stop_reserve_s(self) -> float:
+        """The end of the exit timeout that open requests do not get: for the engine to end those still open,
+        and for the server to unload its models and exit."""
+        return min(STOP_RESERVE_S, self.exit_timeout_s / 2)
+
+    @property
+    def drain_s(self) -> float:
+        """How long open requests get to finish at a stop."""
+        return self.exit_timeout_s - self.stop_reserve_s if self.drain_timeout_s is None else self.drain_timeout_s
+
     def stop(self) -> int | None:
-        """SIGTERM, and wait for the server to exit by itself: it gives in-flight requests its exit timeout, then
-        its models' unloading the same again. Only a server that outlives both is killed, and what is left of
-        its process group in any case: a Python stub busy in a generation can outlive a server that exited."""
+        """End within the exit timeout: open requests get `drain_s` to finish while the server still serves, the
+        engine ends the rest, then SIGTERM, and the server unloads its models and exits by itself. Only a server
+        still running at the end of the exit timeout is killed, and what is left of its process group in any
+        case: a Python stub busy in a generation can outlive a server that exited."""
         if self._process is None:
             self._remove_work_dir()
             self._remove_shared_memory()
             return None
         if self._process.poll() is None:
-            self._drain()
+            deadline = time.monotonic() + self.exit_timeout_s
+            self._drain(min(time.monotonic() + self.drain_s, deadline), deadline)
             os.killpg(self._process.pid, signal.SIGTERM)
             try:
-                self._process.wait(timeout=self.stop_timeout_s)
+                self._process.wait(timeout=max(deadline - time.monotonic(), 0))
             except subprocess.TimeoutExpired:
-                logger.warning("tritonserver did not exit %.0f s after SIGTERM; killing it", self.stop_timeout_s)
+                logger.warning("tritonserver did not exit within its exit timeout (%g s); killing it",
+                               self.exit_timeout_s)
         try:
             os.killpg(self._process.pid, signal.SIGKILL)  # the group is ours (start_new_session)
         except ProcessLookupError:
@@ -617,30 +694,26 @@ class TritonServer:
         self._wait_group_gone()
         self._remove_work_dir()
         self._remove_shared_memory()
+        python_env.remove(self.python_env)  # a server that exited by itself removed it already
+        self.python_env = None
         return self._process.returncode
 
-    def _drain(self) -> None:
-        """Before the server is signalled: open requests get `drain_timeout_s` to finish, then the engine ends
-        the rest (environment.STOPPING_FILE: an ensemble request still open when Triton is signalled is never
-        ended, and holds its exit). Returns once every model that drains has, at the latest a few seconds after
-        that time."""
+    def _drain(self, drained_by: float, deadline: float) -> None:
+        """Before the server is signalled: open requests get until `drained_by` (time.monotonic) to finish, then
+        the engine ends the rest (environment.STOPPING_FILE: an ensemble request still open when Triton is
+        signalled is never ended, and holds its exit). Returns once every model that drains has, at the latest
+        a few seconds after that time, and never after `deadline`."""
         if self.heartbeat_dir is None or not self.heartbeat_dir.is_dir():
             return
         draining = [path.with_suffix(DRAINED_SUFFIX) for path in self.heartbeat_dir.glob(f"*{DRAINS_SUFFIX}")]
         if not draining:
             return
-        deadline = time.monotonic() + (self.exit_timeout_s if self.drain_timeout_s is None else self.drain_timeout_s)
-        _write_whole(self.heartbeat_dir / STOPPING_FILE, repr(deadline))
-        while not all(path.exists() for path in draining) and time.monotonic() < deadline + DRAIN_END_S:
+        _write_whole(self.heartbeat_dir / STOPPING_FILE, repr(drained_by))
+        give_up = min(drained_by + DRAIN_END_S, deadline)
+        while not all(path.exists() for path in draining) and time.monotonic() < give_up:
             if self._process.poll() is not None:
                 return
             time.sleep(0.05)  # the stubs' files are the only signal across these processes
-
-    @property
-    def stop_timeout_s(self) -> float:
-        """How long `stop` waits for the server to exit by itself: its exit timeout for in-flight requests, the
-        same for unloading its models, and a margin for the process to end."""
-        return 2 * self.exit_timeout_s + 5
 
     def kill(self) -> None:
         """SIGKILL the server and its stubs now: open streams end with a connection error at once."""

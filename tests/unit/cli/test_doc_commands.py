@@ -152,6 +152,18 @@ def gpu_sh_flags(gateway: bool = False) -> tuple[frozenset[str], str]:
     return own, "bench/gateway.py" if gateway else "bench/pipeline.py"
 
 
+# Other GPU scripts that take flags of their own (tested as `$1`) and hand the rest to one bench script.
+FORWARDING_SCRIPTS = {"bench/gpu_text_backends.sh": "bench/pipeline.py"}
+
+
+@functools.cache
+def forwarding_flags(script: str) -> frozenset[str]:
+    source = (SOURCE_ROOT / script).read_text()
+    own = frozenset(re.findall(r'"\$\{1:-\}" = "(--[\w-]+)"', source))
+    assert own and f"python3 -u {FORWARDING_SCRIPTS[script]}" in source, f"{script}: cannot tell its flags"
+    return own
+
+
 def problems(command: str) -> list[str]:
     """What is wrong with one documented command: unknown commands and flags."""
     try:
@@ -184,6 +196,10 @@ def _check(words: list[str]) -> list[str]:
             own, forwarded = gpu_sh_flags(GPU_SH_GATEWAY in rest)
             return [f"{script}: no {flag} (nor {forwarded})" for flag in _flags(rest)
                     if flag not in own | script_flags(forwarded)]
+        if script in FORWARDING_SCRIPTS:
+            forwarded = FORWARDING_SCRIPTS[script]
+            return [f"{script}: no {flag} (nor {forwarded})" for flag in _flags(rest)
+                    if flag not in forwarding_flags(script) | script_flags(forwarded)]
         if script in SCRIPT_COMMANDS:
             return _check_tritonforge([SCRIPT_COMMANDS[script], *rest])
         if script in UNCHECKED_SCRIPTS:

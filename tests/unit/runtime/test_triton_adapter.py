@@ -203,3 +203,103 @@ def test_a_stub_orphaned_before_it_could_watch_its_server_exits_at_once(tmp_path
     finally:
         kept.kill()
         kept.wait()
+
+
+def test_a_stub_whose_server_dies_while_a_thread_of_it_holds_the_gil_ends(tmp_path):
+    """A thread stuck in a call to the dead server with the GIL held (Triton 2.51's `Metric.set`, here libc's
+    sleep called through ctypes.PyDLL, which keeps the GIL) stops every Python thread of the stub, its heartbeat
+    too: the process that watches the server for the stub ends it."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tritonforge.facts.environment import HEARTBEAT_DIR_ENV
+
+    stub = ("import ctypes, os, threading, time; from tritonforge.runtime.triton_adapter import start_heartbeat; "
+            "start_heartbeat(); print(os.getpid(), flush=True); "
+            "threading.Thread(target=ctypes.PyDLL(None).sleep, args=(600,)).start(); time.sleep(600)")
+    server = ("import subprocess, sys; child = subprocess.Popen([sys.executable, '-c', sys.argv[1]], "
+              "stdout=subprocess.PIPE, text=True); print(child.stdout.readline().strip(), flush=True); "
+              "import time; time.sleep(600)")
+    env = {**os.environ, HEARTBEAT_DIR_ENV: str(tmp_path)}
+    parent = subprocess.Popen([sys.executable, "-c", server, stub], stdout=subprocess.PIPE, text=True, env=env)
+    stub_pid = int(parent.stdout.readline())
+    try:
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + STUB_EXIT_S
+        while _alive(stub_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling: the stub is no child of ours to wait for
+        assert not _alive(stub_pid), "the stub outlived its server"
+    finally:
+        if _alive(stub_pid):
+            os.kill(stub_pid, 9)
+
+
+class _Clock:
+    """triton_adapter's `time`: a clock that moves only when told to, or when slept on."""
+
+    def __init__(self):
+        self.now, self.slept = 100.0, []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+class _Sender:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, response=None, flags=0):
+        self.sent.append((response, flags))
+
+    def is_cancelled(self):
+        return False
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    from tritonforge.runtime import triton_adapter
+
+    clock = _Clock()
+    monkeypatch.setattr(triton_adapter, "time", clock)
+    return clock
+
+
+def test_an_error_that_ends_a_request_waits_for_its_last_response_to_pass_the_ensembles_later_steps(clock):
+    """Triton 2.51's ensemble stops counting a request's steps once one answers an error: a postprocessing step
+    still running a chunk then keeps the ensemble request in flight for ever, and the server's stop waits for it
+    until it is killed. The error goes out once the response before it had time to pass postprocessing."""
+    from tritonforge.runtime.triton_adapter import ERROR_AFTER_RESPONSE_S, RequestRows
+
+    sender = _Sender()
+    rows = RequestRows(PB_UTILS_STAND_IN, sender, 1, None, 1.0)
+    assert rows.send(rows.response(OUTPUTS))
+    clock.now += 0.25
+    assert rows.send(rows.error_response(ServerStopping()), row_done=True)
+    assert clock.slept == [ERROR_AFTER_RESPONSE_S - 0.25]
+    (first, _), (last, flags) = sender.sent
+    assert first.error is None and last.error.code == "UNAVAILABLE" and flags == FINAL
+
+
+@pytest.mark.parametrize("ending", ["a whole answer", "an error before any response", "an error long after"])
+def test_other_last_responses_go_at_once(clock, ending):
+    from tritonforge.runtime.triton_adapter import ERROR_AFTER_RESPONSE_S, RequestRows
+
+    sender = _Sender()
+    rows = RequestRows(PB_UTILS_STAND_IN, sender, 1, None, 1.0)
+    if ending == "a whole answer":
+        rows.send(rows.response(OUTPUTS))
+        rows.send(rows.response(OUTPUTS), row_done=True)
+    elif ending == "an error before any response":
+        rows.send(rows.error_response(QueueFullError(8)), row_done=True)
+    else:
+        rows.send(rows.response(OUTPUTS))
+        clock.now += ERROR_AFTER_RESPONSE_S
+        rows.send(rows.error_response(ServerStopping()), row_done=True)
+    assert sum(clock.slept) == 0 and sender.sent[-1][1] == FINAL

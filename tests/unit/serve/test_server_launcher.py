@@ -40,7 +40,17 @@ def test_the_command_serves_the_repository_on_the_given_ports_and_stops_on_load_
     assert option(command, "--backend-directory") == str(tmp_path / "backends")
     assert [option(command, f"--{name}-port") for name in ("http", "grpc", "metrics")] == ["1", "2", "3"]
     assert option(command, "--exit-on-error") == "true" and option(command, "--strict-readiness") == "true"
-    assert option(command, "--exit-timeout-secs") == str(server.exit_timeout_s)
+    # Triton's own wait for open requests and unloading, once signalled: the end of our exit timeout that open
+    # requests do not get
+    assert option(command, "--exit-timeout-secs") == str(int(server.stop_reserve_s))
+
+
+@pytest.mark.parametrize("exit_timeout_s, drain_s, reserve_s", [(20, 10, 10), (55, 45, 10), (8, 4, 4)])
+def test_a_stop_gives_open_requests_all_of_its_exit_timeout_but_a_reserve_for_ending_and_unloading(
+        tmp_path, exit_timeout_s, drain_s, reserve_s):
+    server = TritonServer(tmp_path / "repo", exit_timeout_s=exit_timeout_s)
+    assert (server.drain_s, server.stop_reserve_s) == (drain_s, reserve_s)
+    assert TritonServer(tmp_path / "repo", exit_timeout_s=exit_timeout_s, drain_timeout_s=1).drain_s == 1
 
 
 def test_restricted_apis_need_a_fresh_random_key_that_logs_never_show(server, tmp_path):
@@ -282,3 +292,67 @@ def test_the_runs_serving_a_repository_are_those_whose_record_names_it(tmp_path)
         (folder / OWNER_RECORD).write_text(json.dumps({"pids": [starter], "repository": str(repository)}))
     assert serving_processes(tmp_path / "served", temporary_dir=tmp_path) == [live]
     assert serving_processes(tmp_path / "nothing", temporary_dir=tmp_path) == []
+
+
+def test_the_sweep_removes_a_dead_runs_python_backend_folder_and_says_what_it_removed_in_one_line(tmp_path, caplog):
+    """The folder the dead run's record names in /tmp goes with its work folder and regions; the next start says
+    so (it used to remove them without a word)."""
+    import json
+    import logging
+    import subprocess
+    import uuid
+
+    from tritonforge.serve.server import OWNER_RECORD, WORK_DIR_PREFIX, sweep_leftovers
+
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+    folder = tmp_path / f"{WORK_DIR_PREFIX}dead"
+    folder.mkdir()
+    env = Path("/tmp") / f"python_env_{uuid.uuid4().hex[:6]}"  # as the backend names it, there
+    env.mkdir()
+    shared = tmp_path / "shm"
+    shared.mkdir()
+    region = shared / f"tritonforge_pid{exited.pid}_0123abcd_0_region"
+    region.write_bytes(b"")
+    (folder / OWNER_RECORD).write_text(json.dumps({"pids": [exited.pid], "python_env": str(env)}))
+    try:
+        with caplog.at_level(logging.WARNING, logger="tritonforge.serve.server"):
+            removed = sweep_leftovers(tmp_path, shared)
+    finally:
+        if env.exists():
+            env.rmdir()
+    assert sorted(removed) == sorted([folder, env, region]) and not env.exists()
+    (line,) = [record.getMessage() for record in caplog.records]
+    assert line == (f"removed what killed tritonforge servers (started by pid {exited.pid}) left: 1 work folder, "
+                    f"1 shared-memory region, 1 Python backend folder")
+
+
+def test_the_sweep_ends_a_dead_runs_stubs_by_their_shared_memory_prefix_where_they_run_from_elsewhere(tmp_path):
+    """NVIDIA's container runs the stubs of its own backends folder: a stub program whose region carries the
+    dead run's prefix is ended, and no other program, even one that names the prefix."""
+    import json
+    import subprocess
+    import sys
+
+    from tritonforge.serve.server import OWNER_RECORD, WORK_DIR_PREFIX, sweep_leftovers
+
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+    prefix = f"tritonforge_pid{exited.pid}_0123abcd_"
+    folder = tmp_path / f"{WORK_DIR_PREFIX}dead"
+    folder.mkdir()
+    (folder / OWNER_RECORD).write_text(json.dumps({"pids": [exited.pid], "shm_prefix": prefix}))
+    stub_program = tmp_path / "backends" / "python" / "triton_python_backend_stub"
+    stub_program.parent.mkdir(parents=True)
+    stub_program.symlink_to(sys.executable)  # stands in for the stub: named as it is, run from elsewhere
+    sleep = "import time; time.sleep(600)"
+    stub = subprocess.Popen([str(stub_program), "-c", sleep, "/repo/model/1/model.py", f"{prefix}0_region"])
+    other = subprocess.Popen([sys.executable, "-c", sleep, f"{prefix}0_region"])
+    try:
+        assert folder in sweep_leftovers(tmp_path, tmp_path / "no-shm")
+        assert stub.wait(timeout=30) == -9
+        assert other.poll() is None
+    finally:
+        for process in (stub, other):
+            process.kill()
+            process.wait()

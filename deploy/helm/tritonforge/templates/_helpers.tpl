@@ -89,6 +89,15 @@ app.kubernetes.io/component: server
 {{- if and .Values.autoscaling.enabled (gt (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) -}}
 {{- fail (printf "autoscaling.minReplicas (%v) is above autoscaling.maxReplicas (%v)" .Values.autoscaling.minReplicas .Values.autoscaling.maxReplicas) -}}
 {{- end -}}
+{{- if lt (int (include "tritonforge.exitTimeout" .)) 10 -}}
+{{- fail (printf "terminationGracePeriodSeconds (%v) leaves tritonforge serve %v s to stop after preStopSleepSeconds (%v) and a 5 s margin: give it at least 10" .Values.terminationGracePeriodSeconds (include "tritonforge.exitTimeout" .) .Values.preStopSleepSeconds) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* How long `tritonforge serve` takes to stop after SIGTERM (its --exit-timeout-s): the grace period less the
+     preStop hook's sleep, which comes first, and a margin for serve's own exit once the server is gone. */}}
+{{- define "tritonforge.exitTimeout" -}}
+{{- sub (sub (int .Values.terminationGracePeriodSeconds) (int .Values.preStopSleepSeconds)) 5 -}}
 {{- end -}}
 
 {{/* The serving container's command: `tritonforge serve` with every port named, bound to the pod's address. */}}
@@ -104,6 +113,7 @@ app.kubernetes.io/component: server
 - --openai-model={{ .Values.serve.openaiModel }}
 - --served-model-name={{ .Values.serve.servedModelName }}
 - --wedged-after-s={{ .Values.serve.wedgedAfterS }}
+- --exit-timeout-s={{ include "tritonforge.exitTimeout" . }}
 - --log-verbose={{ .Values.serve.logVerbose }}
 {{- range .Values.serve.extraArgs }}
 - {{ . | quote }}
@@ -134,6 +144,17 @@ app.kubernetes.io/component: server
   containerPort: {{ .Values.ports.metrics }}
 - name: openai
   containerPort: {{ .Values.ports.openai }}
+{{- end -}}
+
+{{/* The preStop hook: a sleep while the Service drops the terminating pod, which serves new requests until
+     then; SIGTERM comes after it. */}}
+{{- define "tritonforge.lifecycle" -}}
+{{- if gt (int .Values.preStopSleepSeconds) 0 }}
+lifecycle:
+  preStop:
+    exec:
+      command: ["sleep", "{{ .Values.preStopSleepSeconds }}"]
+{{- end }}
 {{- end -}}
 
 {{/* Probes: ready when the gateway's /health says Triton and the OpenAI model are ready; live while a one-token
