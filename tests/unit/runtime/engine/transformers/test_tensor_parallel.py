@@ -97,8 +97,9 @@ def test_two_ranks_over_gloo_give_the_greedy_tokens_of_one_process(tiny_models, 
         alone.shutdown()
     assert greedy_tokens(engine, tokenizer) == expected
     assert all(len(tokens) > 0 for tokens in expected)
-    # both kinds of prefill were mirrored: alone (the last position kept) and together (one position a row)
-    assert 1 in kept and any(isinstance(keep, torch.Tensor) for keep in kept)
+    # Prefills were mirrored to the other rank (a prefill alone keeps its last position). Whether the second
+    # group's prompts also share one prefill depends on how fast they arrive, so that is not asserted here.
+    assert 1 in kept
     assert not lost
 
 
