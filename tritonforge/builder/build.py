@@ -47,8 +47,8 @@ def build(options: BuildOptions, progress=logger.info) -> Path:
     recorded = written_files(options.output)
     existing = prepare_output(options.output, force=options.force, checkpoint=options.model,
                               written=None if recorded is None else [*recorded, MANIFEST])
-    progress(f"writing {options.output} ({kind.name} engine"
-             f"{'; copying the checkpoint' + chr(39) + 's weights' if kind.serves_checkpoint else ''})")
+    copying = "; copying the checkpoint's weights" if kind.serves_checkpoint else ""
+    progress(f"writing {options.output} ({kind.name} engine{copying})")
     with removed_on_failure(options.output, existing):
         version_dir = options.output / ENGINE_MODEL / "1"
         version_dir.mkdir(parents=True, exist_ok=True)
