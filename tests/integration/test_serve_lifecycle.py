@@ -447,9 +447,12 @@ def test_a_tritonserver_killed_from_outside_takes_its_stubs_along(transformers_r
         os.kill(server.pid, signal.SIGKILL)
         alive = [(pid, model) for pid, model in stubs.items() if not _gone(pid, STUB_EXIT_S)]
         assert not alive, f"stubs outlived their server: {alive}"
-        assert python_env.is_dir()  # a killed server cannot remove its Python backend's folder ...
-        server.kill()
-        assert not python_env.exists()  # ... its launcher does
+        # Its Python backend's folder is the server's only where it was the one folder that appeared while it started
+        # (serve/python_env.py); another server starting beside it leaves it unclaimed, which the unit tests cover.
+        if python_env is not None:
+            assert python_env.is_dir()  # a killed server cannot remove its Python backend's folder ...
+            server.kill()
+            assert not python_env.exists()  # ... its launcher does
     finally:
         server.kill()
 

@@ -114,6 +114,9 @@ class CrashedWhileLoading(ServerError):
 
 # What a start makes once more: failures of the server itself, on the way to serving a repository that loads.
 RETRIED_AT_START = (StubLaunchWedged, CrashedWhileLoading)
+# Starts in all before such a failure is the caller's: a machine loaded with several servers starting at once has
+# wedged two starts in a row, never three.
+START_ATTEMPTS = 3
 
 
 def threads_waiting_for_a_child(pid: int) -> bool:
@@ -488,18 +491,21 @@ class TritonServer:
     def start(self) -> TritonServer:
         """Start and wait until ready. Refuses a path that holds no model and ports already taken, before
         anything runs; removes what killed runs of ours left first. A load wedged by the Python backend
-        (STUB_WEDGE_S) is killed and started once more, and so is a server that crashed while loading (Triton
-        2.51 has aborted at a start on a loaded machine: an uncaught lock_exception, an epoll_wait on a closed
-        descriptor); on new ports where they were picked here."""
+        (STUB_WEDGE_S) is killed and started again (START_ATTEMPTS in all), and so is a server that crashed while
+        loading (Triton 2.51 has aborted at a start on a loaded machine: an uncaught lock_exception, an epoll_wait
+        on a closed descriptor); on new ports where they were picked here."""
         picked = {name: getattr(self, name) == 0 for name in ("http_port", "grpc_port", "metrics_port")}
-        try:
-            return self._start()
-        except RETRIED_AT_START as failure:
-            logger.warning("%s\nstarting the server once more", failure)
-            for name, was_picked in picked.items():
-                if was_picked:
-                    setattr(self, name, 0)
-            return self._start()
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                return self._start()
+            except RETRIED_AT_START as failure:
+                if attempt == START_ATTEMPTS:
+                    raise
+                logger.warning("%s\nstarting the server once more", failure)
+                for name, was_picked in picked.items():
+                    if was_picked:
+                        setattr(self, name, 0)
+        raise AssertionError("unreachable")
 
     def _start(self) -> TritonServer:
         check_repository(self.repository)
