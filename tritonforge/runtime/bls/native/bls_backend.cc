@@ -61,11 +61,13 @@
 #include "../../text/native/detokenizer.h"
 #include "../../text/native/streaming_text.h"
 #include "triton_backend_api.h"
+#include "backend_support.h"
 
 namespace {
 
 namespace text = tritonforge::text;
 namespace json = tritonforge::text::json;
+namespace backend = tritonforge::backend;
 
 // --- names: facts/contract.py, facts/model_parameters.py, facts/errors.py -------------------------------------
 constexpr char kBackend[] = "tritonforge_bls";
@@ -162,25 +164,17 @@ constexpr char kInternalPrefix[] = "internal error: ";  // errors.INTERNAL_PREFI
 constexpr char kServerStopping[] = "unavailable: the server is shutting down; the generation was stopped";
 constexpr char kResponseNotSent[] = "a streamed response could not be sent; the generation was stopped";
 
-uint64_t NowNs() {  // the clock Triton's own statistics use
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+using backend::NowNs;
 
 // --- errors -----------------------------------------------------------------------------------------------------
-struct ErrorDelete {
-  void operator()(TRITONSERVER_Error* error) const { TRITONSERVER_ErrorDelete(error); }
-};
-using Error = std::unique_ptr<TRITONSERVER_Error, ErrorDelete>;  // owns an error that is not handed on
+using backend::Error;
 
 void Log(TRITONSERVER_LogLevel level, int line, const std::string& message) {
-  Error(TRITONSERVER_LogMessage(level, __FILE__, line, (std::string(kBackend) + ": " + message).c_str()));
+  backend::Log(kBackend, level, __FILE__, line, message);
 }
 
-// Logs and releases an error that nothing can be done about (a failed send, a statistics report).
 void LogIfError(TRITONSERVER_Error* raw, const char* what, int line) {
-  Error error(raw);
-  if (error) Log(TRITONSERVER_LOG_ERROR, line, std::string(what) + ": " + TRITONSERVER_ErrorMessage(error.get()));
+  backend::LogIfError(kBackend, raw, what, __FILE__, line);
 }
 
 // An error as data: what a request ends with, sent as many times as it takes (a Triton error is sent once).
@@ -269,39 +263,9 @@ bool RowOf(const Tensor& tensor, int64_t row, Tensor* out) {
 }
 
 // --- the model's config ---------------------------------------------------------------------------------------
-struct MessageDelete {
-  void operator()(TRITONSERVER_Message* message) const { Error(TRITONSERVER_MessageDelete(message)); }
-};
-
-TRITONSERVER_Error* ReadConfig(TRITONBACKEND_Model* model, json::Value* config) {
-  TRITONSERVER_Message* raw = nullptr;
-  if (TRITONSERVER_Error* error = TRITONBACKEND_ModelConfig(model, 1, &raw)) return error;
-  std::unique_ptr<TRITONSERVER_Message, MessageDelete> message(raw);
-  const char* text = nullptr;
-  size_t size = 0;
-  if (TRITONSERVER_Error* error = TRITONSERVER_MessageSerializeToJson(message.get(), &text, &size)) return error;
-  try {
-    *config = json::Parse(std::string_view(text, size));
-  } catch (const std::exception& error) {
-    return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL,
-                                 (std::string("the model config is not JSON: ") + error.what()).c_str());
-  }
-  return nullptr;
-}
-
-// The string value of a config parameter, "" when absent (Triton keeps parameters as strings).
-std::string Parameter(const json::Value& config, const char* key) {
-  const json::Value* parameters = config.Find("parameters");
-  const json::Value* entry = parameters == nullptr ? nullptr : parameters->Find(key);
-  const json::Value* value = entry == nullptr ? nullptr : entry->Find("string_value");
-  return value != nullptr && value->kind == json::Value::Kind::kString ? value->text : "";
-}
-
-bool Decoupled(const json::Value& config) {
-  const json::Value* policy = config.Find("model_transaction_policy");
-  const json::Value* decoupled = policy == nullptr ? nullptr : policy->Find("decoupled");
-  return decoupled != nullptr && decoupled->kind == json::Value::Kind::kBool && decoupled->boolean;
-}
+using backend::Decoupled;
+using backend::Parameter;
+using backend::ReadConfig;
 
 // ModelParameters.from_config for an int field: absent or empty gives the default; one that does not read as an
 // integer is refused naming the key. `required`: no default.

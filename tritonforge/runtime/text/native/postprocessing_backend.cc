@@ -26,36 +26,30 @@
 
 #include "detokenizer.h"
 #include "triton_backend_api.h"
+#include "backend_support.h"
 
 namespace {
 
 namespace text = tritonforge::text;
+namespace backend = tritonforge::backend;
 
 constexpr char kOutput[] = "OUTPUT";  // contract.POST_OUTPUT
 constexpr char kTokenizerDir[] = "tokenizer_dir";  // PostprocessingParameters.tokenizer_dir
 
-uint64_t NowNs() {  // the clock Triton's own statistics use
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+constexpr char kBackend[] = "tritonforge_postprocessing";
 
-struct ErrorDelete {
-  void operator()(TRITONSERVER_Error* error) const { TRITONSERVER_ErrorDelete(error); }
-};
-using Error = std::unique_ptr<TRITONSERVER_Error, ErrorDelete>;  // owns an error that is not handed on
-
-struct MessageDelete {
-  void operator()(TRITONSERVER_Message* message) const { Error(TRITONSERVER_MessageDelete(message)); }
-};
+using backend::Decoupled;
+using backend::Error;
+using backend::NowNs;
+using backend::Parameter;
+using backend::ReadConfig;
 
 void Log(TRITONSERVER_LogLevel level, int line, const std::string& message) {
-  Error(TRITONSERVER_LogMessage(level, __FILE__, line, ("tritonforge_postprocessing: " + message).c_str()));
+  backend::Log(kBackend, level, __FILE__, line, message);
 }
 
-// Logs and releases an error that nothing can be done about (a failed send, a statistics report).
 void LogIfError(TRITONSERVER_Error* raw, const char* what, int line) {
-  Error error(raw);
-  if (error) Log(TRITONSERVER_LOG_ERROR, line, std::string(what) + ": " + TRITONSERVER_ErrorMessage(error.get()));
+  backend::LogIfError(kBackend, raw, what, __FILE__, line);
 }
 
 TRITONSERVER_Error* NewError(TRITONSERVER_Error_Code code, const std::string& message) {
@@ -65,36 +59,6 @@ TRITONSERVER_Error* NewError(TRITONSERVER_Error_Code code, const std::string& me
 struct ModelState {
   text::TokenBytes table;
 };
-
-// The model's config as Triton holds it (JSON), parsed.
-TRITONSERVER_Error* ReadConfig(TRITONBACKEND_Model* model, text::json::Value* config) {
-  TRITONSERVER_Message* raw = nullptr;
-  if (TRITONSERVER_Error* error = TRITONBACKEND_ModelConfig(model, 1, &raw)) return error;
-  std::unique_ptr<TRITONSERVER_Message, MessageDelete> message(raw);
-  const char* json = nullptr;
-  size_t size = 0;
-  if (TRITONSERVER_Error* error = TRITONSERVER_MessageSerializeToJson(message.get(), &json, &size)) return error;
-  try {
-    *config = text::json::Parse(std::string_view(json, size));
-  } catch (const std::exception& error) {
-    return NewError(TRITONSERVER_ERROR_INTERNAL, std::string("the model config is not JSON: ") + error.what());
-  }
-  return nullptr;
-}
-
-// The string value of a config parameter, "" when absent (Triton keeps parameters as strings).
-std::string Parameter(const text::json::Value& config, const char* key) {
-  const text::json::Value* parameters = config.Find("parameters");
-  const text::json::Value* entry = parameters == nullptr ? nullptr : parameters->Find(key);
-  const text::json::Value* value = entry == nullptr ? nullptr : entry->Find("string_value");
-  return value != nullptr && value->kind == text::json::Value::Kind::kString ? value->text : "";
-}
-
-bool Decoupled(const text::json::Value& config) {
-  const text::json::Value* policy = config.Find("model_transaction_policy");
-  const text::json::Value* decoupled = policy == nullptr ? nullptr : policy->Find("decoupled");
-  return decoupled != nullptr && decoupled->kind == text::json::Value::Kind::kBool && decoupled->boolean;
-}
 
 // An INT32 input, copied out (its buffers may be several, and need not be aligned for int32).
 TRITONSERVER_Error* ReadInt32(TRITONBACKEND_Request* request, const char* name, std::vector<int32_t>* values,

@@ -1,0 +1,74 @@
+// What tritonforge's C++ backends share at their edge to Triton: owned errors, log lines, the clock Triton's
+// statistics use, and the model's config read as JSON with its string parameters. Header-only, included after
+// "detokenizer.h" (its JSON reader) and "triton_backend_api.h".
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace tritonforge::backend {
+
+namespace json = tritonforge::text::json;
+
+inline uint64_t NowNs() {  // the clock Triton's own statistics use
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct ErrorDelete {
+  void operator()(TRITONSERVER_Error* error) const { TRITONSERVER_ErrorDelete(error); }
+};
+using Error = std::unique_ptr<TRITONSERVER_Error, ErrorDelete>;  // owns an error that is not handed on
+
+struct MessageDelete {
+  void operator()(TRITONSERVER_Message* message) const { Error(TRITONSERVER_MessageDelete(message)); }
+};
+
+inline void Log(const char* backend, TRITONSERVER_LogLevel level, const char* file, int line,
+                const std::string& message) {
+  Error(TRITONSERVER_LogMessage(level, file, line, (std::string(backend) + ": " + message).c_str()));
+}
+
+// Logs and releases an error that nothing can be done about (a failed send, a statistics report).
+inline void LogIfError(const char* backend, TRITONSERVER_Error* raw, const char* what, const char* file, int line) {
+  Error error(raw);
+  if (error) {
+    Log(backend, TRITONSERVER_LOG_ERROR, file, line, std::string(what) + ": " + TRITONSERVER_ErrorMessage(error.get()));
+  }
+}
+
+// The model's config as Triton holds it (JSON), parsed.
+inline TRITONSERVER_Error* ReadConfig(TRITONBACKEND_Model* model, json::Value* config) {
+  TRITONSERVER_Message* raw = nullptr;
+  if (TRITONSERVER_Error* error = TRITONBACKEND_ModelConfig(model, 1, &raw)) return error;
+  std::unique_ptr<TRITONSERVER_Message, MessageDelete> message(raw);
+  const char* text = nullptr;
+  size_t size = 0;
+  if (TRITONSERVER_Error* error = TRITONSERVER_MessageSerializeToJson(message.get(), &text, &size)) return error;
+  try {
+    *config = json::Parse(std::string_view(text, size));
+  } catch (const std::exception& error) {
+    return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL,
+                                 (std::string("the model config is not JSON: ") + error.what()).c_str());
+  }
+  return nullptr;
+}
+
+// The string value of a config parameter, "" when absent (Triton keeps parameters as strings).
+inline std::string Parameter(const json::Value& config, const char* key) {
+  const json::Value* parameters = config.Find("parameters");
+  const json::Value* entry = parameters == nullptr ? nullptr : parameters->Find(key);
+  const json::Value* value = entry == nullptr ? nullptr : entry->Find("string_value");
+  return value != nullptr && value->kind == json::Value::Kind::kString ? value->text : "";
+}
+
+inline bool Decoupled(const json::Value& config) {
+  const json::Value* policy = config.Find("model_transaction_policy");
+  const json::Value* decoupled = policy == nullptr ? nullptr : policy->Find("decoupled");
+  return decoupled != nullptr && decoupled->kind == json::Value::Kind::kBool && decoupled->boolean;
+}
+
+}  // namespace tritonforge::backend
