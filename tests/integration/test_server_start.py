@@ -2,7 +2,7 @@
 tritonserver: a load its Python backend wedges (a stub that misses its health check while its model
 initializes is waited for forever; the stand-in for a starved stub is a model that stops itself, SIGSTOP, in
 `initialize`: its health thread stops with it), and a server that crashes (the stand-in: a model that aborts
-its tritonserver, SIGABRT, in `initialize`). A second failure is the start's error."""
+its tritonserver, SIGABRT, in `initialize`). The failure of the last of START_ATTEMPTS starts is the start's error."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from tritonforge.serve.server import CrashedWhileLoading, StubLaunchWedged, TritonServer
+from tritonforge.serve.server import START_ATTEMPTS, CrashedWhileLoading, StubLaunchWedged, TritonServer
 
 MODEL = "fails_in_initialize"
 # Fails in `initialize` as many times as the count in the file `failures` says, one fewer each load: by
@@ -61,13 +61,13 @@ def test_a_load_that_fails_once_is_started_once_more_and_serves(tmp_path, failur
         server.stop()
 
 
-def test_a_load_wedged_twice_fails_naming_the_model(tmp_path):
+def test_a_load_wedged_at_every_start_fails_naming_the_model(tmp_path):
     with pytest.raises(StubLaunchWedged, match=f"^the load of {MODEL} is wedged: its stub missed"):
-        TritonServer(repository(tmp_path, STOP_ITS_STUB, failures=2), ready_timeout_s=60).start()
-    assert (tmp_path / "failures").read_text() == "0"  # both loads stopped: the second start was made
+        TritonServer(repository(tmp_path, STOP_ITS_STUB, failures=START_ATTEMPTS), ready_timeout_s=60).start()
+    assert (tmp_path / "failures").read_text() == "0"  # every load stopped: each start was made
 
 
-def test_a_server_that_crashes_twice_while_loading_fails_saying_so(tmp_path):
+def test_a_server_that_crashes_at_every_start_while_loading_fails_saying_so(tmp_path):
     with pytest.raises(CrashedWhileLoading, match=r"^tritonserver crashed while loading \(Aborted\)"):
-        TritonServer(repository(tmp_path, ABORT_ITS_SERVER, failures=2), ready_timeout_s=60).start()
+        TritonServer(repository(tmp_path, ABORT_ITS_SERVER, failures=START_ATTEMPTS), ready_timeout_s=60).start()
     assert (tmp_path / "failures").read_text() == "0"
