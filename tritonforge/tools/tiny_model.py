@@ -22,11 +22,18 @@ logger = logging.getLogger(__name__)
 
 TOKENIZER_FAMILIES = ("bpe", "sentencepiece")
 
-# A chat template in the usual shape: role headers, an end-of-turn marker, an optional generation prompt.
+# A chat template in the usual shape: role headers, an end-of-turn marker, an optional generation prompt; tools
+# shown in a system turn and tool calls written as Hermes and Qwen models write them (<tool_call> JSON </tool_call>).
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% if tools %}<|start|>system\nYou may call these functions:\n"
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}"
+    "To call one, write <tool_call>\n{\"name\": <name>, \"arguments\": <arguments>}\n</tool_call><|end|>\n{% endif %}"
     "{% for message in messages %}"
-    "<|start|>{{ message['role'] }}\n{{ message['content'] }}<|end|>\n"
+    "<|start|>{{ message['role'] }}\n{% if message['content'] is not none %}{{ message['content'] }}{% endif %}"
+    "{% for call in message['tool_calls'] or [] %}<tool_call>\n"
+    "{{ {'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson }}\n</tool_call>"
+    "{% endfor %}<|end|>\n"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|start|>assistant\n{% endif %}"
 )

@@ -89,26 +89,36 @@ class PromptEncoder:
         return ids
 
     def encode_chat(self, messages_json: str, field: str = MESSAGES) -> list[int]:
-        """Render OpenAI-style messages (a JSON list of {"role", "content"}) with the chat template, then encode.
+        """Render a chat (`parse_chat`: OpenAI-style messages, with tools and template arguments) with the chat
+        template, then encode.
 
         Only the template makes special tokens: a message whose content holds a special token's text (say
         `<|start_header_id|>system`) has that content encoded as plain text, so it cannot forge a turn."""
         # JSON escapes (\uXXXX) spend up to 6 characters on one: refuse only beyond what any valid prompt needs.
         self._check_size(len(messages_json) // 6, field)
-        messages = parse_chat_messages(messages_json, field)
-        self._check_size(sum(len(message["content"]) for message in messages), field)
+        chat = parse_chat(messages_json, field)
+        self._check_size(sum(len(message.get("content") or "") for message in chat.messages), field)
         if not getattr(self.tokenizer, "chat_template", None):
             raise RequestError(field, "this model's tokenizer has no chat template")
-        if any(special in message["content"] for message in messages for special in self._special_texts()):
-            ids = self._encode_chat_contents_as_text(messages, field)
+        specials = self._special_texts()
+        if any(special in json.dumps(message.get("tool_calls") or [], ensure_ascii=False) for message in chat.messages
+               for special in specials):
+            raise RequestError(field, "a message's tool_calls hold special-token text")
+        if any(special in (message.get("content") or "") for message in chat.messages for special in specials):
+            ids = self._encode_chat_contents_as_text(chat, field)
         else:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = self._render(chat, chat.messages)
             # The template writes the BOS itself; adding special tokens again would double it.
             ids = self.tokenizer(text, add_special_tokens=False).input_ids
         if len(ids) > self.max_input_len:
             raise RequestError(field, f"renders to {len(ids)} tokens, more than the maximum input length "
                                       f"{self.max_input_len}")
         return ids
+
+    def _render(self, chat: Chat, messages: list[dict]) -> str:
+        extra = {"tools": chat.tools} if chat.tools else {}
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra,
+                                                  **chat.template_kwargs)
 
     def _check_size(self, characters: int, field: str) -> None:
         """Refuse, before tokenizing, text too long to fit: no token spans more than `longest_token` characters,
@@ -122,14 +132,15 @@ class PromptEncoder:
         added = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
         return sorted({*self.tokenizer.all_special_tokens, *(t.content for t in added.values() if t.special)})
 
-    def _encode_chat_contents_as_text(self, messages: list[dict[str, str]], field: str) -> list[int]:
+    def _encode_chat_contents_as_text(self, chat: Chat, field: str) -> list[int]:
         """The template rendered around placeholders; the template's text encoded with its special tokens,
         each message's content encoded with none (`split_special_tokens`)."""
-        marks = [f"{_MARK_OPEN}{index}{_MARK_CLOSE}" for index in range(len(messages))]
-        rendered = self.tokenizer.apply_chat_template(
-            [{**message, "content": mark} for message, mark in zip(messages, marks)], tokenize=False,
-            add_generation_prompt=True)
-        if sorted(_MARK.findall(rendered)) != sorted(str(index) for index in range(len(messages))):
+        messages = chat.messages
+        marked = [index for index, message in enumerate(messages) if isinstance(message.get("content"), str)]
+        marks = {index: f"{_MARK_OPEN}{index}{_MARK_CLOSE}" for index in marked}
+        rendered = self._render(chat, [{**message, "content": marks[index]} if index in marks else message
+                                       for index, message in enumerate(messages)])
+        if sorted(_MARK.findall(rendered)) != sorted(str(index) for index in marked):
             raise RequestError(field, "holds special-token text, and this model's chat template does not render "
                                       "each message once, so it cannot be encoded safely")
         ids: list[int] = []
@@ -156,18 +167,55 @@ _MARK = re.compile(f"{_MARK_OPEN}(\\d+){_MARK_CLOSE}")
 _MARK_SPLIT = re.compile(f"({_MARK_OPEN}\\d+{_MARK_CLOSE})")
 
 
-def parse_chat_messages(messages_json: str, field: str = MESSAGES) -> list[dict[str, str]]:
+# Arguments of apply_chat_template a request may not set through chat_template_kwargs: they change what the call
+# returns or which conversation and template it renders, not how the template renders it.
+RESERVED_TEMPLATE_ARGUMENTS = frozenset({"conversation", "messages", "tools", "documents", "chat_template", "tokenize",
+                                         "add_generation_prompt", "continue_final_message", "return_dict",
+                                         "return_tensors", "return_assistant_tokens_mask", "tokenizer_kwargs"})
+
+
+@dataclass(frozen=True)
+class Chat:
+    """What a chat request renders: its messages, the tools the template shows the model (OpenAI's
+    `{"type": "function", "function": {...}}` objects), and arguments for the template (`enable_thinking`...)."""
+
+    messages: list[dict]
+    tools: list[dict]
+    template_kwargs: dict
+
+
+def parse_chat(messages_json: str, field: str = MESSAGES) -> Chat:
+    """The `messages` input: a JSON list of messages, or an object {"messages": [...], "tools": [...],
+    "chat_template_kwargs": {...}}. A message has a string `role` and a string `content`, except an assistant's
+    that carries `tool_calls` instead (its content may be null)."""
     try:
-        messages = json.loads(messages_json)
+        value = json.loads(messages_json)
     except json.JSONDecodeError as error:
         raise RequestError(field, f"is not valid JSON ({error.msg})") from None
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - {"messages", "tools", "chat_template_kwargs"})
+        if unknown:
+            raise RequestError(field, f"has unknown keys {unknown}: a chat is messages, tools, chat_template_kwargs")
+        messages, tools = value.get("messages"), value.get("tools") or []
+        kwargs = value.get("chat_template_kwargs") or {}
+    else:
+        messages, tools, kwargs = value, [], {}
     if not isinstance(messages, list) or not messages:
         raise RequestError(field, "must be a non-empty JSON list of {\"role\": ..., \"content\": ...} objects")
     for index, message in enumerate(messages):
-        if (not isinstance(message, dict) or not isinstance(message.get("role"), str)
-                or not isinstance(message.get("content"), str)):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise RequestError(field, f"message {index} must be an object with string 'role' and 'content'")
-    return messages
+        content, calls = message.get("content"), message.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            raise RequestError(field, f"message {index}: tool_calls must be a list")
+        if not isinstance(content, str) and not (content is None and calls):
+            raise RequestError(field, f"message {index} must be an object with string 'role' and 'content'")
+    if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
+        raise RequestError(field, "tools must be a list of objects")
+    if not isinstance(kwargs, dict) or RESERVED_TEMPLATE_ARGUMENTS & set(kwargs):
+        raise RequestError(field, f"chat_template_kwargs must be an object without "
+                                  f"{', '.join(sorted(RESERVED_TEMPLATE_ARGUMENTS))}")
+    return Chat(messages, tools, kwargs)
 
 
 def phrase_token_variants(tokenizer, phrase: str) -> list[list[int]]:

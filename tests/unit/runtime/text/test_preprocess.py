@@ -1,6 +1,7 @@
 """Prompt encoding, word lists and request validation of the preprocessing model, without a server."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -309,3 +310,35 @@ def test_a_checkpoints_tokenizer_code_is_never_run(tiny_models, monkeypatch):
     load_tokenizer(tiny_models["bpe"])
     assert asked == [{"trust_remote_code": False}]
 
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}
+TOOL_TURNS = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": [CALL]},
+              {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+
+
+def test_a_chat_with_tools_renders_them_and_the_calls_and_results_through_the_template(tiny_model):
+    from tritonforge.runtime.text.tokenization import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model)
+    encoder = PromptEncoder(tokenizer, max_input_len=512)
+    text = tokenizer.decode(encoder.encode_chat(json.dumps({"messages": TOOL_TURNS, "tools": [TOOL]})))
+    assert text.count("get_weather") == 2 and "<tool_call>" in text and "sunny" in text  # the tool and the call
+    assert tokenizer.decode(encoder.encode_chat(json.dumps(TOOL_TURNS))).count("get_weather") == 1  # the call only
+
+
+@pytest.mark.parametrize(("chat", "said"), [
+    ({"messages": TOOL_TURNS, "tools": "all"}, "tools must be a list of objects"),
+    ({"messages": TOOL_TURNS, "chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs must be an object"),
+    ({"messages": TOOL_TURNS, "extra": 1}, "has unknown keys ['extra']"),
+    ([{"role": "assistant", "content": None}], "message 0 must be an object with string 'role' and 'content'"),
+    ([{"role": "assistant", "content": None, "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "<s>"}}]}],
+     "tool_calls hold special-token text"),
+])
+def test_a_chat_the_template_cannot_take_is_refused_naming_messages(tiny_models, chat, said):
+    from tritonforge.runtime.text.tokenization import load_tokenizer
+
+    encoder = PromptEncoder(load_tokenizer(tiny_models["sentencepiece"]), max_input_len=512)
+    with pytest.raises(RequestError, match=f"^messages: .*{re.escape(said)}"):
+        encoder.encode_chat(json.dumps(chat))
