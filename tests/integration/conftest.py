@@ -35,9 +35,10 @@ def lean_serving(**serving) -> configs.ServingConfig:
 LIVE_SERVERS: list[TritonServer] = []
 
 
-def serve_tiny(model_dir, repo_dir, **serving) -> TritonServer:
+def serve_tiny(model_dir, repo_dir, *, max_input_len: int = MAX_INPUT_LEN, max_seq_len: int = MAX_SEQ_LEN,
+               **serving) -> TritonServer:
     """A server on a tiny model's repository; end it with `kill()` (see `running`)."""
-    build(BuildOptions(model=model_dir, output=repo_dir, max_input_len=MAX_INPUT_LEN, max_seq_len=MAX_SEQ_LEN,
+    build(BuildOptions(model=model_dir, output=repo_dir, max_input_len=max_input_len, max_seq_len=max_seq_len,
                        max_batch_size=ENGINE_BATCH, serving=configs.ServingConfig(**serving)))
     server = TritonServer(repo_dir).start()
     LIVE_SERVERS.append(server)

@@ -92,7 +92,7 @@ def test_unknown_fields_are_ignored(client):
     assert completion.choices[0].finish_reason in ("stop", "length")
 
 
-@pytest.mark.parametrize("fields, param", [({"n": 2}, "n"), ({"max_tokens": 0}, "max_tokens"),
+@pytest.mark.parametrize("fields, param", [({"n": 17}, "n"), ({"max_tokens": 0}, "max_tokens"),
                                            ({"temperature": "hot"}, "temperature"), ({"logprobs": 3}, "logprobs")])
 def test_what_cannot_be_served_is_an_openai_error(client, fields, param):
     with pytest.raises(openai.BadRequestError) as error:

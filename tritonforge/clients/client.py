@@ -167,7 +167,8 @@ class GenerateRequest:
 
     text_input: str | None = None
     max_tokens: int = DEFAULT_MAX_TOKENS
-    messages: list[dict[str, str]] | None = None
+    # Chat messages, or a chat object {"messages", "tools", "chat_template_kwargs"} (preprocessing's `parse_chat`).
+    messages: list[dict] | dict | None = None
     parameters: dict[str, object] = field(default_factory=dict)
     stream_interval: int | None = None
 

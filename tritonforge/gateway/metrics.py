@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 import time
 
+from .protocol import usage
+
 MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own name for it
 
 TTFT_METRIC = "tritonforge_time_to_first_token_seconds"
@@ -72,13 +74,15 @@ class GatewayMetrics:
         self.in_flight.inc()
         return _ChunkTimer(self)
 
-    def request_done(self, endpoint: str, status: int, generation=None, *, started: bool = True) -> None:
+    def request_done(self, endpoint: str, status: int, generations=None, *, started: bool = True) -> None:
+        """One request ended with `status`; its tokens counted from its choices' `generations` (`usage`)."""
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()
         if started:
             self.in_flight.dec()
-        if generation is not None:
-            self.prompt_tokens.inc(generation.prompt_tokens)
-            self.completion_tokens.inc(generation.completion_tokens)
+        if generations:
+            counted = usage(generations)
+            self.prompt_tokens.inc(counted["prompt_tokens"])
+            self.completion_tokens.inc(counted["completion_tokens"])
 
 
 class _ChunkTimer:

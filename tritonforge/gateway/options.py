@@ -19,7 +19,8 @@ from ..facts.settings import positive_int, setting
 from . import GatewayFailed
 from .metrics import MULTIPROCESS_DIR_ENV, forget_worker
 from .routes import create_app
-from .serving import DEFAULT_MODEL, DEFAULT_STREAM_INTERVAL, SERVED_MODEL_NAME
+from .serving import DEFAULT_MODEL, DEFAULT_STREAM_INTERVAL, DEFAULT_TOOL_PARSER, SERVED_MODEL_NAME
+from .tool_calls import PARSERS
 
 FORCED_EXIT_S = 2.0  # uvicorn's way out once told to stop waiting for open connections: a tick of its loop
 
@@ -49,6 +50,10 @@ class GatewayOptions:
     stream_interval: int = setting(DEFAULT_STREAM_INTERVAL, "streamed chunks from the BLS of up to this many "
                                    "engine responses after the first (fewer, larger chunks: less gateway CPU a "
                                    "token, chunks that many tokens apart); 1 streams each", parse=positive_int)
+    tool_parser: str = setting(DEFAULT_TOOL_PARSER, "the format of the tool calls the model writes, read into "
+                               "OpenAI's tool_calls when a request lets it choose (tool_choice auto): hermes for "
+                               "Hermes and Qwen models, llama3_json for Llama 3.x, mistral for Mistral",
+                               choices=tuple(PARSERS))
 
     def __post_init__(self):
         if self.workers < 1:
@@ -65,7 +70,7 @@ def run(options: GatewayOptions, *, on_ready=lambda line: None) -> None:
     make_app = functools.partial(create_app, options.url, model=options.model,
                                  served_model_name=options.served_model_name,
                                  api_key=api_key_from_environment(options.api_key),
-                                 stream_interval=options.stream_interval)
+                                 stream_interval=options.stream_interval, tool_parser=options.tool_parser)
     if options.workers == 1:
         uvicorn.run(make_app(), host=options.host, port=options.port, log_level="warning")
         return
@@ -81,12 +86,14 @@ class GatewayThread:
     """The gateway served by uvicorn in a background thread (beside `tritonforge serve`, and in tests)."""
 
     def __init__(self, url: str, *, host: str = "127.0.0.1", port: int = OPENAI_PORT, model: str = DEFAULT_MODEL,
-                 served_model_name: str = SERVED_MODEL_NAME, api_key: str | None = None):
+                 served_model_name: str = SERVED_MODEL_NAME, api_key: str | None = None,
+                 tool_parser: str = DEFAULT_TOOL_PARSER):
         import threading
 
         import uvicorn
 
-        app = create_app(url, model=model, served_model_name=served_model_name, api_key=api_key)
+        app = create_app(url, model=model, served_model_name=served_model_name, api_key=api_key,
+                         tool_parser=tool_parser)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.base_url = f"http://{host}:{port}"

@@ -1,10 +1,11 @@
 """OpenAI's API as the gateway speaks it: the request bodies it accepts and the answers it emits.
 
 Reading: a body (JSON) becomes an `OpenAIRequest`, checked against OpenAI's types and ranges; every refusal
-is one `OpenAIError`, HTTP 400, whose message and `param` name the field. What one sequence of plain text
-cannot give (`n` > 1, `logprobs`, `echo`, `best_of` > 1, `logit_bias`, a `response_format` other than text,
-tools) is refused; unknown fields are accepted and ignored, as vLLM does. Writing: the whole answer, the
-streamed chunks as server-sent events, the usage chunk, the error object. Nothing here knows Triton.
+is one `OpenAIError`, HTTP 400, whose message and `param` name the field. Tools and `response_format` are read
+by `tool_calls`, which turns them into the grammar the engine enforces. What the engines cannot give
+(`logprobs`, `top_logprobs`, `echo`, `best_of` > 1, `logit_bias`, `suffix`) is refused; unknown fields are
+accepted and ignored, as vLLM does. Writing: the whole answer, the streamed chunks as server-sent events, the
+usage chunk, the error object. Nothing here knows Triton.
 """
 
 from __future__ import annotations
@@ -15,32 +16,28 @@ import uuid
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ..facts.errors import ERROR_CODES, ErrorKind
+from .errors import OpenAIError
+from .tool_calls import Guide, Tool, ToolCall, ToolChoice, read_response_format, read_tools, tool_guide
 
 COMPLETIONS, CHAT = "completions", "chat"  # the two generating endpoints, as `kind` names them
 PATHS = {COMPLETIONS: "/v1/completions", CHAT: "/v1/chat/completions"}
+RESPONSES_PATH = "/v1/responses"  # answered as the chat it amounts to (`responses_api`)
 DEFAULT_MAX_TOKENS = {COMPLETIONS: 16, CHAT: 256}  # OpenAI's completions default; chat has none
-# OpenAI's sampling fields: (type, lowest, highest), None for no bound; checked in this order.
+# OpenAI's sampling fields: (type, lowest, highest), None for no bound; checked in this order. top_k,
+# repetition_penalty and min_tokens are vLLM's additions.
 SAMPLING_RANGES = {"temperature": (float, 0, 2), "top_p": (float, 0, 1), "top_k": (int, 0, None),
                    "seed": (int, 0, None), "presence_penalty": (float, -2, 2), "frequency_penalty": (float, -2, 2),
                    "repetition_penalty": (float, 0, None), "min_tokens": (int, 0, None)}
 MAX_STOP_STRINGS = 4  # OpenAI's limit
-ONE_SEQUENCE_FIELDS = ("n", "best_of")  # served at 1 only
-# Fields that ask for what plain text cannot give; sent empty (None, False, 0, {}, []) they ask for nothing.
-UNSUPPORTED_FIELDS = ("logprobs", "top_logprobs", "logit_bias", "tools", "functions", "suffix")
+# Choices a request may ask for (`n`, times the prompts of a completions request): each is one engine request,
+# so one request could otherwise take the engine's whole batch.
+MAX_CHOICES = 16
+# Fields that ask for what the engines cannot give; sent empty (None, False, 0, {}, []) they ask for nothing.
+# The engines return no alternatives to the chosen token, nor a token id per streamed text (which `logprobs`
+# names each log probability by).
+UNSUPPORTED_FIELDS = ("logprobs", "top_logprobs", "logit_bias", "functions", "function_call", "suffix")
+MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
 DONE_EVENT = "data: [DONE]\n\n"  # the last event of every stream, a failed one's included
-
-
-class OpenAIError(Exception):
-    """An error answered as OpenAI's error object, with its HTTP status."""
-
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 kind: str = ERROR_CODES[ErrorKind.CLIENT].openai, code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 # --- requests ------------------------------------------------------------------------------------------------
@@ -51,13 +48,29 @@ class OpenAIRequest:
     """A completions or chat request, checked: what it asks the engine for, and how it wants the answer."""
 
     kind: str  # COMPLETIONS or CHAT
-    prompt: str | None  # completions: the one prompt
-    messages: list[dict[str, str]] | None  # chat: {"role", "content"} each, content as text
+    prompts: list[str] | None  # completions: one choice (or `n`) per prompt
+    messages: list[dict] | None  # chat: {"role", "content"} each (content as text), tool calls and results
+    tools: list[Tool] = field(default_factory=list)
+    tool_choice: ToolChoice = ToolChoice(mode="none")
+    template_kwargs: dict = field(default_factory=dict)  # chat_template_kwargs, passed to the chat template
+    guide: Guide | None = None  # what the engine must hold the text to: a forced tool call, or response_format
+    n: int = 1
     max_tokens: int
     sampling: dict[str, int | float]  # the sampling fields given, by OpenAI's names (SAMPLING_RANGES)
     stop: list[str] | None
     stream: bool
     include_usage: bool  # a streamed answer ends with a chunk of the usage
+
+    @property
+    def parses_tool_calls(self) -> bool:
+        return self.kind == CHAT and self.tool_choice.mode != "none"
+
+    def chat(self) -> list[dict] | dict:
+        """The messages as preprocessing takes them: the list alone, or with the tools and template arguments."""
+        if not self.tools and not self.template_kwargs:
+            return self.messages
+        return {"messages": self.messages, "tools": [tool.as_openai() for tool in self.tools],
+                "chat_template_kwargs": self.template_kwargs}
 
 
 def read_body(raw: bytes):
@@ -76,16 +89,28 @@ def read_request(body, kind: str, served_model_name: str | None = None) -> OpenA
     _check_model(body.get("model"), served_model_name)
     _refuse_unsupported(body)
     max_tokens = _number(body, "max_completion_tokens", int, 1) or _number(body, "max_tokens", int, 1)
+    n = _number(body, "n", int, 1, MAX_CHOICES) or 1
+    guide = read_response_format(body.get("response_format"))
     if kind == COMPLETIONS:
-        prompt, messages = _prompt(body.get("prompt")), None
+        prompts, messages = _prompts(body.get("prompt")), None
+        tools, choice, template_kwargs = [], ToolChoice(mode="none"), {}
+        if n * len(prompts) > MAX_CHOICES:
+            raise OpenAIError(400, f"n × the prompts must be at most {MAX_CHOICES}, got {n * len(prompts)}", "n")
     else:
-        prompt, messages = None, _messages(body.get("messages"))
-    sampling = _sampling(body)
-    stop = _stop(body.get("stop"))
+        prompts, messages = None, _messages(body.get("messages"))
+        tools, choice = read_tools(body.get("tools"), body.get("tool_choice"))
+        parallel = body.get("parallel_tool_calls", True)
+        if not isinstance(parallel, bool):
+            raise OpenAIError(400, "'parallel_tool_calls' must be true or false", "parallel_tool_calls")
+        guide = tool_guide(tools, choice, parallel) or guide  # a call the request forces is what the text must be
+        template_kwargs = body.get("chat_template_kwargs") or {}
+        if not isinstance(template_kwargs, dict):
+            raise OpenAIError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs")
     options = body.get("stream_options") or {}
-    return OpenAIRequest(kind=kind, prompt=prompt, messages=messages,
-                         max_tokens=max_tokens or DEFAULT_MAX_TOKENS[kind], sampling=sampling, stop=stop,
-                         stream=bool(body.get("stream", False)),
+    return OpenAIRequest(kind=kind, prompts=prompts, messages=messages, tools=tools, tool_choice=choice,
+                         template_kwargs=template_kwargs, guide=guide, n=n,
+                         max_tokens=max_tokens or DEFAULT_MAX_TOKENS[kind], sampling=_sampling(body),
+                         stop=_stop(body.get("stop")), stream=bool(body.get("stream", False)),
                          include_usage=bool(isinstance(options, dict) and options.get("include_usage")))
 
 
@@ -96,16 +121,13 @@ def _check_model(model, served_model_name: str | None) -> None:
 
 
 def _refuse_unsupported(body: dict) -> None:
-    for name in ONE_SEQUENCE_FIELDS:
-        if body.get(name) not in (None, 1):
-            raise OpenAIError(400, f"'{name}' > 1 is not supported by this engine (one sequence per request)", name)
+    if body.get("best_of") not in (None, 1):
+        raise OpenAIError(400, "'best_of' > 1 is not supported by this server (ask for n choices instead)", "best_of")
     for name in UNSUPPORTED_FIELDS:
         if body.get(name) not in (None, False, 0, {}, []):
             raise OpenAIError(400, f"'{name}' is not supported by this server", name)
     if body.get("echo"):
         raise OpenAIError(400, "'echo' is not supported by this server", "echo")
-    if body.get("response_format") not in (None, {"type": "text"}):
-        raise OpenAIError(400, "only response_format {\"type\": \"text\"} is supported", "response_format")
 
 
 def _number(body: dict, name: str, kind, low=None, high=None):
@@ -121,31 +143,60 @@ def _number(body: dict, name: str, kind, low=None, high=None):
     return kind(value)
 
 
-def _prompt(prompt) -> str:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str) or not prompt:
-        raise OpenAIError(400, "'prompt' must be a non-empty string (one prompt per request)", "prompt")
-    return prompt
+def _prompts(prompt) -> list[str]:
+    prompts = prompt if isinstance(prompt, list) else [prompt]
+    if not prompts or not all(isinstance(one, str) and one for one in prompts):
+        raise OpenAIError(400, "'prompt' must be a non-empty string or a list of them (token ids are not "
+                               "accepted)", "prompt")
+    return prompts
 
 
-def _messages(messages) -> list[dict[str, str]]:
+def _messages(messages) -> list[dict]:
     if not isinstance(messages, list) or not messages:
         raise OpenAIError(400, "'messages' must be a non-empty list", "messages")
     return [_message(message, index) for index, message in enumerate(messages)]
 
 
-def _message(message, index: int) -> dict[str, str]:
-    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-        raise OpenAIError(400, f"messages[{index}] must be an object with a 'role'", "messages")
-    content = message.get("content")
+def _message(message, index: int) -> dict:
+    """One message as the chat template takes it: role and text content, an assistant's tool calls, a tool
+    result's call id."""
+    if not isinstance(message, dict) or message.get("role") not in MESSAGE_ROLES:
+        raise OpenAIError(400, f"messages[{index}] must be an object with a 'role', one of "
+                               f"{', '.join(MESSAGE_ROLES)}", "messages")
+    role, content, calls = message["role"], message.get("content"), message.get("tool_calls")
     if isinstance(content, list):  # content parts: only text parts can be served
         if not all(isinstance(part, dict) and part.get("type") == "text" for part in content):
             raise OpenAIError(400, f"messages[{index}]: only text content parts are supported", "messages")
         content = "".join(str(part.get("text", "")) for part in content)
-    if not isinstance(content, str):
+    read = {"role": role, "content": content}
+    if role == "assistant" and calls:
+        read["tool_calls"] = _tool_calls(calls, index)
+    elif not isinstance(content, str):
         raise OpenAIError(400, f"messages[{index}].content must be a string", "messages")
-    return {"role": message["role"], "content": content}
+    if role == "tool":
+        if not isinstance(message.get("tool_call_id"), str):
+            raise OpenAIError(400, f"messages[{index}].tool_call_id must be a string", "messages")
+        read["tool_call_id"] = message["tool_call_id"]
+    if isinstance(message.get("name"), str):
+        read["name"] = message["name"]
+    return read
+
+
+def _tool_calls(calls, index: int) -> list[dict]:
+    """An assistant message's tool calls, kept as OpenAI writes them (arguments as JSON text)."""
+    where = f"messages[{index}].tool_calls"
+    if not isinstance(calls, list):
+        raise OpenAIError(400, f"{where} must be a list", "messages")
+    read = []
+    for number, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if (not isinstance(function, dict) or not isinstance(function.get("name"), str)
+                or not isinstance(function.get("arguments"), str)):
+            raise OpenAIError(400, f"{where}[{number}] must be {{\"id\", \"type\": \"function\", \"function\": "
+                                   f"{{\"name\", \"arguments\"}}}} with arguments as a JSON string", "messages")
+        read.append({"id": str(call.get("id", "")), "type": "function",
+                     "function": {"name": function["name"], "arguments": function["arguments"]}})
+    return read
 
 
 def _sampling(body: dict) -> dict[str, int | float]:
@@ -172,20 +223,39 @@ def _stop(stop) -> list[str] | None:
 
 @dataclass
 class Generation:
-    """What came back for one request: text chunks, token counts, and how it ended."""
+    """What came back for one choice: text chunks, token counts, the tool calls read from the text, and how it
+    ended."""
 
     max_tokens: int
+    index: int = 0  # the choice's place in the answer
+    prompt_index: int = 0  # which prompt of the request it answers (usage counts each prompt once)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     chunks: list[str] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    content: str | None = None  # the text left besides the tool calls, once they are read; else the chunks
+
+    @property
+    def text(self) -> str | None:
+        return self.content if self.tool_calls else "".join(self.chunks)
 
     @property
     def finish_reason(self) -> str:
+        if self.tool_calls:
+            return "tool_calls"
         return "length" if self.completion_tokens >= self.max_tokens else "stop"
 
     def usage(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens}
+        return usage([self])
+
+
+def usage(generations: list[Generation]) -> dict:
+    """The usage of an answer: each prompt's tokens once, every choice's completion tokens."""
+    prompts = {generation.prompt_index: generation.prompt_tokens for generation in generations}
+    prompt_tokens = sum(prompts.values())
+    completion_tokens = sum(generation.completion_tokens for generation in generations)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
 
 
 class ResponseHead(NamedTuple):
@@ -219,46 +289,61 @@ def sse_event(payload: dict) -> str:
 
 
 def stream_chunk(kind: str, ident: str, created: int, model: str, text: str, finish: str | None,
-                 role: bool = False) -> dict:
-    """One chunk of a streamed answer; `role`: the first chunk of a chat, which says who speaks."""
+                 role: bool = False, index: int = 0) -> dict:
+    """One chunk of a streamed answer; `role`: the first chunk of a chat's choice, which says who speaks."""
     if kind == COMPLETIONS:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
     else:
         delta = {"role": "assistant", "content": text} if role else ({"content": text} if text else {})
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
     return {"id": ident, "object": object_name(kind, True), "created": created, "model": model,
             "choices": [choice]}
 
 
-def usage_chunk(kind: str, ident: str, created: int, model: str, generation: Generation) -> dict:
+def tool_calls_chunk(kind: str, ident: str, created: int, model: str, calls: list[ToolCall], first: int,
+                     index: int = 0) -> dict:
+    """A chat chunk carrying whole tool calls, numbered from `first` within the choice (each call's deltas are
+    told apart by that number, and this one delta holds all of it)."""
+    deltas = [{"index": first + number, **call.as_openai()} for number, call in enumerate(calls)]
+    return {"id": ident, "object": object_name(kind, True), "created": created, "model": model,
+            "choices": [{"index": index, "delta": {"tool_calls": deltas}, "logprobs": None, "finish_reason": None}]}
+
+
+def usage_chunk(kind: str, ident: str, created: int, model: str, generations: list[Generation]) -> dict:
     """The last chunk of a stream that asked for its usage: no choices (the `openai` client reads `choices`
     of every chunk)."""
     return {"id": ident, "object": object_name(kind, True), "created": created, "model": model, "choices": [],
-            "usage": generation.usage()}
+            "usage": usage(generations)}
 
 
 class TextEvents:
-    """The server-sent event of each text chunk of one streamed answer, as `sse_event(stream_chunk(...))` writes
+    """The server-sent event of each text chunk of one streamed choice, as `sse_event(stream_chunk(...))` writes
     it. Those events differ only in their text, so the JSON around it is written once and each text is encoded
     into it (this runs once per token)."""
 
     _PLACEHOLDER = "\x00text\x00"
 
-    def __init__(self, kind: str, ident: str, created: int, model: str):
-        event = sse_event(stream_chunk(kind, ident, created, model, self._PLACEHOLDER, None))
+    def __init__(self, kind: str, ident: str, created: int, model: str, index: int = 0):
+        event = sse_event(stream_chunk(kind, ident, created, model, self._PLACEHOLDER, None, index=index))
         self.before, _, self.after = event.partition(json.dumps(self._PLACEHOLDER, ensure_ascii=False))
 
     def __call__(self, text: str) -> str:
         return f"{self.before}{json.dumps(text, ensure_ascii=False)}{self.after}"
 
 
-def whole_response(kind: str, ident: str, created: int, model: str, generation: Generation) -> dict:
-    """The answer of a request that was not streamed, with its usage."""
-    text = "".join(generation.chunks)
-    if kind == COMPLETIONS:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": generation.finish_reason}
-    else:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                  "finish_reason": generation.finish_reason}
+def whole_response(kind: str, ident: str, created: int, model: str, generations: list[Generation]) -> dict:
+    """The answer of a request that was not streamed, a choice per generation, with its usage."""
+    choices = []
+    for generation in generations:
+        if kind == COMPLETIONS:
+            choice = {"index": generation.index, "text": generation.text, "logprobs": None,
+                      "finish_reason": generation.finish_reason}
+        else:
+            message = {"role": "assistant", "content": generation.text}
+            if generation.tool_calls:
+                message["tool_calls"] = [call.as_openai() for call in generation.tool_calls]
+            choice = {"index": generation.index, "message": message, "logprobs": None,
+                      "finish_reason": generation.finish_reason}
+        choices.append(choice)
     return {"id": ident, "object": object_name(kind, False), "created": created, "model": model,
-            "choices": [choice], "usage": generation.usage()}
+            "choices": choices, "usage": usage(generations)}

@@ -1,6 +1,7 @@
 """The gateway's HTTP app: its routes, who may call them (the API key), and its metrics.
 
-`GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions` (answered by `serving`), `GET /health`
+`GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions`, `POST /v1/responses` (answered by
+`serving`), `GET /health`
 (200 once Triton and the model are ready, else 503), `GET /metrics` (Prometheus). With an API key, every
 request but `GET /health` must carry `Authorization: Bearer <key>`, or it is answered 401 with OpenAI's error
 object, as vLLM's and trtllm-serve's `--api-key` do.
@@ -13,8 +14,8 @@ import json
 
 from ..facts.errors import ERROR_CODES, ErrorKind
 from .metrics import GatewayMetrics
-from .protocol import CHAT, COMPLETIONS, PATHS, OpenAIError, model_list
-from .serving import DEFAULT_MODEL, DEFAULT_STREAM_INTERVAL, SERVED_MODEL_NAME, OpenAIServing
+from .protocol import CHAT, COMPLETIONS, PATHS, RESPONSES_PATH, OpenAIError, model_list
+from .serving import DEFAULT_MODEL, DEFAULT_STREAM_INTERVAL, DEFAULT_TOOL_PARSER, SERVED_MODEL_NAME, OpenAIServing
 
 # The one path answered without the key: a load balancer's or kubelet's health check carries no credentials.
 UNAUTHENTICATED_PATHS = frozenset({"/health"})
@@ -23,16 +24,17 @@ UNAUTHORIZED = OpenAIError(401, "Incorrect or missing API key: send 'Authorizati
 
 
 def create_app(url: str, *, model: str = DEFAULT_MODEL, served_model_name: str = SERVED_MODEL_NAME,
-               api_key: str | None = None, stream_interval: int = DEFAULT_STREAM_INTERVAL):
+               api_key: str | None = None, stream_interval: int = DEFAULT_STREAM_INTERVAL,
+               tool_parser: str = DEFAULT_TOOL_PARSER):
     """The ASGI app: OpenAI's API over the repository served at `url` (gRPC). With `api_key`, every request but
     `GET /health` needs `Authorization: Bearer <api_key>`. `stream_interval`: the BLS's engine responses per
-    streamed chunk after the first."""
+    streamed chunk after the first. `tool_parser`: the format of the tool calls the model writes."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
 
     metrics = GatewayMetrics()
     serving = OpenAIServing(url, model=model, served_model_name=served_model_name, metrics=metrics,
-                            stream_interval=stream_interval)
+                            stream_interval=stream_interval, tool_parser=tool_parser)
     app = FastAPI(title="tritonforge OpenAI gateway")
 
     @app.exception_handler(OpenAIError)
@@ -51,11 +53,13 @@ def create_app(url: str, *, model: str = DEFAULT_MODEL, served_model_name: str =
     async def prometheus():
         return Response(metrics.render(), media_type=metrics.content_type)
 
-    async def answer(kind: str, request: Request):
-        answered = await serving.answer(kind, await request.body())
+    def reply(answered):
         if isinstance(answered, dict):
             return answered
         return StreamingResponse(answered, media_type="text/event-stream")
+
+    async def answer(kind: str, request: Request):
+        return reply(await serving.answer(kind, await request.body()))
 
     @app.post(PATHS[COMPLETIONS])
     async def completions(request: Request):
@@ -64,6 +68,10 @@ def create_app(url: str, *, model: str = DEFAULT_MODEL, served_model_name: str =
     @app.post(PATHS[CHAT])
     async def chat_completions(request: Request):
         return await answer(CHAT, request)
+
+    @app.post(RESPONSES_PATH)
+    async def responses(request: Request):
+        return reply(await serving.respond(await request.body()))
 
     if api_key:
         app.add_middleware(RequireApiKey, api_key=api_key)

@@ -4,14 +4,16 @@ server-sent events, and an error the repository answers becomes OpenAI's error o
 `facts/errors.py` gives its kind. Every request is counted in the gateway's metrics once, when it ends.
 
 Token counts come from the engine (`return_num_input_tokens` / `return_num_output_tokens`); `finish_reason`
-is `length` when the engine produced `max_tokens` tokens, else `stop`. A client that disconnects closes the
-stream of its text, which cancels its gRPC stream and so its generation.
+is `tool_calls` when the text holds tool calls, `length` when the engine produced `max_tokens` tokens, else
+`stop`. Each choice (`n`, or a completions request's prompts) is one repository request, run side by side.
+A client that disconnects closes the streams of its text, which cancels their gRPC streams and so their
+generations.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -30,6 +32,8 @@ from ..clients.client import (
 from ..facts.contract import (
     BLS_MODEL,
     FREQUENCY_PENALTY,
+    GUIDED_DECODING_GUIDE,
+    GUIDED_DECODING_GUIDE_TYPE,
     MIN_TOKENS,
     NUM_INPUT_TOKENS,
     NUM_OUTPUT_TOKENS,
@@ -47,8 +51,10 @@ from ..facts.contract import (
 from ..facts.errors import ERROR_CODES, ErrorKind
 from .metrics import GatewayMetrics
 from .protocol import (
+    CHAT,
     DONE_EVENT,
     PATHS,
+    RESPONSES_PATH,
     Generation,
     OpenAIError,
     OpenAIRequest,
@@ -58,14 +64,22 @@ from .protocol import (
     read_request,
     sse_event,
     stream_chunk,
+    tool_calls_chunk,
     usage_chunk,
     whole_response,
 )
+from .responses_api import ResponseEvents, chat_body_from_responses, response_from_chat, sse
+from .tool_calls import PARSERS, calls_from_guided_output
 
 # OpenAI's sampling fields → the ensemble's inputs (the BLS takes the same names).
 SAMPLING_INPUTS = {"temperature": TEMPERATURE, "top_p": TOP_P, "top_k": TOP_K, "seed": SEED,
                    "presence_penalty": PRESENCE_PENALTY, "frequency_penalty": FREQUENCY_PENALTY,
                    "repetition_penalty": REPETITION_PENALTY, "min_tokens": MIN_TOKENS}
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's: a request that says nothing is sampled
+# The engines (TensorRT-LLM's semantics) sample only with top_k > 1 or top_p < 1, while OpenAI's top_p of 1
+# means the whole distribution: just below 1 samples from all of it but its least likely millionth.
+WHOLE_DISTRIBUTION_TOP_P = 0.999999
+SEEDS = 2**64  # the engines' seed is a uint64: the seeds of a request's choices wrap around it
 # What the gateway calls unless told otherwise: the BLS. Under load it sends the tokens of a stream that
 # arrive while one of its chunks is being sent as one chunk, so the gateway's work per token shrinks as the
 # rate grows (the figures: docs/guides/openai.md#overhead); it also matches OpenAI's `stop` on text and never
@@ -76,6 +90,7 @@ SERVED_MODEL_NAME = "tritonforge"  # the model name /v1/models shows unless the 
 # parse, JSON and SSE event, so at an engine's one token a response the gateway would spend more on chunks than
 # the BLS; a client sees the first token as soon as it comes, then chunks of up to this many tokens.
 DEFAULT_STREAM_INTERVAL = 4
+DEFAULT_TOOL_PARSER = "hermes"  # the format of Hermes and Qwen models, and of the tiny test model's template
 # The only outputs the gateway reads: responses carry nothing else (less to send, parse and copy per chunk).
 GATEWAY_OUTPUTS = (TEXT_OUTPUT, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS)
 CLIENT_CLOSED = 499  # the status the metrics count for a client that disconnected (nginx's convention)
@@ -84,24 +99,52 @@ GATEWAY_TIMEOUT = 504  # a stream the server left silent: HTTP's own status for 
 logger = logging.getLogger(__name__)
 
 
-def parse_request(body, kind: str, served_model_name: str | None = None) -> tuple[GenerateRequest, bool, bool]:
-    """An OpenAI request body (decoded JSON) → (the repository's request, stream?, include usage in the
-    stream?). Refusals: `protocol.read_request`."""
-    request = read_request(body, kind, served_model_name)
-    return triton_request(request), request.stream, request.include_usage
+def engine_sampling(sampling: dict[str, int | float], choice: int = 0) -> dict[str, object]:
+    """OpenAI's sampling fields, with OpenAI's meaning, as the engine's inputs: sampled at temperature 1 unless
+    told otherwise, greedy at temperature 0 (or top_p 0, or top_k 1). The `choice`-th choice of a request with a
+    seed draws from seed + choice, so that its choices differ and each is reproducible."""
+    parameters: dict[str, object] = {SAMPLING_INPUTS[name]: value for name, value in sampling.items()
+                                     if name not in ("temperature", "top_p", "top_k", "seed")}
+    if "seed" in sampling:
+        parameters[SEED] = (sampling["seed"] + choice) % SEEDS
+    temperature = sampling.get("temperature", DEFAULT_TEMPERATURE)
+    top_p = sampling.get("top_p", 1.0)
+    if temperature == 0 or top_p == 0 or sampling.get("top_k") == 1:
+        parameters[TOP_K] = 1
+        return parameters
+    parameters[TEMPERATURE] = temperature
+    parameters[TOP_P] = min(top_p, WHOLE_DISTRIBUTION_TOP_P)
+    if "top_k" in sampling:
+        parameters[TOP_K] = sampling["top_k"]
+    return parameters
 
 
-def triton_request(request: OpenAIRequest, stream_interval: int | None = None) -> GenerateRequest:
-    """What the BLS (or the ensemble) is asked for: the prompt or messages, the sampling fields under the
-    contract's names, and always the token counts, which `usage` and `finish_reason` are read from; the
-    BLS's stream interval where the gateway sets one."""
-    parameters: dict[str, object] = {SAMPLING_INPUTS[name]: value for name, value in request.sampling.items()}
+def choice_requests(request: OpenAIRequest, stream_interval: int | None = None
+                    ) -> list[tuple[Generation, GenerateRequest]]:
+    """What the BLS (or the ensemble) is asked for, one request per choice (each prompt `n` times), with the
+    generation each fills: the prompt or messages, the sampling fields under the contract's names, the guide,
+    and always the token counts, which `usage` and `finish_reason` are read from; the BLS's stream interval
+    where the gateway sets one."""
+    base: dict[str, object] = {}
     if request.stop is not None:
-        parameters[STOP_WORDS] = request.stop
-    parameters[RETURN_NUM_INPUT_TOKENS] = True
-    parameters[RETURN_NUM_OUTPUT_TOKENS] = True
-    return GenerateRequest(text_input=request.prompt, messages=request.messages, max_tokens=request.max_tokens,
-                           parameters=parameters, stream_interval=stream_interval)
+        base[STOP_WORDS] = request.stop
+    if request.guide is not None:
+        base[GUIDED_DECODING_GUIDE_TYPE] = request.guide.guide_type
+        base[GUIDED_DECODING_GUIDE] = request.guide.guide
+    base[RETURN_NUM_INPUT_TOKENS] = True
+    base[RETURN_NUM_OUTPUT_TOKENS] = True
+    prompts = request.prompts if request.prompts is not None else [None]
+    choices = []
+    for prompt_index, prompt in enumerate(prompts):
+        for _ in range(request.n):
+            index = len(choices)
+            parameters = {**engine_sampling(request.sampling, index), **base}
+            generate = GenerateRequest(text_input=prompt, messages=request.chat() if prompt is None else None,
+                                       max_tokens=request.max_tokens, parameters=parameters,
+                                       stream_interval=stream_interval)
+            choices.append((Generation(max_tokens=request.max_tokens, index=index, prompt_index=prompt_index),
+                            generate))
+    return choices
 
 
 def to_openai_error(error: GenerationError) -> OpenAIError:
@@ -158,13 +201,14 @@ class TritonBackend:
 
 class OpenAIServing:
     """The completions and chat endpoints answered through the repository at `url` (gRPC), each request counted
-    in `metrics`."""
+    in `metrics`; tool calls the model writes unforced are read with the `tool_parser` format (`PARSERS`)."""
 
     def __init__(self, url: str, *, model: str, served_model_name: str, metrics: GatewayMetrics,
-                 stream_interval: int = 1):
+                 stream_interval: int = 1, tool_parser: str = DEFAULT_TOOL_PARSER):
         self.url, self.model, self.served_model_name, self.metrics = url, model, served_model_name, metrics
         # The BLS alone takes a stream interval (the ensemble streams what its engine sends).
         self.stream_interval = stream_interval if model == BLS_MODEL and stream_interval > 1 else None
+        self.tool_parser = PARSERS[tool_parser]()
         self._backend: TritonBackend | None = None
 
     @property
@@ -176,79 +220,153 @@ class OpenAIServing:
     async def ready(self) -> bool:
         return await self.backend.ready()
 
+    def read(self, kind: str, body, endpoint: str) -> OpenAIRequest:
+        """The request a decoded body sent to the `kind` endpoint makes; a refusal is counted, then raised."""
+        try:
+            return read_request(body, kind, self.served_model_name)
+        except OpenAIError as error:
+            self.metrics.request_done(endpoint, error.status, started=False)
+            raise
+
     async def answer(self, kind: str, raw_body: bytes) -> dict | AsyncIterator[str]:
         """OpenAI's answer to a request body sent to the `kind` endpoint: the whole answer, or the server-sent
         events of the stream it asked for. Raises `OpenAIError` for a request refused before any event."""
         endpoint = PATHS[kind]
         try:
-            request, stream, include_usage = parse_request(read_body(raw_body), kind, self.served_model_name)
+            body = read_body(raw_body)
         except OpenAIError as error:
             self.metrics.request_done(endpoint, error.status, started=False)
             raise
-        if not stream:
-            return await _Reply(self, endpoint, ResponseHead.new(kind, self.served_model_name), request).whole()
-        request = dataclasses.replace(request, stream_interval=self.stream_interval)
-        return await _Reply(self, endpoint, ResponseHead.new(kind, self.served_model_name), request).stream(
-            include_usage)
+        request = self.read(kind, body, endpoint)
+        reply = _Reply(self, request, endpoint, self.stream_interval if request.stream else None)
+        return await (reply.stream(as_sse=True) if request.stream else reply.whole())
+
+    async def respond(self, raw_body: bytes) -> dict | AsyncIterator[str]:
+        """`/v1/responses`: the request read as the chat it amounts to (`responses_api`), answered as one, and
+        the answer written as a response, whole or as its stream of events."""
+        try:
+            body = read_body(raw_body)
+            chat_body = chat_body_from_responses(body)
+        except OpenAIError as error:
+            self.metrics.request_done(RESPONSES_PATH, error.status, started=False)
+            raise
+        request = self.read(CHAT, chat_body, RESPONSES_PATH)
+        if not request.stream:
+            return response_from_chat(await _Reply(self, request, RESPONSES_PATH, None).whole(), body)
+        chunks = await _Reply(self, request, RESPONSES_PATH, self.stream_interval).stream(as_sse=False)
+        return _response_events(ResponseEvents(body, self.served_model_name), chunks)
+
+
+async def _response_events(events: ResponseEvents, chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
+    """A streamed chat's chunks as a response's events; an error object among them fails the response."""
+    async with aclosing(chunks):
+        for event in events.start():
+            yield sse(event)
+        async for chunk in chunks:
+            for event in (events.failed(chunk["error"]) if "error" in chunk else events.push(chunk)):
+                yield sse(event)
+            if "error" in chunk:
+                return
+        for event in events.finish():
+            yield sse(event)
 
 
 class _Reply:
-    """One request being answered: the text coming from the repository, what it brought so far, and the
-    request's place in the metrics, settled once when it ends (`done`)."""
+    """One request being answered: the text coming from the repository for each of its choices, what they
+    brought so far, and the request's place in the metrics, settled once when it ends (`done`)."""
 
-    def __init__(self, serving: OpenAIServing, endpoint: str, head: ResponseHead, request: GenerateRequest):
-        self.metrics, self.endpoint, self.head = serving.metrics, endpoint, head
-        self.generation = Generation(max_tokens=request.max_tokens)
+    def __init__(self, serving: OpenAIServing, request: OpenAIRequest, endpoint: str, stream_interval: int | None):
+        self.metrics, self.endpoint, self.request = serving.metrics, endpoint, request
+        self.tool_parser = serving.tool_parser
+        self.head = ResponseHead.new(request.kind, serving.served_model_name)
+        choices = choice_requests(request, stream_interval)
+        self.generations = [generation for generation, _ in choices]
+        self.chunks = [serving.backend.generate(generate, generation) for generation, generate in choices]
         self.timer = self.metrics.timer()
-        self.chunks = serving.backend.generate(request, self.generation)
+
+    @property
+    def forced_calls(self) -> bool:
+        """Does the request force tool calls (`required` or a named function)? Then its text is what the guide
+        made the model write, read as the calls."""
+        return self.request.tool_choice.mode in ("required", "named")
+
+    @property
+    def plain(self) -> bool:
+        """One choice of text alone: streamed on the shortest path, an event per chunk and nothing else."""
+        return len(self.chunks) == 1 and not self.request.parses_tool_calls
 
     def done(self, status: int) -> None:
-        self.metrics.request_done(self.endpoint, status, self.generation if status == 200 else None)
+        self.metrics.request_done(self.endpoint, status, self.generations if status == 200 else None)
 
     def failed(self, error: GenerationError) -> OpenAIError:
         failure = to_openai_error(error)
         self.done(failure.status)
         return failure
 
+    async def _close(self) -> None:
+        for chunks in self.chunks:
+            await chunks.aclose()
+
     async def whole(self) -> dict:
-        try:
-            async for text in self.chunks:
+        async def collect(chunks, generation: Generation) -> None:
+            async for text in chunks:
                 self.timer.chunk()
-                self.generation.chunks.append(text)
+                generation.chunks.append(text)
+
+        tasks = [asyncio.ensure_future(collect(chunks, generation))
+                 for chunks, generation in zip(self.chunks, self.generations)]
+        try:
+            await asyncio.gather(*tasks)
         except GenerationError as error:
             raise self.failed(error) from None
         except asyncio.CancelledError:  # the client went away: closing `chunks` stops its generation
             self.done(CLIENT_CLOSED)
             raise
         finally:
-            await self.chunks.aclose()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._close()
+        for generation in self.generations:
+            self._read_tool_calls(generation)
         self.done(200)
-        return whole_response(*self.head, self.generation)
+        return whole_response(*self.head, self.generations)
 
-    async def stream(self, include_usage: bool) -> AsyncIterator[str]:
-        """The answer's server-sent events. The first text is awaited before any is sent, so that a request
-        the repository refuses gets a real HTTP error."""
+    def _read_tool_calls(self, generation: Generation) -> None:
+        if not self.request.parses_tool_calls:
+            return
+        text = "".join(generation.chunks)
+        if self.forced_calls:
+            generation.tool_calls = calls_from_guided_output(text, self.request.tools, self.request.tool_choice)
+            generation.content = None if generation.tool_calls else text
+        else:
+            generation.content, generation.tool_calls = self.tool_parser.parse(text)
+
+    async def stream(self, as_sse: bool) -> AsyncIterator:
+        """The answer's events: server-sent (`sse`), or the chunks as dicts for an endpoint that writes them its
+        own way. The first text is awaited before any is sent, so that a request the repository
+        refuses gets a real HTTP error."""
+        texts = self.chunks[0] if self.plain else self._merged()
         try:
-            first = await anext(self.chunks, None)
+            first = await anext(texts, None)
         except GenerationError as error:
+            await self._close()
             raise self.failed(error) from None
         if first is not None:
             self.timer.chunk()
-        return self._events(first or "", include_usage)
+        if self.plain:
+            events = self._plain_events(first or "")
+        else:
+            events = self._choice_events(first, texts)
+        return self._ended(events) if as_sse else self._as_dicts(events)
 
-    async def _events(self, first: str, include_usage: bool) -> AsyncIterator[str]:
-        """A stream that fails after its first event ends with OpenAI's error event; every stream ends with
-        `data: [DONE]`."""
+    async def _ended(self, events: AsyncIterator[dict | str]) -> AsyncIterator[str]:
+        """Server-sent events: a stream that fails after its first event ends with OpenAI's error event; every
+        stream ends with `data: [DONE]`."""
         status = 200
-        text_event = TextEvents(*self.head)
         try:
-            yield sse_event(stream_chunk(*self.head, first, None, role=True))
-            async for text in self.chunks:
-                self.timer.chunk()
-                yield text_event(text)
-            yield sse_event(stream_chunk(*self.head, "", self.generation.finish_reason))
-            if include_usage:
-                yield sse_event(usage_chunk(*self.head, self.generation))
+            async for event in events:
+                yield event if isinstance(event, str) else sse_event(event)
         except GenerationError as error:
             failure = to_openai_error(error)
             status = failure.status
@@ -257,6 +375,124 @@ class _Reply:
             status = CLIENT_CLOSED
             raise
         finally:
-            await self.chunks.aclose()
+            await events.aclose()
+            await self._close()
             self.done(status)
         yield DONE_EVENT
+
+    async def _as_dicts(self, events: AsyncIterator[dict | str]) -> AsyncIterator[dict]:
+        """The chunks as dicts; an error after the first ends them with OpenAI's error object."""
+        status = 200
+        try:
+            async for event in events:
+                yield json.loads(event.removeprefix("data: ")) if isinstance(event, str) else event
+        except GenerationError as error:
+            failure = to_openai_error(error)
+            status = failure.status
+            yield failure.body()
+        except asyncio.CancelledError:
+            status = CLIENT_CLOSED
+            raise
+        finally:
+            await events.aclose()
+            await self._close()
+            self.done(status)
+
+    async def _plain_events(self, first: str) -> AsyncIterator[dict | str]:
+        """One choice of text: each chunk's event written from a template (this runs once per token)."""
+        text_event = TextEvents(*self.head)
+        yield stream_chunk(*self.head, first, None, role=True)
+        async for text in self.chunks[0]:
+            self.timer.chunk()
+            yield text_event(text)
+        generation = self.generations[0]
+        yield stream_chunk(*self.head, "", generation.finish_reason)
+        if self.request.include_usage:
+            yield usage_chunk(*self.head, self.generations)
+
+    async def _merged(self) -> AsyncIterator[tuple[int, str | None]]:
+        """(choice, text) as each choice's text comes, (choice, None) when a choice ends; a choice's error is
+        raised. Each choice is read by a task of its own, cancelled (closing its stream) when this closes."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(index: int, chunks) -> None:
+            try:
+                async for text in chunks:
+                    queue.put_nowait((index, text, None))
+                queue.put_nowait((index, None, None))
+            except GenerationError as error:
+                queue.put_nowait((index, None, error))
+
+        tasks = [asyncio.ensure_future(pump(index, chunks)) for index, chunks in enumerate(self.chunks)]
+        try:
+            running = len(tasks)
+            while running:
+                index, text, error = await queue.get()
+                if error is not None:
+                    raise error
+                running -= text is None
+                yield index, text
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _choice_events(self, first: tuple[int, str | None] | None, merged) -> AsyncIterator[dict]:
+        """Several choices, or tool calls read as the text comes: each choice's text through its reader (`_Choice
+        Stream`), its events as they are ready."""
+        readers = [_ChoiceStream(self, generation) for generation in self.generations]
+        if self.request.kind == CHAT:
+            for reader in readers:
+                yield stream_chunk(*self.head, "", None, role=True, index=reader.generation.index)
+        items = merged if first is None else _prepend(first, merged)
+        async for index, text in items:
+            if text is not None:
+                self.timer.chunk()
+            for event in readers[index].push(text):
+                yield event
+        if self.request.include_usage:
+            yield usage_chunk(*self.head, self.generations)
+
+
+async def _prepend(first, rest: AsyncIterator) -> AsyncIterator:
+    yield first
+    async for item in rest:
+        yield item
+
+
+class _ChoiceStream:
+    """One choice of a streamed answer: its text, tool calls read from it as it comes (unforced: the parser's,
+    which holds back what may begin a call; forced: the whole text, read at its end), then its last chunk."""
+
+    def __init__(self, reply: _Reply, generation: Generation):
+        self.reply, self.generation, self.head = reply, generation, reply.head
+        self.parser = (reply.tool_parser.streaming()
+                       if reply.request.parses_tool_calls and not reply.forced_calls else None)
+        self.held: list[str] = []  # a forced call's text, read whole at the end
+
+    def push(self, text: str | None) -> list[dict]:
+        """The events of a text (None: the choice's end)."""
+        generation, index = self.generation, self.generation.index
+        if text is not None:
+            generation.chunks.append(text)
+            if self.reply.forced_calls:
+                return []
+            content, calls = self.parser.push(text) if self.parser else (text, [])
+            return self._events(content, calls)
+        if self.reply.forced_calls:
+            whole = "".join(generation.chunks)
+            calls = calls_from_guided_output(whole, self.reply.request.tools, self.reply.request.tool_choice)
+            events = self._events("" if calls else whole, calls)
+        elif self.parser:
+            events = self._events(*self.parser.finish())
+        else:
+            events = []
+        return [*events, stream_chunk(*self.head, "", generation.finish_reason, index=index)]
+
+    def _events(self, content: str, calls: list) -> list[dict]:
+        events = [stream_chunk(*self.head, content, None, index=self.generation.index)] if content else []
+        if calls:
+            events.append(tool_calls_chunk(*self.head, calls, first=len(self.generation.tool_calls),
+                                           index=self.generation.index))
+            self.generation.tool_calls.extend(calls)
+        return events

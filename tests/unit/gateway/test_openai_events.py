@@ -64,7 +64,7 @@ def test_a_whole_answer_is_openais_object_with_its_usage(kind, obj):
     from tritonforge.gateway.protocol import whole_response as _whole
 
     generation = Generation(max_tokens=4, prompt_tokens=3, completion_tokens=2, chunks=["Hel", "lo"])
-    whole = _whole(kind, "id-1", 1700000000, "tiny", generation)
+    whole = _whole(kind, "id-1", 1700000000, "tiny", [generation])
     assert (whole["object"], whole["model"], whole["id"]) == (obj, "tiny", "id-1")
     (choice,) = whole["choices"]
     assert (choice["text"] if kind == "completions" else choice["message"]) == (

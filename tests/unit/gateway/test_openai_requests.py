@@ -8,6 +8,8 @@ import pytest
 
 from tritonforge.facts.contract import (
     FREQUENCY_PENALTY,
+    GUIDED_DECODING_GUIDE,
+    GUIDED_DECODING_GUIDE_TYPE,
     NUM_INPUT_TOKENS,
     NUM_OUTPUT_TOKENS,
     PRESENCE_PENALTY,
@@ -18,12 +20,19 @@ from tritonforge.facts.contract import (
     TEMPERATURE,
     TEXT_OUTPUT,
     TOP_K,
+    TOP_P,
 )
-from tritonforge.gateway.protocol import Generation, OpenAIError
-from tritonforge.gateway.serving import TritonBackend, parse_request
+from tritonforge.gateway.protocol import Generation, OpenAIError, read_request
+from tritonforge.gateway.serving import WHOLE_DISTRIBUTION_TOP_P, TritonBackend, choice_requests
 
 PROMPT = {"prompt": "Hello"}
 CHAT = {"messages": [{"role": "user", "content": "Hello"}]}
+
+
+def parse_request(body, kind, served_model_name=None):
+    """(The repository's request of the first choice, stream?, include usage?)."""
+    request = read_request(body, kind, served_model_name)
+    return choice_requests(request)[0][1], request.stream, request.include_usage
 
 
 def refused(body, kind="completions", served_model_name=None) -> OpenAIError:
@@ -43,7 +52,7 @@ def test_max_completion_tokens_takes_precedence_over_the_deprecated_max_tokens()
 
 
 @pytest.mark.parametrize(("name", "value", "field"), [
-    ("temperature", 2.0, TEMPERATURE), ("temperature", 0, TEMPERATURE),
+    ("temperature", 2.0, TEMPERATURE), ("temperature", 0.01, TEMPERATURE),
     ("presence_penalty", -2.0, PRESENCE_PENALTY), ("presence_penalty", 2.0, PRESENCE_PENALTY),
     ("frequency_penalty", -2.0, FREQUENCY_PENALTY), ("frequency_penalty", 2.0, FREQUENCY_PENALTY),
     ("top_k", 0, TOP_K),  # 0: no top-k limit
@@ -79,11 +88,64 @@ def test_a_negative_seed_is_refused_and_zero_is_a_seed():
     assert parse_request({**PROMPT, "seed": 0}, "completions")[0].parameters[SEED] == 0
 
 
-@pytest.mark.parametrize("response_format", [{"type": "json_object"}, {"type": "json_schema", "json_schema": {}},
-                                             "text"])
-def test_a_response_format_other_than_text_is_refused(response_format):
-    assert refused({**PROMPT, "response_format": response_format}).param == "response_format"
-    assert parse_request({**PROMPT, "response_format": {"type": "text"}}, "completions")[0].text_input == "Hello"
+@pytest.mark.parametrize("response_format", [{"type": "json_schema", "json_schema": {}}, "text", {"type": "xml"}])
+def test_a_response_format_that_is_not_openais_is_refused(response_format):
+    assert refused({**PROMPT, "response_format": response_format}).param.startswith("response_format")
+    assert GUIDED_DECODING_GUIDE_TYPE not in parse_request({**PROMPT, "response_format": {"type": "text"}},
+                                                           "completions")[0].parameters
+
+
+def test_a_json_response_format_is_sent_as_the_engines_guide():
+    parameters = parse_request({**PROMPT, "response_format": {"type": "json_object"}}, "completions")[0].parameters
+    assert parameters[GUIDED_DECODING_GUIDE_TYPE] == "ebnf_grammar" and parameters[GUIDED_DECODING_GUIDE]
+
+
+def test_a_request_that_says_nothing_is_sampled_at_temperature_one_over_the_whole_distribution():
+    parameters = parse_request(PROMPT, "completions")[0].parameters
+    assert (parameters[TEMPERATURE], parameters[TOP_P]) == (1.0, WHOLE_DISTRIBUTION_TOP_P)
+    assert TOP_K not in parameters
+
+
+@pytest.mark.parametrize("greedy", [{"temperature": 0}, {"top_p": 0}, {"top_k": 1}])
+def test_temperature_zero_or_a_single_candidate_is_greedy(greedy):
+    parameters = parse_request({**PROMPT, **greedy}, "completions")[0].parameters
+    assert parameters[TOP_K] == 1 and TEMPERATURE not in parameters and TOP_P not in parameters
+
+
+def test_n_choices_are_n_requests_whose_seeds_follow_the_requests():
+    request = read_request({**PROMPT, "n": 3, "seed": 2**64 - 2}, "completions")
+    choices = choice_requests(request)
+    assert [generation.index for generation, _ in choices] == [0, 1, 2]
+    assert [generate.parameters[SEED] for _, generate in choices] == [2**64 - 2, 2**64 - 1, 0]
+
+
+def test_a_completions_list_of_prompts_is_a_choice_per_prompt_and_n_each():
+    choices = choice_requests(read_request({"prompt": ["Hello", "again"], "n": 2}, "completions"))
+    assert [(generation.prompt_index, generate.text_input) for generation, generate in choices] == [
+        (0, "Hello"), (0, "Hello"), (1, "again"), (1, "again")]
+
+
+def test_tools_go_to_preprocessing_with_the_messages_and_tool_turns_keep_their_fields():
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    messages = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    generate = parse_request({"messages": messages, "tools": [tool]}, "chat")[0]
+    assert generate.messages["messages"] == messages
+    assert [one["function"]["name"] for one in generate.messages["tools"]] == ["get_weather"]
+    assert GUIDED_DECODING_GUIDE_TYPE not in generate.parameters  # auto: the model chooses
+
+
+def test_a_forced_tool_call_is_guided():
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        generate = parse_request({**CHAT, "tools": [tool], "tool_choice": choice}, "chat")[0]
+        assert generate.parameters[GUIDED_DECODING_GUIDE_TYPE] == "ebnf_grammar"
+
+
+def test_a_tool_result_without_its_call_id_is_400_naming_messages():
+    error = refused({"messages": [{"role": "tool", "content": "sunny"}]}, "chat")
+    assert (error.param, str(error)) == ("messages", "messages[0].tool_call_id must be a string")
 
 
 def test_text_content_parts_are_joined_as_one_content_and_an_image_part_is_refused():
@@ -95,9 +157,10 @@ def test_text_content_parts_are_joined_as_one_content_and_an_image_part_is_refus
     assert (error.param, str(error)) == ("messages", "messages[0]: only text content parts are supported")
 
 
-def test_n_and_best_of_of_one_are_served_and_more_refused():
-    parse_request({**PROMPT, "n": 1, "best_of": 1}, "completions")
-    assert refused({**PROMPT, "n": 2}).param == "n"
+def test_n_up_to_its_limit_is_served_and_best_of_is_refused():
+    parse_request({**PROMPT, "n": 16, "best_of": 1}, "completions")
+    assert refused({**PROMPT, "n": 17}).param == "n"
+    assert refused({"prompt": ["a", "b", "c"], "n": 6}).param == "n"
     assert refused({**PROMPT, "best_of": 3}).param == "best_of"
 
 
@@ -107,7 +170,7 @@ def test_an_unsupported_field_sent_empty_asks_for_nothing_and_is_served(name):
     assert parse_request({**PROMPT, name: empty}, "completions")[0].text_input == "Hello"
 
 
-@pytest.mark.parametrize(("name", "value"), [("top_logprobs", 5), ("suffix", "!"),
+@pytest.mark.parametrize(("name", "value"), [("top_logprobs", 5), ("suffix", "!"), ("logprobs", True),
                                              ("functions", [{"name": "f"}])])
 def test_an_unsupported_field_that_asks_for_something_is_refused_naming_it(name, value):
     assert refused({**PROMPT, name: value}).param == name
@@ -124,7 +187,7 @@ def test_echo_is_refused():
 
 def test_a_prompt_given_as_a_list_of_one_string_is_that_prompt():
     assert parse_request({"prompt": ["Hello"]}, "completions")[0].text_input == "Hello"
-    assert refused({"prompt": ["Hello", "again"]}).param == "prompt"
+    assert refused({"prompt": [[1, 2]]}).param == "prompt"
 
 
 def test_another_model_than_the_served_one_is_404_model_not_found():
