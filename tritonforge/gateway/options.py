@@ -18,6 +18,7 @@ from ..facts.ports import GRPC_PORT, LOOPBACK, OPENAI_PORT, host_port, port_numb
 from ..facts.settings import positive_int, setting
 from . import GatewayFailed
 from .metrics import MULTIPROCESS_DIR_ENV, forget_worker
+from .reasoning import REASONING_PARSERS
 from .routes import create_app
 from .serving import DEFAULT_MODEL, DEFAULT_STREAM_INTERVAL, DEFAULT_TOOL_PARSER, SERVED_MODEL_NAME
 from .tool_calls import PARSERS
@@ -54,6 +55,10 @@ class GatewayOptions:
                                "OpenAI's tool_calls when a request lets it choose (tool_choice auto): hermes for "
                                "Hermes and Qwen models, llama3_json for Llama 3.x, mistral for Mistral",
                                choices=tuple(PARSERS))
+    reasoning_parser: str | None = setting(None, "the format of the model's thinking, answered apart as a chat's "
+                                           "reasoning_content: qwen3 (thinks only when it opens <think>), deepseek_r1 "
+                                           "(thinks from its first token to </think>); default: none",
+                                           parse=str, choices=REASONING_PARSERS)
 
     def __post_init__(self):
         if self.workers < 1:
@@ -70,7 +75,8 @@ def run(options: GatewayOptions, *, on_ready=lambda line: None) -> None:
     make_app = functools.partial(create_app, options.url, model=options.model,
                                  served_model_name=options.served_model_name,
                                  api_key=api_key_from_environment(options.api_key),
-                                 stream_interval=options.stream_interval, tool_parser=options.tool_parser)
+                                 stream_interval=options.stream_interval, tool_parser=options.tool_parser,
+                                 reasoning_parser=options.reasoning_parser)
     if options.workers == 1:
         uvicorn.run(make_app(), host=options.host, port=options.port, log_level="warning")
         return
@@ -87,13 +93,13 @@ class GatewayThread:
 
     def __init__(self, url: str, *, host: str = "127.0.0.1", port: int = OPENAI_PORT, model: str = DEFAULT_MODEL,
                  served_model_name: str = SERVED_MODEL_NAME, api_key: str | None = None,
-                 tool_parser: str = DEFAULT_TOOL_PARSER):
+                 tool_parser: str = DEFAULT_TOOL_PARSER, reasoning_parser: str | None = None):
         import threading
 
         import uvicorn
 
         app = create_app(url, model=model, served_model_name=served_model_name, api_key=api_key,
-                         tool_parser=tool_parser)
+                         tool_parser=tool_parser, reasoning_parser=reasoning_parser)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.base_url = f"http://{host}:{port}"

@@ -233,11 +233,12 @@ class Generation:
     completion_tokens: int = 0
     chunks: list[str] = field(default_factory=list)
     tool_calls: list[ToolCall] = field(default_factory=list)
-    content: str | None = None  # the text left besides the tool calls, once they are read; else the chunks
+    content: str | None = None  # the text left besides reasoning and tool calls, once read; else the chunks
+    reasoning: str | None = None  # the thinking a reasoning parser set apart
 
     @property
     def text(self) -> str | None:
-        return self.content if self.tool_calls else "".join(self.chunks)
+        return self.content if self.tool_calls or self.content is not None else "".join(self.chunks)
 
     @property
     def finish_reason(self) -> str:
@@ -300,6 +301,13 @@ def stream_chunk(kind: str, ident: str, created: int, model: str, text: str, fin
             "choices": [choice]}
 
 
+def reasoning_chunk(kind: str, ident: str, created: int, model: str, text: str, index: int = 0) -> dict:
+    """A chat chunk of thinking (vLLM's and DeepSeek's `reasoning_content` delta)."""
+    return {"id": ident, "object": object_name(kind, True), "created": created, "model": model,
+            "choices": [{"index": index, "delta": {"reasoning_content": text}, "logprobs": None,
+                         "finish_reason": None}]}
+
+
 def tool_calls_chunk(kind: str, ident: str, created: int, model: str, calls: list[ToolCall], first: int,
                      index: int = 0) -> dict:
     """A chat chunk carrying whole tool calls, numbered from `first` within the choice (each call's deltas are
@@ -340,6 +348,8 @@ def whole_response(kind: str, ident: str, created: int, model: str, generations:
                       "finish_reason": generation.finish_reason}
         else:
             message = {"role": "assistant", "content": generation.text}
+            if generation.reasoning is not None:
+                message["reasoning_content"] = generation.reasoning
             if generation.tool_calls:
                 message["tool_calls"] = [call.as_openai() for call in generation.tool_calls]
             choice = {"index": generation.index, "message": message, "logprobs": None,

@@ -25,16 +25,18 @@ UNAUTHORIZED = OpenAIError(401, "Incorrect or missing API key: send 'Authorizati
 
 def create_app(url: str, *, model: str = DEFAULT_MODEL, served_model_name: str = SERVED_MODEL_NAME,
                api_key: str | None = None, stream_interval: int = DEFAULT_STREAM_INTERVAL,
-               tool_parser: str = DEFAULT_TOOL_PARSER):
+               tool_parser: str = DEFAULT_TOOL_PARSER, reasoning_parser: str | None = None):
     """The ASGI app: OpenAI's API over the repository served at `url` (gRPC). With `api_key`, every request but
     `GET /health` needs `Authorization: Bearer <api_key>`. `stream_interval`: the BLS's engine responses per
-    streamed chunk after the first. `tool_parser`: the format of the tool calls the model writes."""
+    streamed chunk after the first. `tool_parser`: the format of the tool calls the model writes;
+    `reasoning_parser`: of its thinking, set apart as `reasoning_content` (None: none)."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
 
     metrics = GatewayMetrics()
     serving = OpenAIServing(url, model=model, served_model_name=served_model_name, metrics=metrics,
-                            stream_interval=stream_interval, tool_parser=tool_parser)
+                            stream_interval=stream_interval, tool_parser=tool_parser,
+                            reasoning_parser=reasoning_parser)
     app = FastAPI(title="tritonforge OpenAI gateway")
 
     @app.exception_handler(OpenAIError)

@@ -62,12 +62,14 @@ from .protocol import (
     TextEvents,
     read_body,
     read_request,
+    reasoning_chunk,
     sse_event,
     stream_chunk,
     tool_calls_chunk,
     usage_chunk,
     whole_response,
 )
+from .reasoning import ReasoningReader, split_reasoning
 from .responses_api import ResponseEvents, chat_body_from_responses, response_from_chat, sse
 from .tool_calls import PARSERS, calls_from_guided_output
 
@@ -201,14 +203,17 @@ class TritonBackend:
 
 class OpenAIServing:
     """The completions and chat endpoints answered through the repository at `url` (gRPC), each request counted
-    in `metrics`; tool calls the model writes unforced are read with the `tool_parser` format (`PARSERS`)."""
+    in `metrics`; tool calls the model writes unforced are read with the `tool_parser` format (`PARSERS`), and a
+    chat's thinking set apart with the `reasoning_parser` format (`reasoning.REASONING_PARSERS`; None: none)."""
 
     def __init__(self, url: str, *, model: str, served_model_name: str, metrics: GatewayMetrics,
-                 stream_interval: int = 1, tool_parser: str = DEFAULT_TOOL_PARSER):
+                 stream_interval: int = 1, tool_parser: str = DEFAULT_TOOL_PARSER,
+                 reasoning_parser: str | None = None):
         self.url, self.model, self.served_model_name, self.metrics = url, model, served_model_name, metrics
         # The BLS alone takes a stream interval (the ensemble streams what its engine sends).
         self.stream_interval = stream_interval if model == BLS_MODEL and stream_interval > 1 else None
         self.tool_parser = PARSERS[tool_parser]()
+        self.reasoning_parser = reasoning_parser
         self._backend: TritonBackend | None = None
 
     @property
@@ -278,6 +283,7 @@ class _Reply:
     def __init__(self, serving: OpenAIServing, request: OpenAIRequest, endpoint: str, stream_interval: int | None):
         self.metrics, self.endpoint, self.request = serving.metrics, endpoint, request
         self.tool_parser = serving.tool_parser
+        self.reasoning_parser = serving.reasoning_parser if request.kind == CHAT else None
         self.head = ResponseHead.new(request.kind, serving.served_model_name)
         choices = choice_requests(request, stream_interval)
         self.generations = [generation for generation, _ in choices]
@@ -293,7 +299,7 @@ class _Reply:
     @property
     def plain(self) -> bool:
         """One choice of text alone: streamed on the shortest path, an event per chunk and nothing else."""
-        return len(self.chunks) == 1 and not self.request.parses_tool_calls
+        return len(self.chunks) == 1 and not self.request.parses_tool_calls and not self.reasoning_parser
 
     def done(self, status: int) -> None:
         self.metrics.request_done(self.endpoint, status, self.generations if status == 200 else None)
@@ -328,14 +334,18 @@ class _Reply:
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._close()
         for generation in self.generations:
-            self._read_tool_calls(generation)
+            self._read_text(generation)
         self.done(200)
         return whole_response(*self.head, self.generations)
 
-    def _read_tool_calls(self, generation: Generation) -> None:
+    def _read_text(self, generation: Generation) -> None:
+        """The reasoning (with a reasoning parser) and the tool calls read from a whole answer."""
+        text = "".join(generation.chunks)
+        if self.reasoning_parser:
+            generation.reasoning, text = split_reasoning(self.reasoning_parser, text)
+            generation.content = text
         if not self.request.parses_tool_calls:
             return
-        text = "".join(generation.chunks)
         if self.forced_calls:
             generation.tool_calls = calls_from_guided_output(text, self.request.tools, self.request.tool_choice)
             generation.content = None if generation.tool_calls else text
@@ -461,33 +471,47 @@ async def _prepend(first, rest: AsyncIterator) -> AsyncIterator:
 
 
 class _ChoiceStream:
-    """One choice of a streamed answer: its text, tool calls read from it as it comes (unforced: the parser's,
-    which holds back what may begin a call; forced: the whole text, read at its end), then its last chunk."""
+    """One choice of a streamed answer: its text, the reasoning set apart from it (with a reasoning parser), tool
+    calls read from the rest as it comes (unforced: the parser's, which holds back what may begin a call;
+    forced: the whole text, read at its end), then its last chunk."""
 
     def __init__(self, reply: _Reply, generation: Generation):
         self.reply, self.generation, self.head = reply, generation, reply.head
+        self.reasoning = ReasoningReader(reply.reasoning_parser) if reply.reasoning_parser else None
         self.parser = (reply.tool_parser.streaming()
                        if reply.request.parses_tool_calls and not reply.forced_calls else None)
-        self.held: list[str] = []  # a forced call's text, read whole at the end
+        self.content: list[str] = []  # the text past the reasoning: a forced call's, read whole at the end
 
     def push(self, text: str | None) -> list[dict]:
         """The events of a text (None: the choice's end)."""
-        generation, index = self.generation, self.generation.index
+        generation = self.generation
         if text is not None:
             generation.chunks.append(text)
-            if self.reply.forced_calls:
-                return []
-            content, calls = self.parser.push(text) if self.parser else (text, [])
-            return self._events(content, calls)
+            reasoning, content = self.reasoning.push(text) if self.reasoning else ("", text)
+            return [*self._reasoning(reasoning), *self._content(content)]
+        reasoning, content = self.reasoning.finish() if self.reasoning else ("", "")
+        events = [*self._reasoning(reasoning), *self._content(content)]
         if self.reply.forced_calls:
-            whole = "".join(generation.chunks)
+            whole = "".join(self.content)
             calls = calls_from_guided_output(whole, self.reply.request.tools, self.reply.request.tool_choice)
-            events = self._events("" if calls else whole, calls)
+            events += self._events("" if calls else whole, calls)
         elif self.parser:
-            events = self._events(*self.parser.finish())
-        else:
-            events = []
-        return [*events, stream_chunk(*self.head, "", generation.finish_reason, index=index)]
+            events += self._events(*self.parser.finish())
+        return [*events, stream_chunk(*self.head, "", generation.finish_reason, index=generation.index)]
+
+    def _reasoning(self, text: str) -> list[dict]:
+        if not text:
+            return []
+        self.generation.reasoning = (self.generation.reasoning or "") + text
+        return [reasoning_chunk(*self.head, text, index=self.generation.index)]
+
+    def _content(self, text: str) -> list[dict]:
+        if not text:
+            return []
+        self.content.append(text)
+        if self.reply.forced_calls:
+            return []
+        return self._events(*(self.parser.push(text) if self.parser else (text, [])))
 
     def _events(self, content: str, calls: list) -> list[dict]:
         events = [stream_chunk(*self.head, content, None, index=self.generation.index)] if content else []

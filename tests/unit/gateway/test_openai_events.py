@@ -173,3 +173,33 @@ def test_the_metrics_count_requests_by_status_and_tokens_and_a_refused_request_i
     assert samples[("tritonforge_requests_in_flight", None)] == 0
     assert samples[("tritonforge_prompt_tokens_total", None)] == 3
     assert samples[("tritonforge_completion_tokens_total", None)] == 2
+
+
+class AnsweringWithThoughts(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Answers every request with a thought, then its answer, in pieces that cut both tags."""
+
+    PIECES = ("<thi", "nk>plan</th", "ink>\n\nThe ", "answer.")
+
+    def ModelStreamInfer(self, request_iterator, context):  # noqa: N802 - the gRPC method's name
+        for _ in request_iterator:
+            for number, piece in enumerate(self.PIECES):
+                yield _answer_chunk(piece, final=number == len(self.PIECES) - 1)
+
+
+def test_with_a_reasoning_parser_a_chats_thinking_is_its_reasoning_content_whole_and_streamed():
+    with serving_grpc(AnsweringWithThoughts()) as url:
+        gateway = GatewayThread(url, port=free_port(), served_model_name="tiny", reasoning_parser="qwen3").start()
+        try:
+            chat = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}]}
+            status, body = _post(gateway, "/v1/chat/completions", chat)
+            message = json.loads(body)["choices"][0]["message"]
+            status, streamed = _post(gateway, "/v1/chat/completions", {**chat, "stream": True})
+            completion = _post(gateway, "/v1/completions", {"model": "tiny", "prompt": "Hi"})[1]
+        finally:
+            gateway.stop()
+    assert status == 200 and (message["reasoning_content"], message["content"]) == ("plan", "The answer.")
+    deltas = [json.loads(line.removeprefix("data: "))["choices"][0]["delta"]
+              for line in streamed.splitlines() if line.startswith("data: {")]
+    assert "".join(delta.get("reasoning_content", "") for delta in deltas) == "plan"
+    assert "".join(delta.get("content") or "" for delta in deltas) == "The answer."
+    assert json.loads(completion)["choices"][0]["text"] == "<think>plan</think>\n\nThe answer."  # chat's alone
