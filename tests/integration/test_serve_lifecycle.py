@@ -64,13 +64,13 @@ SWEPT = re.compile(r"^WARNING tritonforge\.serve\.server: removed what killed tr
 class Serve:
     """A `tritonforge serve` subprocess; its stderr lines as they come."""
 
-    def __init__(self, repository: Path, *, openai: bool = False):
+    def __init__(self, repository: Path, *, openai: bool = False, flags: tuple[str, ...] = ()):
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
         self.openai_port = free_port() if openai else None
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tritonforge.cli", "serve", str(repository), "--http-port", str(self.http_port),
              "--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port),
-             *(["--openai-port", str(self.openai_port)] if openai else [])],
+             *(["--openai-port", str(self.openai_port)] if openai else []), *flags],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.stderr: list[str] = []
         self.stderr_lines: queue.Queue = queue.Queue()
@@ -171,6 +171,41 @@ def test_serve_says_it_holds_the_terminal_and_answers_from_a_second_one(serve):
     assert "WARNING" not in said and "error" not in said, serve.stderr
     result = tritonforge("generate", "The server", "--url", serve.url, "--max-tokens", "4")
     assert result.returncode == 0 and result.stdout.strip(), result.stderr
+
+
+def test_serve_of_a_checkpoint_builds_into_the_cache_and_a_second_serve_reuses_that_build_and_answers(
+        tiny_models, tmp_path):
+    """`serve CHECKPOINT` twice with the same build flags: the first builds the repository into --cache-dir and
+    serves it; the second says it reuses that folder, builds nothing, and answers through the OpenAI API (a serve
+    option: not a build's, so not keyed)."""
+    cache = tmp_path / "cache"
+    flags = ("--cache-dir", str(cache), "--engine", "replay", "--replay-step-ms", str(STEP_MS), "--max-input-len",
+             "64", "--max-seq-len", "1024", "--preprocessing-instances", "1", "--postprocessing-instances", "1")
+    first = Serve(tiny_models["bpe"], flags=flags)
+    try:
+        assert first.wait_for_stderr("building the repository of"), first.stderr
+        [built] = list(cache.iterdir())  # the complete build alone: its temporary folder was renamed
+        assert not built.name.startswith(".") and (built / "tritonforge.json").is_file()
+        first.process.send_signal(signal.SIGTERM)
+        assert first.process.wait(timeout=EXIT_TIMEOUT_S + 30) == 0
+    finally:
+        first.stop()
+    second = Serve(tiny_models["bpe"], openai=True, flags=flags)
+    try:
+        assert second.wait_for_stderr(f"reusing {built}:"), second.stderr
+        assert not any("building" in line or "writing" in line for line in second.stderr), second.stderr
+        assert list(cache.iterdir()) == [built]
+        connection = http.client.HTTPConnection("127.0.0.1", second.openai_port, timeout=READY_WITHIN_S)
+        connection.request("POST", "/v1/completions", headers={"Content-Type": "application/json"},
+                           body=json.dumps({"model": "tritonforge", "prompt": "The server", "max_tokens": 4}))
+        response = connection.getresponse()
+        answer = json.loads(response.read())
+        connection.close()
+        assert response.status == 200 and answer["choices"][0]["text"], answer
+        second.process.send_signal(signal.SIGTERM)
+        assert second.process.wait(timeout=EXIT_TIMEOUT_S + 30) == 0
+    finally:
+        second.stop()
 
 
 def test_a_second_serve_on_the_same_ports_is_refused_and_the_first_keeps_serving(serve, repository):

@@ -109,10 +109,9 @@ def test_perf_analyzer_that_is_not_installed_is_named_before_anything_runs(repos
     assert {path: path.read_text() for path in repository.glob("*/config.pbtxt")} == before
 
 
-@pytest.mark.parametrize("kind", ["missing", "empty", "checkpoint", "file"])
-def test_serve_refuses_a_path_that_holds_no_repository(tiny_models, tmp_path, kind):
-    path = {"missing": tmp_path / "no-such-folder", "empty": tmp_path, "checkpoint": tiny_models["bpe"],
-            "file": tiny_models["bpe"] / "config.json"}[kind]
+@pytest.mark.parametrize("kind", ["missing", "empty", "file"])
+def test_serve_refuses_a_path_that_is_neither_repository_nor_checkpoint(tiny_models, tmp_path, kind):
+    path = {"missing": tmp_path / "no-such-folder", "empty": tmp_path, "file": tiny_models["bpe"] / "config.json"}[kind]
     result = tritonforge("serve", str(path), "--http-port", str(free_port()), "--grpc-port", str(free_port()),
                          "--metrics-port", str(free_port()))
     assert_one_line(result, 2, str(path))
@@ -156,9 +155,11 @@ def test_serve_of_a_pytorch_workflow_repository_without_tensorrt_llm_says_so_bef
                     "26.07-trtllm-python-py3")
 
 
-def test_serve_of_a_checkpoint_suggests_a_build_that_works(tiny_models, tmp_path):
+def test_bench_of_a_checkpoint_suggests_a_build_that_works(tiny_models, tmp_path):
+    """`serve` builds a checkpoint's repository itself (test_serve_lifecycle.py); the commands that measure a
+    repository name the build that makes one."""
     checkpoint = tiny_models["bpe"]
-    line = assert_one_line(tritonforge("serve", str(checkpoint)), 2, "is a Hugging Face checkpoint")
+    line = assert_one_line(tritonforge("bench", str(checkpoint)), 2, "is a Hugging Face checkpoint")
     suggested = line.split("`")[1].split()
     assert suggested[:2] == ["tritonforge", "build"], line
     started = time.monotonic()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..facts.model_parameters import EngineParameters
-from ..facts.settings import comma_list, setting
+from ..facts.settings import comma_list, option_flag, setting
 from . import model_configs as configs
 from . import trtllm
 from .engines import DEFAULT_ENGINE, ENGINE_KINDS, ENGINE_NAMES, engine_kind
@@ -108,18 +108,11 @@ class BuildOptions:
         kind.check(self)  # first: a kind's own word on an option it refuses says more than the rule below
         for name, owners in _OWNED_OPTIONS.items():
             if kind.name not in owners and getattr(self, name) != _DEFAULTS[name]:
-                raise ValueError(f"{_flag(name)} is for --engine {' or '.join(owners)} only: the {self.engine} "
-                                 f"engine would ignore it")
+                raise ValueError(f"{option_flag(BuildOptions, name)} is for --engine {' or '.join(owners)} only: "
+                                 f"the {self.engine} engine would ignore it")
 
 
-_FIELDS = {field.name: field for field in dataclasses.fields(BuildOptions)}
-_DEFAULTS = {name: field.default for name, field in _FIELDS.items()}
+_DEFAULTS = {field.name: field.default for field in dataclasses.fields(BuildOptions)}
 # Each option some kinds read and others ignore: the kinds that read it.
 _OWNED_OPTIONS = {name: tuple(kind.name for kind in ENGINE_KINDS.values() if name in kind.own_options)
                   for name in dict.fromkeys(name for kind in ENGINE_KINDS.values() for name in kind.own_options)}
-
-
-def _flag(name: str) -> str:
-    """A field's command-line flag, as `facts/settings.add_arguments` makes it."""
-    declared = _FIELDS[name].metadata["option"].flag
-    return declared or "--" + name.replace("_", "-")

@@ -81,14 +81,9 @@ def _ensemble_routes() -> tuple[dict[str, str], dict[str, str]]:
     return {client: ", ".join(steps) for client, steps in to_step.items()}, from_step
 
 
-def _option_flag(cls, name: str) -> str:
-    field = next(field for field in dataclasses.fields(cls) if field.name == name)
-    return field.metadata["option"].flag or "--" + name.replace("_", "-")
-
-
 def tensors_page() -> str:
     header = ["name", "dtype", "dims", "optional", "meaning"]
-    wiring = _option_flag(configs.ServingConfig, "messages_input")
+    wiring = settings.option_flag(configs.ServingConfig, "messages_input")
     to_step, from_step = _ensemble_routes()
     sections = [
         ("`ensemble`: what clients send and get", contract.ENSEMBLE_MODEL,
@@ -277,10 +272,27 @@ def _argument_default(action: argparse.Action) -> str:
     return f"`{action.default}`"
 
 
-def _argument_rows(parser: argparse.ArgumentParser) -> list[list[str]]:
+def _build_dests() -> set[str]:
+    """Where the build's options land in `args`, as `build`'s parser adds them."""
+    from .build import add_build_arguments
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_build_arguments(parser)
+    return {action.dest for action in parser._actions}
+
+
+def _not_for_serve() -> str:
+    from ..builder.options import BuildOptions
+    from .serve import NOT_FOR_SERVE
+
+    flags = [f"`{settings.option_flag(BuildOptions, name)}`" for name in NOT_FOR_SERVE]
+    return ", ".join(flags[:-1]) + " and " + flags[-1]
+
+
+def _argument_rows(parser: argparse.ArgumentParser, skip: set[str] = frozenset()) -> list[list[str]]:
     rows = []
     for action in parser._actions:
-        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) or action.dest in skip:
             continue
         if action.option_strings:
             value = ""
@@ -313,7 +325,11 @@ def cli_page() -> str:
             text.append("Its options are the build settings, generated from their dataclass fields: every one, with "
                         "its default, is in [Build flags](build-flags.md).\n")
             continue
-        text.append(_table(header, _argument_rows(command)))
+        build_dests = _build_dests() if name == "serve" else set()
+        if build_dests:
+            text.append(f"Given a checkpoint, it also takes the build's options but {_not_for_serve()} "
+                        f"([Build flags](build-flags.md)).\n\n")
+        text.append(_table(header, _argument_rows(command, skip=build_dests)))
     return "".join(text)
 
 

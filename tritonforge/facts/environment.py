@@ -29,3 +29,7 @@ API_KEY_ENV = "TRITONFORGE_API_KEY"
 
 # The tritonserver binary to run, where --tritonserver names none.
 TRITONSERVER_ENV = "TRITONSERVER"
+
+# Where `tritonforge serve CHECKPOINT` keeps the repositories it builds, where --cache-dir names no folder:
+# $XDG_CACHE_HOME/tritonforge/, else ~/.cache/tritonforge/ (the XDG base directory rules, as Hugging Face's cache).
+XDG_CACHE_HOME_ENV = "XDG_CACHE_HOME"

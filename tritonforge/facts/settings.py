@@ -35,14 +35,25 @@ def _options(cls) -> list[tuple[dataclasses.Field, Option]]:
     return [(field, field.metadata["option"]) for field in dataclasses.fields(cls) if "option" in field.metadata]
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str = "") -> None:
-    """Add `cls`'s options; their values land in `args` as PREFIX + field name, and only when given."""
+def option_flag(cls, name: str) -> str:
+    """The command-line flag of `cls`'s field `name`, as `add_arguments` makes it."""
+    field = next(field for field in dataclasses.fields(cls) if field.name == name)
+    return field.metadata["option"].flag or "--" + name.replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str = "", *, exclude: tuple[str, ...] = (),
+                  group: argparse._ArgumentGroup | None = None) -> None:
+    """Add `cls`'s options but the fields named in `exclude`; their values land in `args` as PREFIX + field name,
+    and only when given. An option that names no argument group of its own goes into `group` where one is
+    given, else onto the parser."""
     groups: dict[str, argparse._ArgumentGroup] = {}
     for field, option in _options(cls):
-        target = parser
+        if field.name in exclude:
+            continue
+        target = group or parser
         if option.group:
             target = groups.setdefault(option.group, parser.add_argument_group(option.group))
-        flag = option.flag or "--" + field.name.replace("_", "-")
+        flag = option_flag(cls, field.name)
         common = {"dest": prefix + field.name, "default": argparse.SUPPRESS}
         if field.default is dataclasses.MISSING:
             target.add_argument(flag, required=True, type=option.parse, help=option.help, metavar=option.metavar,

@@ -18,7 +18,11 @@ from ..facts.settings import setting
 
 
 class AccuracyGateFailed(RuntimeError):
-    pass
+    """The engine failed the gate; `failures` names each figure that failed it."""
+
+    def __init__(self, message: str, failures: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.failures = failures
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,16 +45,18 @@ def print_gate_commands(repository: Path, checkpoint: Path, gate: GateOptions, p
              f"--tokenizer {tokenizer_dir(repository)} --prompts {gate.accuracy_gate}")
 
 
-def run_accuracy_gate(repository: Path, checkpoint: Path, gate: GateOptions, progress) -> None:
-    """Serve `repository`'s engine model, compare it with the checkpoint, record the verdict; raise
-    AccuracyGateFailed when it fails (the repository is then marked not ready)."""
+def run_accuracy_gate(repository: Path, checkpoint: Path, gate: GateOptions, progress,
+                      executable: str | None = None) -> None:
+    """Serve `repository`'s engine model (with the tritonserver `executable`, default: found as `serve` finds it),
+    compare it with the checkpoint, record the verdict; raise AccuracyGateFailed when it fails (the repository is
+    then marked not ready)."""
     from ..serve.server import TritonServer, only_models  # a server and the eval's clients: loaded when run
     from .accuracy import run_eval
 
     reference = gate.accuracy_reference or checkpoint
     progress(f"accuracy gate: serving {repository} and comparing it with {reference}")
     # The gate reads the engine model alone (its tokens and log-probs): the other models are not loaded.
-    with TritonServer(repository, extra_args=only_models(ENGINE_MODEL)) as server:
+    with TritonServer(repository, executable=executable, extra_args=only_models(ENGINE_MODEL)) as server:
         report = run_eval(server.grpc_url, reference, tokenizer_dir(repository), prompts_path=gate.accuracy_gate)
     progress(report.table())
     manifest = read_manifest(repository)
@@ -63,4 +69,4 @@ def run_accuracy_gate(repository: Path, checkpoint: Path, gate: GateOptions, pro
                                            "accuracy_gate": report.record()}, indent=2) + "\n")
     if not report.passed:
         raise AccuracyGateFailed(f"the engine failed the accuracy gate ({'; '.join(report.failures)}); the "
-                                 f"repository is marked not ready in {manifest_path}")
+                                 f"repository is marked not ready in {manifest_path}", tuple(report.failures))

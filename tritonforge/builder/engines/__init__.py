@@ -41,6 +41,10 @@ def _one_rank(repository: Path, build: dict) -> int:
     return 1
 
 
+def _no_machine_facts() -> dict[str, str]:
+    return {}
+
+
 def _nothing_to_write(options: BuildOptions, checkpoint_config: dict, version_dir: Path, progress: Progress) -> None:
     pass
 
@@ -58,6 +62,9 @@ class EngineKind:
     # Before `serve` starts a repository of this kind (its recorded build options given): refuse what cannot
     # serve, and say how many server processes (MPI ranks) it takes.
     serving_ranks: Callable[[Path, dict], int] = _one_rank
+    # What of this machine its build depends on (an engine serves only where it was built): a build kept for
+    # reuse (builder/cache.py) is keyed by it, so that another GPU or release builds anew.
+    machine_facts: Callable[[], dict[str, str]] = _no_machine_facts
     weight_patterns: tuple[str, ...] = ()  # the checkpoint must hold one of these files
     needs_vocab_size: bool = False  # the checkpoint's config.json must name vocab_size
     serves_checkpoint: bool = False  # the checkpoint's weights are copied under tensorrt_llm/1/checkpoint

@@ -204,6 +204,6 @@ def serving_ranks(repository: Path, build: dict) -> int:
 KIND = EngineKind(
     name="tensorrtllm", summary="NVIDIA's TensorRT-LLM backend serving an engine this build makes (TensorRT-LLM up "
     "to 1.2.x)", model_source=None, runtime_room=None, plan=plan, check=check, write_engine=write_engine,
-    serving_ranks=serving_ranks, weight_patterns=("*.safetensors", "*.bin"),
+    serving_ranks=serving_ranks, machine_facts=trtllm.runtime_facts, weight_patterns=("*.safetensors", "*.bin"),
     own_options=(*TENSORRT_LLM_OPTIONS, "quantization", "batch_scheduler_policy", "cuda_graphs", "gpu_memory_gib",
                  "examples_dir", "calib_dataset", "dry_run"))
