@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import os
 import signal
 import threading
@@ -56,6 +57,23 @@ def check_repository_engine(repository: Path) -> int:
                              f"rebuild it, or rebuild without --accuracy-gate to serve it anyway")
     kind = ENGINE_KINDS.get(manifest.engine or "")
     return kind.serving_ranks(repository, manifest.build) if kind else 1
+
+
+def tool_parser_of(repository: Path) -> str:
+    """The tool-call format the repository's model writes, by the markers of its tokenizer's chat template
+    (tokenizer_config.json's, or chat_template.jinja beside it)."""
+    from ..builder.repository import tokenizer_dir
+    from ..gateway.tool_calls import parser_for_chat_template
+
+    folder = tokenizer_dir(repository)
+    templates = []
+    with contextlib.suppress(OSError, ValueError):
+        template = json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template")
+        # A list of named templates ({"name", "template"}) is what some models ship: all are read.
+        templates += [item.get("template", "") for item in template] if isinstance(template, list) else [template]
+    with contextlib.suppress(OSError):
+        templates.append((folder / "chat_template.jinja").read_text())
+    return parser_for_chat_template("\n".join(text for text in templates if isinstance(text, str)))
 
 
 def is_checkpoint(path: Path) -> bool:
@@ -183,7 +201,9 @@ def serve_command(args: argparse.Namespace) -> int:
 
             gateway = GatewayThread(server.grpc_url, host=options.address, port=options.openai_port,
                                     model=options.openai_model, served_model_name=options.served_model_name,
-                                    api_key=api_key_from_environment(options.api_key)).start()
+                                    api_key=api_key_from_environment(options.api_key),
+                                    tool_parser=options.tool_parser or tool_parser_of(repository),
+                                    reasoning_parser=options.reasoning_parser).start()
             # At a stop the gateway takes no new request while the server's open ones finish.
             threading.Thread(target=lambda: (stop.wait(), gateway.stop_accepting()), name="gateway-stop",
                              daemon=True).start()

@@ -10,8 +10,10 @@ from ..facts.contract import BLS_MODEL, ENSEMBLE_MODEL
 from ..facts.ports import GRPC_PORT, HTTP_PORT, LOOPBACK, METRICS_PORT, check_distinct_ports, port_number
 from ..facts.settings import positive_seconds, setting
 from ..gateway.options import API_KEY_HELP
+from ..gateway.reasoning import REASONING_PARSERS
 from ..gateway.serving import DEFAULT_MODEL as OPENAI_DEFAULT_MODEL
 from ..gateway.serving import SERVED_MODEL_NAME
+from ..gateway.tool_calls import PARSERS
 from .liveness import DEFAULT_WEDGED_AFTER_S
 from .server import DEFAULT_EXIT_TIMEOUT_S, STOP_RESERVE_S
 
@@ -28,11 +30,18 @@ class ServeOptions:
     log_verbose: int = setting(0, "tritonserver's --log-verbose level (0: off)")
     wedged_after_s: float = setting(DEFAULT_WEDGED_AFTER_S, "restart the server when a Python model has answered "
                                                             "no liveness probe for this long (0: no probes)")
-    openai_port: int | None = setting(None, "also serve OpenAI's API (/v1/completions, /v1/chat/completions) on "
-                                            "this port", parse=port_number)
+    openai_port: int | None = setting(None, "also serve OpenAI's API (/v1/completions, /v1/chat/completions, "
+                                            "/v1/responses) on this port", parse=port_number)
     openai_model: str = setting(OPENAI_DEFAULT_MODEL, "what the OpenAI API calls", choices=(BLS_MODEL, ENSEMBLE_MODEL))
     served_model_name: str = setting(SERVED_MODEL_NAME, "the model name the OpenAI API shows")
     api_key: str | None = setting(None, API_KEY_HELP, parse=str)
+    tool_parser: str | None = setting(None, "the format of the tool calls the model writes, read into OpenAI's "
+                                            "tool_calls when a request lets it choose: hermes, llama3_json, mistral "
+                                            "(default: the one its chat template writes, else hermes)", parse=str,
+                                      choices=tuple(PARSERS))
+    reasoning_parser: str | None = setting(None, "the format of the model's thinking, answered apart as a chat's "
+                                                 "reasoning_content: qwen3, deepseek_r1 (default: none)", parse=str,
+                                           choices=REASONING_PARSERS)
     exit_timeout_s: float = setting(DEFAULT_EXIT_TIMEOUT_S, f"a stop (Ctrl-C, SIGTERM) ends within this: open streams "
                                                             f"get all of it but the last {STOP_RESERVE_S:g} s (at most "
                                                             f"half of it) to finish, the server then ends the rest and "
