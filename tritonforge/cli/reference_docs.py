@@ -4,7 +4,8 @@
 - model parameters: each Python model's `config.pbtxt` keys from the dataclasses of `model_parameters.py`, and
   the keys a default build writes for the `tensorrtllm` backend;
 - build flags: every field of `BuildOptions` and `ServingConfig` that is an option (`settings.py`);
-- CLI: every `tritonforge` command with its arguments, from the argparse parser of `cli/` (`main.make_parser`).
+- CLI: every `tritonforge` command with its arguments, from the argparse parser of `cli/` (`main.make_parser`);
+- OpenAI: every request field of the gateway's generating endpoints, from the table of `gateway/fields.py`.
 
 `python -m tritonforge.cli.reference_docs` rewrites the pages; a test regenerates them and fails on any difference,
 so a changed default or help text changes the docs in the same commit. Never edit the pages by hand.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import typing
 from pathlib import Path
@@ -333,12 +335,41 @@ def cli_page() -> str:
     return "".join(text)
 
 
+# --- OpenAI request fields -----------------------------------------------------------------------------------------
+
+def _answer(entry) -> str:
+    return "served" if entry.served else f"400, `param` `{entry.refusal_param}`"
+
+
+def openai_page() -> str:
+    from ..gateway import fields
+
+    endpoints = ", ".join(f"*{name}* `POST {path}`" for name, path in fields.ENDPOINTS.items())
+    text = [GENERATED.format(source="tritonforge/gateway/fields.py"), "# OpenAI request fields\n\n",
+            f"Every request field of the gateway's generating endpoints ({endpoints}): what the gateway does with "
+            "it, and an example that is served or refused. A refusal is HTTP 400 with OpenAI's error object, whose "
+            "`param` names the field; a field not listed here is accepted and ignored, as vLLM does. A responses "
+            "request is answered as the chat request it amounts to. `tests/unit/gateway/test_fields.py` sends each "
+            "example to each endpoint of its row and holds it to its answer. The guide: "
+            "[The OpenAI API](../guides/openai.md).\n\n",
+            "## Gateway options\n\n",
+            "The options of `tritonforge openai` ([CLI](cli.md)) that change what a request gets:\n\n"]
+    text += [f"- `{option.flag}`: {option.does}\n" for option in fields.OPTIONS]
+    header = ["field", "endpoints", "what the gateway does", "example", "answer"]
+    for section in fields.SECTIONS:
+        rows = [[f"`{entry.name}`", ", ".join(entry.endpoints), entry.does,
+                 f"`{json.dumps(entry.fragment(), ensure_ascii=False)[1:-1]}`", _answer(entry)]
+                for entry in section.fields]
+        text.append(f"\n## {section.title}\n\n" + _table(header, rows))
+    return "".join(text)
+
+
 # --- the pages ---------------------------------------------------------------------------------------------------
 
 def pages() -> dict[str, str]:
     """File name under docs/reference/ → its text."""
     return {"tensors.md": tensors_page(), "model-parameters.md": model_parameters_page(),
-            "build-flags.md": build_flags_page(), "cli.md": cli_page()}
+            "build-flags.md": build_flags_page(), "cli.md": cli_page(), "openai.md": openai_page()}
 
 
 def write(directory: Path = REFERENCE_DIR) -> list[Path]:

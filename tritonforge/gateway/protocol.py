@@ -164,6 +164,7 @@ def _message(message, index: int) -> dict:
         raise OpenAIError(400, f"messages[{index}] must be an object with a 'role', one of "
                                f"{', '.join(MESSAGE_ROLES)}", "messages")
     role, content, calls = message["role"], message.get("content"), message.get("tool_calls")
+    role = "system" if role == "developer" else role  # OpenAI's newer name for it, which chat templates do not know
     if isinstance(content, list):  # content parts: only text parts can be served
         if not all(isinstance(part, dict) and part.get("type") == "text" for part in content):
             raise OpenAIError(400, f"messages[{index}]: only text content parts are supported", "messages")

@@ -8,7 +8,7 @@ from tritonforge.cli.reference_docs import REFERENCE_DIR, contract_tensor_names,
 from tritonforge.facts import contract
 from tritonforge.facts.tensor_meanings import MEANINGS
 
-PAGES = ("tensors.md", "model-parameters.md", "build-flags.md", "cli.md")
+PAGES = ("tensors.md", "model-parameters.md", "build-flags.md", "cli.md", "openai.md")
 
 
 @functools.cache
@@ -26,7 +26,8 @@ def test_committed_reference_page_equals_the_generated_one(name):
     assert committed.is_file(), f"docs/reference/{name} is missing: run python -m tritonforge.cli.reference_docs"
     assert committed.read_text() == generated()[name], (
         f"docs/reference/{name} differs from what the code generates: never edit it by hand; change the code "
-        f"(contract.py, tensor_meanings.py, model_parameters.py, the settings' fields, tritonforge/cli/) and run "
+        f"(contract.py, tensor_meanings.py, model_parameters.py, the settings' fields, tritonforge/cli/, "
+        f"tritonforge/gateway/fields.py) and run "
         f"python -m tritonforge.cli.reference_docs")
 
 

@@ -251,3 +251,9 @@ def test_a_streamed_answers_completion_tokens_add_up_over_its_responses():
     assert "".join(asyncio.run(collect())) == "Hello"
     assert generation.usage() == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
     assert generation.finish_reason == "length"
+
+
+def test_a_developer_message_is_a_system_one_for_the_chat_template():
+    request, _, _ = parse_request({"messages": [{"role": "developer", "content": "Be brief."}, *CHAT["messages"]]},
+                                  "chat")
+    assert request.messages[0] == {"role": "system", "content": "Be brief."}
