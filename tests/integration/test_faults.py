@@ -150,6 +150,24 @@ def test_a_clean_shutdown_ends_open_streams_with_an_error_within_the_exit_timeou
     assert all("ended" in o and o["error"] for o in outcomes), outcomes
 
 
+def test_a_python_engine_model_that_served_unloads_without_crashing_its_stub(tiny_models, tmp_path):
+    """The engine model lets go of its requests' response senders when it is finalized: left for the
+    interpreter's exit, they crashed the stub on its way out (Triton 2.51's Python backend logs "Segfault
+    encountered" and the stub's backtrace in the server's log)."""
+    repository = build(BuildOptions(model=tiny_models["bpe"], output=tmp_path / "repo", max_input_len=64,
+                                    max_seq_len=256, max_batch_size=2, serving=lean_serving()))
+    log = tmp_path / "server.log"
+    server = TritonServer(repository, log_file=log).start()
+    client = GrpcClient(server.grpc_url)
+    try:
+        assert client.generate("Hello", max_tokens=4) and "".join(client.stream("Hello", max_tokens=4))
+    finally:
+        client.close()
+    server.stop()
+    said = log.read_text()
+    assert "successfully unloaded 'tensorrt_llm'" in said and "Segfault" not in said, said[-4000:]
+
+
 def test_serve_stops_on_ctrl_c_and_a_second_one_leaves_nothing_behind(supervised):
     """`tritonforge serve` under a first SIGINT stops cleanly; a second one, sent during that stop, kills the
     server at once, and neither leaves a process, a work folder or shared memory behind."""

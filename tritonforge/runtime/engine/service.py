@@ -11,6 +11,7 @@ same request id.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 import threading
@@ -414,3 +415,8 @@ class EngineModel:
 
     def finalize(self):
         self.service.shutdown()
+        # The requests' response senders go now, while the stub still talks to the server: left for the
+        # interpreter's exit (held by the model, or in reference cycles), each one's cancel handle reaches into
+        # shared memory the stub has already let go of, and the stub crashes on its way out.
+        self.service = None
+        gc.collect()
