@@ -168,7 +168,7 @@ def test_the_serving_command_is_one_tritonforge_serve_accepts(rendered):
     command = container(template)["command"]
     serve = command[command.index("tritonforge"):]
     args, options = serve_options(serve[1:])
-    assert str(args.repository) == "/models" and options.address == "0.0.0.0"
+    assert str(args.path) == "/models" and options.address == "0.0.0.0"
     assert options.api_key is None  # the key comes from the environment (a Secret), never the command line
     ports = {p["name"]: p["containerPort"] for p in container(template)["ports"]}
     assert ports == {"http": options.http_port, "grpc": options.grpc_port, "metrics": options.metrics_port,
