@@ -289,6 +289,7 @@ class _Reply:
         self.generations = [generation for generation, _ in choices]
         self.chunks = [serving.backend.generate(generate, generation) for generation, generate in choices]
         self.timer = self.metrics.timer()
+        self.merged: AsyncIterator | None = None  # several choices' texts as they come (`_merged`), once streaming
 
     @property
     def forced_calls(self) -> bool:
@@ -310,6 +311,10 @@ class _Reply:
         return failure
 
     async def _close(self) -> None:
+        """Close what reads the choices' texts: the reader of several first (its tasks, cancelled, stop reading
+        the choices' streams), then each stream, which cancels its gRPC stream if it is still open."""
+        if self.merged is not None:
+            await self.merged.aclose()
         for chunks in self.chunks:
             await chunks.aclose()
 
@@ -357,6 +362,7 @@ class _Reply:
         own way. The first text is awaited before any is sent, so that a request the repository
         refuses gets a real HTTP error."""
         texts = self.chunks[0] if self.plain else self._merged()
+        self.merged = None if self.plain else texts
         try:
             first = await anext(texts, None)
         except GenerationError as error:

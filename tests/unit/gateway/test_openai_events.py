@@ -4,6 +4,8 @@ for are the contract's; an error from the repository gets its HTTP status. And w
 streams and counts in front of a test double of Triton's gRPC service that answers every request alike."""
 
 import json
+import logging
+import threading
 import urllib.error
 import urllib.request
 
@@ -203,3 +205,36 @@ def test_with_a_reasoning_parser_a_chats_thinking_is_its_reasoning_content_whole
     assert "".join(delta.get("reasoning_content", "") for delta in deltas) == "plan"
     assert "".join(delta.get("content") or "" for delta in deltas) == "The answer."
     assert json.loads(completion)["choices"][0]["text"] == "<think>plan</think>\n\nThe answer."  # chat's alone
+
+
+class AnsweringForEver(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Answers each request one chunk, then holds its stream open until the client cancels it; counts the
+    cancels it sees."""
+
+    def __init__(self):
+        self.cancelled = threading.Semaphore(0)
+
+    def ModelStreamInfer(self, request_iterator, context):  # noqa: N802 - the gRPC method's name
+        ended = threading.Event()
+        context.add_callback(lambda: (ended.set(), self.cancelled.release()))
+        for _ in request_iterator:
+            yield _answer_chunk("Hel", final=False)
+            ended.wait(30)
+            return
+
+
+def test_a_client_that_leaves_a_stream_of_several_choices_cancels_each_choices_request(caplog):
+    servicer = AnsweringForEver()
+    with serving_grpc(servicer) as url:
+        gateway = GatewayThread(url, port=free_port(), served_model_name="tiny").start()
+        try:
+            body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "n": 2,
+                               "stream": True}).encode()
+            request = urllib.request.Request(f"{gateway.base_url}/v1/chat/completions", method="POST", data=body,
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                assert answer.readline().startswith(b"data: ")  # the stream is under way; then the client leaves
+            assert servicer.cancelled.acquire(timeout=30) and servicer.cancelled.acquire(timeout=30)
+        finally:
+            gateway.stop()
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR], caplog.text
