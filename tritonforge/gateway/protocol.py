@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from ..runtime.text.tokenization import RESERVED_TEMPLATE_ARGUMENTS
 from .errors import OpenAIError
 from .tool_calls import Guide, Tool, ToolCall, ToolChoice, read_response_format, read_tools, tool_guide
 
@@ -104,8 +105,9 @@ def read_request(body, kind: str, served_model_name: str | None = None) -> OpenA
             raise OpenAIError(400, "'parallel_tool_calls' must be true or false", "parallel_tool_calls")
         guide = tool_guide(tools, choice, parallel) or guide  # a call the request forces is what the text must be
         template_kwargs = body.get("chat_template_kwargs") or {}
-        if not isinstance(template_kwargs, dict):
-            raise OpenAIError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs")
+        if not isinstance(template_kwargs, dict) or RESERVED_TEMPLATE_ARGUMENTS & set(template_kwargs):
+            raise OpenAIError(400, f"'chat_template_kwargs' must be an object without "
+                                   f"{', '.join(sorted(RESERVED_TEMPLATE_ARGUMENTS))}", "chat_template_kwargs")
     options = body.get("stream_options") or {}
     return OpenAIRequest(kind=kind, prompts=prompts, messages=messages, tools=tools, tool_choice=choice,
                          template_kwargs=template_kwargs, guide=guide, n=n,

@@ -257,3 +257,10 @@ def test_a_developer_message_is_a_system_one_for_the_chat_template():
     request, _, _ = parse_request({"messages": [{"role": "developer", "content": "Be brief."}, *CHAT["messages"]]},
                                   "chat")
     assert request.messages[0] == {"role": "system", "content": "Be brief."}
+
+
+def test_chat_template_kwargs_that_would_change_the_call_are_400_naming_the_field():
+    assert refused({**CHAT, "chat_template_kwargs": {"tokenize": True}}, "chat").param == "chat_template_kwargs"
+    assert refused({**CHAT, "chat_template_kwargs": ["x"]}, "chat").param == "chat_template_kwargs"
+    generate = parse_request({**CHAT, "chat_template_kwargs": {"enable_thinking": False}}, "chat")[0]
+    assert generate.messages["chat_template_kwargs"] == {"enable_thinking": False}
