@@ -13,6 +13,7 @@ import logging
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -156,6 +157,17 @@ def repository(tiny_models, tmp_path_factory) -> Path:
     return build(BuildOptions(model=tiny_models["bpe"], output=tmp_path_factory.mktemp("lifecycle") / "repo",
                               engine="replay", replay_step_ms=STEP_MS, max_input_len=64, max_seq_len=1024,
                               max_batch_size=2 * STREAMS, serving=lean_serving()))
+
+
+@pytest.fixture(scope="module")
+def native_repository(tiny_models, tmp_path_factory) -> Path:
+    """The same, its engine the C++ replay backend (--replay-native), which runs in tritonserver's own process."""
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("needs a C++ compiler (g++) to build the C++ replay engine")
+    return build(BuildOptions(model=tiny_models["bpe"], output=tmp_path_factory.mktemp("lifecycle-native") / "repo",
+                              engine="replay", replay_native=True, replay_step_ms=STEP_MS, max_input_len=64,
+                              max_seq_len=1024, max_batch_size=2 * STREAMS, serving=lean_serving()),
+                 progress=lambda _: None)
 
 
 @pytest.fixture(scope="module")
@@ -514,12 +526,14 @@ def test_the_supervisor_gives_up_on_a_server_that_does_not_come_back(repository,
     assert waits == ["1", "2"], caplog.text
 
 
+@pytest.mark.parametrize("engine_repository", ["repository", "native_repository"], ids=["python", "cpp"])
 def test_streams_still_open_when_the_stop_deadline_comes_end_unavailable_and_the_server_exits_by_itself(
-        repository):
-    """A stop that gives open requests 1 s, less than the open streams need: the engine ends them with
-    UNAVAILABLE, the ensemble's included, within that time and the engine's few seconds to end them, and the
-    server then unloads and exits by itself (status 0: no kill) within its exit timeout."""
-    server = TritonServer(repository, drain_timeout_s=1).start()
+        engine_repository, request):
+    """A stop that gives open requests 1 s, less than the open streams need: the engine, the Python replay engine
+    or the C++ one, ends them with UNAVAILABLE, the ensemble's included, within that time and the engine's few
+    seconds to end them, and the server then unloads and exits by itself (status 0: no kill) within its exit
+    timeout."""
+    server = TritonServer(request.getfixturevalue(engine_repository), drain_timeout_s=1).start()
     first_chunk = threading.Barrier(2 * STREAMS + 1)
     outcomes = open_streams(server.grpc_url, first_chunk)
     first_chunk.wait(timeout=READY_WITHIN_S)

@@ -9,9 +9,11 @@ HEARTBEAT_PERIOD_S = 1.0
 # Written into that folder by a launcher that stops the server (tritonforge/serve/server.py), before it signals
 # the server: the time.monotonic() by which open requests must end. A model that drains (the engine) says so
 # at start with a `<pid>.drains` file and, once none of its requests is open, writes `<pid>.drained`; the
-# launcher signals the server after that. Triton 2.51 cannot end an ensemble request once it has been told
-# to stop (the request stays in flight until its exit timeout, and the process then hangs in its exit), so
-# the ensembles must be over before the signal.
+# launcher signals the server after that. The C++ replay engine, which runs in the server's own process, names
+# its files `<server pid>-<instance>` (replay_backend.cc keeps these names and values in step with this
+# module's). Triton 2.51 cannot end an ensemble request once it has been told to stop (the request stays in
+# flight until its exit timeout, and the process then hangs in its exit), so the ensembles must be over before
+# the signal.
 STOPPING_FILE = "stopping"
 DRAINS_SUFFIX, DRAINED_SUFFIX = ".drains", ".drained"
 # Written there by the launcher as it starts the server: the server's pid. A stub whose parent is another

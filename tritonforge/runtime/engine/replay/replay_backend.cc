@@ -17,18 +17,37 @@
 // at the next step. `replay_sender_threads` threads each run their own share of the batch at the same step time.
 // It reports Triton's per-model statistics for the time it takes to accept requests (perf_analyzer needs
 // them for every model it profiles), and publishes no engine metrics.
+//
+// A stop of `tritonforge serve` ends its streams as it ends the Python engines' (EngineService.drain, called
+// by triton_adapter.start_heartbeat; the files are tritonforge/facts/environment.py's): where the server's
+// environment names a heartbeat folder, the engine says there that it drains (`<pid>-<instance>.drains`) and
+// a thread of its own looks for the launcher's STOPPING file every second. Open requests get until the
+// deadline it holds (a time.monotonic(), written as Python writes a float) to finish; the engine then ends
+// those still running or waiting, and any that comes after, with "unavailable: the server is shutting down;
+// the generation was stopped" (errors.ServerStopping), and says it is drained (`.drained`) once none is open.
+// As in the Python engines, a stream's last response, when it is an error, leaves no sooner than 1 s after
+// the response before it (triton_adapter.ERROR_AFTER_RESPONSE_S): time for that response to pass the
+// ensemble's postprocessing, without which Triton 2.51 keeps the ensemble request in flight for ever.
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <fstream>
 #include <iterator>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -49,6 +68,89 @@ void LogError(const char* what, TRITONSERVER_Error* error) {
   if (error == nullptr) return;
   std::fprintf(stderr, "tritonforge_replay: %s: %s\n", what, TRITONSERVER_ErrorMessage(error));
   TRITONSERVER_ErrorDelete(error);
+}
+
+// What the Python engines answer and wait (tritonforge/facts/errors.py, runtime/triton_adapter.py,
+// runtime/engine/service.py), and the files `tritonforge serve` stops them with (facts/environment.py).
+constexpr char kServerStopping[] = "unavailable: the server is shutting down; the generation was stopped";
+constexpr char kEngineShuttingDown[] = "unavailable: the engine is shutting down";  // errors.EngineShuttingDown
+constexpr std::chrono::seconds kErrorAfterResponse{1};  // triton_adapter.ERROR_AFTER_RESPONSE_S
+constexpr std::chrono::seconds kDrainEnd{5};  // service.DRAIN_END_S: how long the engine may take to end the rest
+constexpr std::chrono::seconds kHeartbeatPeriod{1};  // environment.HEARTBEAT_PERIOD_S: how often STOPPING is read
+constexpr char kHeartbeatDirEnv[] = "TRITONFORGE_HEARTBEAT_DIR";  // environment.HEARTBEAT_DIR_ENV
+constexpr char kStoppingFile[] = "stopping";  // environment.STOPPING_FILE
+constexpr char kDrainsSuffix[] = ".drains";  // environment.DRAINS_SUFFIX
+constexpr char kDrainedSuffix[] = ".drained";  // environment.DRAINED_SUFFIX
+
+// Python's time.monotonic() on Linux: the clock of the deadline in the STOPPING file.
+double MonotonicSeconds() {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
+}
+
+// Seconds as the engine's clock waits them: none for a negative or NaN span, a year at most.
+Clock::duration Span(double seconds) {
+  const double bounded = std::isnan(seconds) ? 0.0 : std::clamp(seconds, 0.0, 365.0 * 24 * 3600);
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(bounded));
+}
+
+// Python's float(text): whitespace around it, a sign, then inf, infinity or nan in any case, or a decimal
+// number (digits, single underscores between them, around an optional point, an optional exponent).
+std::optional<double> PythonFloat(std::string text) {
+  const char* space = " \t\n\v\f\r";
+  const size_t first = text.find_first_not_of(space);
+  if (first == std::string::npos) return std::nullopt;
+  text = text.substr(first, text.find_last_not_of(space) + 1 - first);
+  std::string plain;  // the number without its underscores, for strtod
+  size_t i = 0;
+  if (text[i] == '+' || text[i] == '-') plain += text[i++];
+  std::string word = text.substr(i);
+  for (char& c : word) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (word == "inf" || word == "infinity") return plain == "-" ? -HUGE_VAL : HUGE_VAL;
+  if (word == "nan") return std::nan("");
+  const auto is_digit = [&text](size_t at) { return at < text.size() && text[at] >= '0' && text[at] <= '9'; };
+  const auto digits = [&]() {  // a digit part: false where none starts here
+    if (!is_digit(i)) return false;
+    while (is_digit(i) || (i < text.size() && text[i] == '_' && is_digit(i + 1))) {
+      if (text[i] != '_') plain += text[i];
+      ++i;
+    }
+    return true;
+  };
+  const bool whole = digits();
+  bool fraction = false;
+  if (i < text.size() && text[i] == '.') {
+    plain += text[i++];
+    fraction = digits();
+  }
+  if (!whole && !fraction) return std::nullopt;
+  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
+    plain += text[i++];
+    if (i < text.size() && (text[i] == '+' || text[i] == '-')) plain += text[i++];
+    if (!digits()) return std::nullopt;
+  }
+  if (i != text.size()) return std::nullopt;
+  return std::strtod(plain.c_str(), nullptr);  // out of range: inf or 0, as Python's
+}
+
+// triton_adapter._deadline: the time.monotonic() by which a stopping server's open requests must end, or
+// nothing while the server is not stopping (no file, or no number in it: the launcher writes it whole).
+std::optional<double> StopDeadline(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) return std::nullopt;
+  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  if (file.bad()) return std::nullopt;
+  return PythonFloat(std::move(text));
+}
+
+void Touch(const std::string& path) {
+  std::FILE* file = std::fopen(path.c_str(), "a");
+  if (file == nullptr) {
+    std::fprintf(stderr, "tritonforge_replay: cannot write %s: %s\n", path.c_str(), std::strerror(errno));
+    return;
+  }
+  std::fclose(file);
 }
 
 struct Settings {
@@ -98,11 +200,15 @@ struct Stream {
   bool exclude_input = true;
   bool want_output_ids = true;
   bool want_sequence_length = true;
+  bool responded = false;  // a response was sent, the last at `last_sent`
+  Clock::time_point last_sent;
   std::atomic<bool> stopped{false};
 };
 
-// Sends one response of `count` token ids; with `final`, the stream ends and is deleted.
-void Send(Stream* stream, const int32_t* ids, size_t count, bool final, TRITONSERVER_Error* error = nullptr) {
+// Sends one response of `count` token ids (or `error`, which it takes); true when the stream ended: with
+// `final`, or where the response could not be made (then the stream ends with that error). An ended stream's
+// factory is deleted; the stream is the caller's to close.
+bool Send(Stream* stream, const int32_t* ids, size_t count, bool final, TRITONSERVER_Error* error = nullptr) {
   TRITONBACKEND_Response* response = nullptr;
   TRITONSERVER_Error* failed = TRITONBACKEND_ResponseNewFromFactory(&response, stream->factory);
   if (failed == nullptr && error == nullptr) {
@@ -134,24 +240,37 @@ void Send(Stream* stream, const int32_t* ids, size_t count, bool final, TRITONSE
     final = true;
     LogError("new response", TRITONBACKEND_ResponseNewFromFactory(&response, stream->factory));
   }
-  if (response != nullptr)
-    LogError("send response", TRITONBACKEND_ResponseSend(response, final ? TRITONSERVER_RESPONSE_COMPLETE_FINAL : 0,
-                                                         error));
-  if (error != nullptr) TRITONSERVER_ErrorDelete(error);
-  if (final) {
-    LogError("delete response factory", TRITONBACKEND_ResponseFactoryDelete(stream->factory));
-    delete stream;
+  if (response != nullptr) {
+    TRITONSERVER_Error* not_sent =
+        TRITONBACKEND_ResponseSend(response, final ? TRITONSERVER_RESPONSE_COMPLETE_FINAL : 0, error);
+    if (not_sent == nullptr) {
+      stream->responded = true;
+      stream->last_sent = Clock::now();
+    }
+    LogError("send response", not_sent);
   }
+  if (error != nullptr) TRITONSERVER_ErrorDelete(error);
+  if (final) LogError("delete response factory", TRITONBACKEND_ResponseFactoryDelete(stream->factory));
+  return final;
 }
 
 class Engine {
  public:
-  explicit Engine(Settings settings) : settings_(std::move(settings)) {
+  // `drain_marker`: the path, less its suffix, of the files that say this engine drains and has drained at a
+  // server's stop (in the heartbeat folder); "" where no launcher asked for them.
+  Engine(Settings settings, std::string drain_marker)
+      : settings_(std::move(settings)), drain_marker_(std::move(drain_marker)) {
     const int threads = std::max(1, settings_.sender_threads);
     for (int i = 0; i < threads; ++i) {
       // Each thread runs its share of the batch, so together they run max_batch_size requests.
       const int share = settings_.max_batch_size / threads + (i < settings_.max_batch_size % threads ? 1 : 0);
       workers_.emplace_back([this, share] { Run(std::max(share, 1)); });
+    }
+    if (!drain_marker_.empty()) {
+      std::remove((drain_marker_ + kDrainedSuffix).c_str());  // an earlier instance's, unloaded
+      Touch(drain_marker_ + kDrainsSuffix);
+      const std::string folder = drain_marker_.substr(0, drain_marker_.rfind('/') + 1);
+      watcher_ = std::thread([this, stopping_file = folder + kStoppingFile] { WatchForStop(stopping_file); });
     }
   }
 
@@ -161,15 +280,27 @@ class Engine {
       stopping_ = true;
     }
     wake_.notify_all();
+    open_changed_.notify_all();
+    if (watcher_.joinable()) watcher_.join();
     for (auto& worker : workers_) worker.join();
-    for (Stream* stream : waiting_) End(stream, "unavailable: the engine is shutting down");
+    for (Stream* stream : waiting_) End(stream, kEngineShuttingDown);
+    if (!drain_marker_.empty()) Touch(drain_marker_ + kDrainedSuffix);  // none is open now
   }
 
   void Submit(Stream* stream) {
+    bool refused = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (!stream->id.empty()) by_id_.emplace(stream->id, stream);
-      waiting_.push_back(stream);
+      ++open_;
+      refused = server_stopping_;
+      if (!refused) {
+        if (!stream->id.empty()) by_id_.emplace(stream->id, stream);
+        waiting_.push_back(stream);
+      }
+    }
+    if (refused) {
+      End(stream, kServerStopping);  // as the Python engines end a request that comes after the deadline
+      return;
     }
     wake_.notify_one();
   }
@@ -183,33 +314,72 @@ class Engine {
   const Settings& settings() const { return settings_; }
 
  private:
-  void Forget(Stream* stream) {
-    if (stream->id.empty()) return;
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto range = by_id_.equal_range(stream->id);
-    for (auto it = range.first; it != range.second; ++it) {
-      if (it->second == stream) {
-        by_id_.erase(it);
-        return;
+  // A stream that ended (its final response sent): no stop reaches it any more, and it is no longer open.
+  void Close(Stream* stream) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto range = by_id_.equal_range(stream->id);
+      for (auto it = range.first; it != range.second; ++it) {
+        if (it->second == stream) {
+          by_id_.erase(it);
+          break;
+        }
       }
+      --open_;
     }
+    open_changed_.notify_all();
+    delete stream;
   }
 
+  // Ends a stream with an UNAVAILABLE error, ERROR_AFTER_RESPONSE_S after its last response at the earliest.
   void End(Stream* stream, const char* message) {
-    Forget(stream);
+    if (stream->responded) std::this_thread::sleep_until(stream->last_sent + kErrorAfterResponse);
     Send(stream, nullptr, 0, true, TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNAVAILABLE, message));
+    Close(stream);
   }
 
   // Ends a stream that ran out of tokens, was stopped or cancelled: the tokens not yet sent, flagged final.
   void Finish(Stream* stream) {
-    Forget(stream);
     if (stream->streaming) {
       Send(stream, stream->generated.data() + stream->sent, stream->generated.size() - stream->sent, true);
-      return;
+    } else {
+      std::vector<int32_t> ids = stream->exclude_input ? std::vector<int32_t>() : stream->prompt;
+      ids.insert(ids.end(), stream->generated.begin(), stream->generated.end());
+      Send(stream, ids.data(), ids.size(), true);
     }
-    std::vector<int32_t> ids = stream->exclude_input ? std::vector<int32_t>() : stream->prompt;
-    ids.insert(ids.end(), stream->generated.begin(), stream->generated.end());
-    Send(stream, ids.data(), ids.size(), true);
+    Close(stream);
+  }
+
+  // The thread that watches for the server's stop (triton_adapter.start_heartbeat's, for this engine): once
+  // the STOPPING file holds a deadline, drain, and say so.
+  void WatchForStop(const std::string& stopping_file) {
+    std::optional<double> deadline;
+    for (;;) {
+      deadline = StopDeadline(stopping_file);
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (stopping_) return;
+      if (deadline) break;
+      open_changed_.wait_for(lock, kHeartbeatPeriod, [this] { return stopping_; });
+    }
+    Drain(*deadline);
+    Touch(drain_marker_ + kDrainedSuffix);
+  }
+
+  // EngineService.drain: open requests get until `deadline` (time.monotonic) to finish; then every stream still
+  // running or waiting ends with ServerStopping, and so does any that comes later. Returns once none is open,
+  // or a few seconds later (DRAIN_END_S), or when the model unloads.
+  void Drain(double deadline) {
+    const auto done = [this] { return stopping_ || open_ == 0; };
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (open_changed_.wait_for(lock, Span(deadline - MonotonicSeconds()), done)) return;
+    std::fprintf(stderr, "tritonforge_replay: the server is stopping: ending %d open requests\n", open_);
+    server_stopping_ = true;
+    std::deque<Stream*> waiting;
+    waiting.swap(waiting_);  // the running streams end at their workers' next step
+    lock.unlock();
+    for (Stream* stream : waiting) End(stream, kServerStopping);
+    lock.lock();
+    open_changed_.wait_for(lock, kDrainEnd, done);
   }
 
   void Run(int capacity) {
@@ -235,13 +405,18 @@ class Engine {
       next_step = std::max(next_step + step, Clock::now());
       std::this_thread::sleep_until(next_step);
     }
-    for (Stream* stream : running) End(stream, "unavailable: the engine is shutting down");
+    for (Stream* stream : running) End(stream, kEngineShuttingDown);
   }
 
   void Step(std::vector<Stream*>* running) {
     const std::vector<int32_t>& tokens = settings_.tokens;
+    const bool server_stopping = server_stopping_;
     size_t kept = 0;
     for (Stream* stream : *running) {
+      if (server_stopping) {  // the stop's deadline passed with the stream still running
+        End(stream, kServerStopping);
+        continue;
+      }
       bool cancelled = false;
       LogError("is cancelled", TRITONBACKEND_ResponseFactoryIsCancelled(stream->factory, &cancelled));
       if (cancelled || stream->stopped) {
@@ -256,7 +431,10 @@ class Engine {
       }
       const size_t unsent = stream->generated.size() - stream->sent;
       if (stream->streaming && (stream->sent == 0 || unsent >= static_cast<size_t>(settings_.stream_interval))) {
-        Send(stream, stream->generated.data() + stream->sent, unsent, false);
+        if (Send(stream, stream->generated.data() + stream->sent, unsent, false)) {  // it could not be made
+          Close(stream);
+          continue;
+        }
         stream->sent = stream->generated.size();
       }
       (*running)[kept++] = stream;
@@ -265,12 +443,17 @@ class Engine {
   }
 
   Settings settings_;
+  const std::string drain_marker_;
   std::mutex mutex_;
   std::condition_variable wake_;
+  std::condition_variable open_changed_;  // open_ fell, or the model unloads
   std::deque<Stream*> waiting_;
   std::unordered_multimap<std::string, Stream*> by_id_;
   std::vector<std::thread> workers_;
-  bool stopping_ = false;
+  std::thread watcher_;  // WatchForStop, where a launcher asked for it
+  int open_ = 0;  // streams submitted and not yet ended
+  bool stopping_ = false;  // the model unloads
+  std::atomic<bool> server_stopping_{false};  // the stop's deadline passed (written under mutex_)
 };
 
 TRITONSERVER_Error* InvalidArg(const std::string& message) {
@@ -412,7 +595,17 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelIns
     return InvalidArg("tritonforge_replay: replay_step_ms must be > 0, max_batch_size and stream_interval >= 1");
   std::fprintf(stderr, "tritonforge_replay: the REPLAY engine (benchmarking only): %d slots, %.3f ms a step, "
                "%d sender threads\n", settings.max_batch_size, settings.step_ms, settings.sender_threads);
-  return TRITONBACKEND_ModelInstanceSetState(instance, new Engine(std::move(settings)));
+  // Where a launcher stops the server (environment.HEARTBEAT_DIR_ENV), the files that tell it this engine
+  // drains: named by the server's pid, as a Python stub's by its own, and the instance.
+  std::string drain_marker;
+  const char* heartbeat_dir = std::getenv(kHeartbeatDirEnv);
+  if (heartbeat_dir != nullptr && heartbeat_dir[0] != '\0') {
+    const char* name = nullptr;
+    error = TRITONBACKEND_ModelInstanceName(instance, &name);
+    if (error != nullptr) return error;
+    drain_marker = std::string(heartbeat_dir) + "/" + std::to_string(getpid()) + "-" + name;
+  }
+  return TRITONBACKEND_ModelInstanceSetState(instance, new Engine(std::move(settings), std::move(drain_marker)));
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance* instance) {

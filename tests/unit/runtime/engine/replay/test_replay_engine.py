@@ -1,5 +1,7 @@
-"""The replay engine (benchmarking only): what it streams, its batch capacity, cancellation, limits."""
+"""The replay engine (benchmarking only): what it streams, its batch capacity, cancellation, limits; and what the
+C++ replay engine shares with it at a server's stop."""
 
+import re
 import threading
 
 import pytest
@@ -167,3 +169,25 @@ def test_the_engine_stats_count_a_running_sequence_with_its_prompt(engine):
     engine.submit(GenerationRequest(request_id="a", prompt_ids=[1, 2, 3], max_new_tokens=5, sink=sink, stream=True))
     assert sink.done.wait(WAIT_S)
     assert (seen[0].kv_tokens, seen[0].scheduled, seen[0].waiting) == (4, 1, 0)
+
+
+def test_the_cpp_replay_engine_stops_with_the_files_times_and_messages_of_the_python_engines():
+    """replay_backend.cc keeps its own copies of what a server's stop is made of (the heartbeat folder's variable
+    and files, the poll period, the time the engine gets to end its streams and the wait before a last error
+    response) and of what it answers: each must be the Python value."""
+    from tritonforge.builder.native import REPLAY
+    from tritonforge.facts import environment
+    from tritonforge.facts.errors import EngineShuttingDown, ServerStopping, answered_kind
+    from tritonforge.runtime import triton_adapter
+    from tritonforge.runtime.engine import service
+
+    source = REPLAY.source.read_text()
+    strings = dict(re.findall(r'constexpr char (k\w+)\[\] = "([^"]*)";', source))
+    seconds = {name: float(value) for name, value in re.findall(r"constexpr std::chrono::seconds (k\w+)\{(\d+)\};",
+                                                                 source)}
+    assert strings == {"kServerStopping": str(ServerStopping()), "kEngineShuttingDown": str(EngineShuttingDown()),
+                       "kHeartbeatDirEnv": environment.HEARTBEAT_DIR_ENV, "kStoppingFile": environment.STOPPING_FILE,
+                       "kDrainsSuffix": environment.DRAINS_SUFFIX, "kDrainedSuffix": environment.DRAINED_SUFFIX}
+    assert seconds == {"kErrorAfterResponse": triton_adapter.ERROR_AFTER_RESPONSE_S,
+                       "kDrainEnd": service.DRAIN_END_S, "kHeartbeatPeriod": environment.HEARTBEAT_PERIOD_S}
+    assert answered_kind(strings["kServerStopping"]) is ErrorKind.UNAVAILABLE  # as a client reads the message
