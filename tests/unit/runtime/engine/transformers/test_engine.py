@@ -15,32 +15,11 @@ from tritonforge.runtime.engine.sampling import SamplingParams
 from tritonforge.runtime.engine.transformers.inflight import InflightBatchingEngine
 from tritonforge.runtime.text.tokenization import load_tokenizer
 
+from .sinks import Sink
+
 PROMPTS = ["The engine", "Hello world, the server reads a request", "你好 🚀", "A", "Stop phrases end"]
 WAIT_S = 120  # generous: CI machines are shared
 
-
-class Sink:
-    def __init__(self, cancel_after: int | None = None):
-        self.done, self.streamed, self.result, self.error = threading.Event(), [], None, None
-        self.started = threading.Event()  # a first token streamed, or the end
-        self.cancel_after = cancel_after
-
-    def scheduled(self):
-        pass
-
-    def tokens(self, ids, log_probs):
-        self.streamed += ids
-        self.started.set()
-
-    def finish(self, result, error):
-        self.result, self.error = result, error
-        # The step that ends a stream comes only with finish, so that its response can be flagged final.
-        self.final_tokens = result.token_ids[len(self.streamed):] if result else []
-        self.started.set()
-        self.done.set()
-
-    def cancelled(self):
-        return self.cancel_after is not None and len(self.streamed) >= self.cancel_after
 
 
 @pytest.fixture(scope="module", params=["eager", "static"])

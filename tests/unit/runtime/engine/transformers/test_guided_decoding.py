@@ -4,7 +4,6 @@ step a CUDA graph captures (run here without a graph), for both tokenizer famili
 
 import json
 import re
-import threading
 
 import jsonschema
 import numpy as np
@@ -21,6 +20,8 @@ from tritonforge.runtime.engine.sampling import SamplingParams
 from tritonforge.runtime.engine.transformers.grammar import GrammarMasks, Grammars
 from tritonforge.runtime.engine.transformers.inflight import InflightBatchingEngine
 from tritonforge.runtime.text.tokenization import load_tokenizer
+
+from .sinks import Sink
 
 WAIT_S = 120  # generous: CI machines are shared
 MAX_NEW_TOKENS = 160  # room for every bounded answer below, whitespace included
@@ -68,24 +69,6 @@ CASES = {
     "structural_tag": (GuidedDecoding("structural_tag", json.dumps(STRUCTURAL_TAG)), check_tag),
 }
 
-
-class Sink:
-    def __init__(self):
-        self.done, self.started, self.result, self.error = threading.Event(), threading.Event(), None, None
-
-    def scheduled(self):
-        pass
-
-    def tokens(self, ids, log_probs):
-        self.started.set()
-
-    def finish(self, result, error):
-        self.result, self.error = result, error
-        self.started.set()
-        self.done.set()
-
-    def cancelled(self):
-        return False
 
 
 @pytest.fixture(scope="module", params=[(family, path) for family in ("bpe", "sentencepiece")

@@ -17,28 +17,12 @@ from tritonforge.runtime.engine.transformers.loading import load_model
 from tritonforge.runtime.engine.transformers.tensor_parallel import make_tensor_parallel_engine, rank_devices
 from tritonforge.runtime.text.tokenization import load_tokenizer
 
+from .sinks import Sink
+
 PROMPTS = ["The engine", "Hello world, the server reads a request", "你好 🚀", "A", "Stop phrases end"]
 WAIT_S = 120  # generous: CI machines are shared
 LOST_WITHIN_S = 10  # the ranks' watcher looks every half second
 
-
-class Sink:
-    def __init__(self):
-        self.started, self.done, self.result, self.error = threading.Event(), threading.Event(), None, None
-
-    def scheduled(self):
-        pass
-
-    def tokens(self, ids, log_probs):
-        self.started.set()
-
-    def finish(self, result, error):
-        self.result, self.error = result, error
-        self.started.set()
-        self.done.set()
-
-    def cancelled(self):
-        return False
 
 
 def settings_of(model_path, tensor_parallel_size: int) -> EngineSettings:
