@@ -17,10 +17,9 @@ import uuid
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..runtime.engine.guided import EBNF_GRAMMAR  # the guide type every guide here is sent as
 from .errors import OpenAIError
 
-# The guide type every guide here is sent as (runtime/engine/guided.py names the types the engines enforce).
-EBNF_GRAMMAR = "ebnf_grammar"
 NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for function and response-format names
 NAME_RULE = "1 to 64 letters, digits, '_' or '-'"
 AUTO, NONE, REQUIRED, NAMED = "auto", "none", "required", "named"  # ToolChoice.mode
