@@ -436,7 +436,7 @@ class _Reply:
                 async for text in chunks:
                     queue.put_nowait((index, text, None))
                 queue.put_nowait((index, None, None))
-            except GenerationError as error:
+            except Exception as error:  # noqa: BLE001 - raised by the reader below: a choice never ends in silence
                 queue.put_nowait((index, None, error))
 
         tasks = [asyncio.ensure_future(pump(index, chunks)) for index, chunks in enumerate(self.chunks)]
