@@ -3,13 +3,16 @@ stub of it runs, never a folder another server may have made, and nothing else i
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from tritonforge.serve import python_env
+from tritonforge.serve.processes import process_group
 from tritonforge.serve.python_env import PythonEnvClaim, claim, is_python_env
 
+EXEC_WITHIN_S = 10  # a child's exec, on a loaded machine
 A, B, C = (Path(f"/tmp/python_env_{name}") for name in ("aaaaaa", "bbbbbb", "cccccc"))
 
 
@@ -42,6 +45,11 @@ def stub_child():
     """A child of this process whose command line names a model as a stub's does: this process stands in for a
     server whose first stub runs."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "/repo/model/1/model.py"])
+    # Popen returns once the child's exec closed its error pipe, which the kernel does before it sets the new
+    # command line: /proc shows it a moment later (a server's stub is found by a later poll; this test has one).
+    deadline = time.monotonic() + EXEC_WITHIN_S
+    while not process_group(child.pid).startswith("stub:") and time.monotonic() < deadline:
+        time.sleep(0.01)
     yield child
     child.kill()
     child.wait()
