@@ -23,7 +23,7 @@ fi
 # servers start once; tests/conftest.py keeps the modules on the session's shared servers in one process and
 # hands out the longest modules first), and beside it, in a process of its own, the tokenizer-dependent tests
 # again on the container's transformers (tests/conftest.py marks them), reported after the suite.
-# TEST_WORKERS=1: one process, one pass after the other. On a 2-core machine about 13 min in three processes
+# TEST_WORKERS=1: one process, one pass after the other. On a 2-core machine about 15 min in three processes
 # (an eighth of the cores idle: tests wait on servers); two leave more than a quarter idle and take 5 min 25 s.
 # `bash scripts/test.sh tests/...` runs what it names, in one process.
 WORKERS=${TEST_WORKERS:-3}
