@@ -91,7 +91,7 @@ SECTIONS = (
         RequestField(name="chat_template_kwargs", endpoints=(CHAT,), example={"enable_thinking": False},
                      served=True,
                      does="An object passed to the chat template's rendering (Qwen3's `enable_thinking`, say); a key "
-                          "that would change which conversation or template is rendered is 400 from preprocessing."),
+                          "of the template call itself (`tokenize`, `messages`, `tools`, `chat_template`...) is 400."),
         RequestField(name="input", endpoints=(RESPONSES,), example=[{"type": "item_reference", "id": "msg_1"}],
                      served=False, param="input[0].type",
                      does="A string (one user message) or a list of items: messages (`developer` is `system`; text "
