@@ -100,25 +100,48 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"  # the state follows the parenthesised command name
 
 
-def test_a_stub_whose_server_and_folder_are_gone_exits(tmp_path):
-    """The server (here a parent process) is killed and its work folder removed: the stub must not live on."""
+# A stand-in server: a process that starts the stub (the code in its first argument) as its child, prints the
+# stub's pid once the stub printed it, and waits.
+STAND_IN_SERVER = ("import subprocess, sys; child = subprocess.Popen([sys.executable, '-c', sys.argv[1]], "
+                   "stdout=subprocess.PIPE, text=True); print(child.stdout.readline().strip(), flush=True); "
+                   "import time; time.sleep(600)")
+
+
+def _serve_stub(stub: str, heartbeat_dir: Path):
+    """(the stand-in server running `stub`, the stub's pid), the stub told to beat into `heartbeat_dir`."""
     import os
     import subprocess
     import sys
+
+    from tritonforge.facts.environment import HEARTBEAT_DIR_ENV
+
+    env = {**os.environ, HEARTBEAT_DIR_ENV: str(heartbeat_dir)}
+    server = subprocess.Popen([sys.executable, "-c", STAND_IN_SERVER, stub], stdout=subprocess.PIPE, text=True,
+                              env=env)
+    return server, int(server.stdout.readline())
+
+
+def _assert_ends(stub_pid: int) -> None:
     import time
+
+    deadline = time.monotonic() + STUB_EXIT_S
+    while _alive(stub_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling: the stub is no child of ours to wait for
+    assert not _alive(stub_pid), "the stub outlived its server"
+
+
+def test_a_stub_whose_server_and_folder_are_gone_exits(tmp_path):
+    """The server (here a parent process) is killed and its work folder removed: the stub must not live on."""
+    import os
+    import time
+
+    from tritonforge.facts.environment import HEARTBEAT_PERIOD_S
 
     folder = tmp_path / "heartbeats"
     folder.mkdir()
     stub = ("import os, sys, time; from tritonforge.runtime.triton_adapter import start_heartbeat; start_heartbeat(); "
             "print(os.getpid(), flush=True); time.sleep(600)")
-    server = ("import subprocess, sys; child = subprocess.Popen([sys.executable, '-c', sys.argv[1]], "
-              "stdout=subprocess.PIPE, text=True); print(child.stdout.readline().strip(), flush=True); "
-              "import time; time.sleep(600)")
-    from tritonforge.facts.environment import HEARTBEAT_DIR_ENV, HEARTBEAT_PERIOD_S
-
-    env = {**os.environ, HEARTBEAT_DIR_ENV: str(folder)}
-    parent = subprocess.Popen([sys.executable, "-c", server, stub], stdout=subprocess.PIPE, text=True, env=env)
-    stub_pid = int(parent.stdout.readline())
+    parent, stub_pid = _serve_stub(stub, folder)
     try:
         # the folder goes first (a sweep, a cleanup), in one step: the stub writes into it all the while ...
         folder.rename(tmp_path / "swept")
@@ -127,10 +150,7 @@ def test_a_stub_whose_server_and_folder_are_gone_exits(tmp_path):
         time.sleep(3 * HEARTBEAT_PERIOD_S)
         parent.kill()  # ... then the server dies
         parent.wait()
-        deadline = time.monotonic() + STUB_EXIT_S
-        while _alive(stub_pid) and time.monotonic() < deadline:
-            time.sleep(0.1)  # polling: the stub is no child of ours to wait for
-        assert not _alive(stub_pid), "the stub outlived its server"
+        _assert_ends(stub_pid)
     finally:
         if _alive(stub_pid):
             os.kill(stub_pid, 9)
@@ -210,28 +230,15 @@ def test_a_stub_whose_server_dies_while_a_thread_of_it_holds_the_gil_ends(tmp_pa
     sleep called through ctypes.PyDLL, which keeps the GIL) stops every Python thread of the stub, its heartbeat
     too: the process that watches the server for the stub ends it."""
     import os
-    import subprocess
-    import sys
-    import time
-
-    from tritonforge.facts.environment import HEARTBEAT_DIR_ENV
 
     stub = ("import ctypes, os, threading, time; from tritonforge.runtime.triton_adapter import start_heartbeat; "
             "start_heartbeat(); print(os.getpid(), flush=True); "
             "threading.Thread(target=ctypes.PyDLL(None).sleep, args=(600,)).start(); time.sleep(600)")
-    server = ("import subprocess, sys; child = subprocess.Popen([sys.executable, '-c', sys.argv[1]], "
-              "stdout=subprocess.PIPE, text=True); print(child.stdout.readline().strip(), flush=True); "
-              "import time; time.sleep(600)")
-    env = {**os.environ, HEARTBEAT_DIR_ENV: str(tmp_path)}
-    parent = subprocess.Popen([sys.executable, "-c", server, stub], stdout=subprocess.PIPE, text=True, env=env)
-    stub_pid = int(parent.stdout.readline())
+    parent, stub_pid = _serve_stub(stub, tmp_path)
     try:
         parent.kill()
         parent.wait()
-        deadline = time.monotonic() + STUB_EXIT_S
-        while _alive(stub_pid) and time.monotonic() < deadline:
-            time.sleep(0.1)  # polling: the stub is no child of ours to wait for
-        assert not _alive(stub_pid), "the stub outlived its server"
+        _assert_ends(stub_pid)
     finally:
         if _alive(stub_pid):
             os.kill(stub_pid, 9)
