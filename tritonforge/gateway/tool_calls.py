@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..runtime.engine.guided import EBNF_GRAMMAR  # the guide type every guide here is sent as
+from ..runtime.engine.guided import EBNF_GRAMMAR, compile_error  # EBNF_GRAMMAR: what every guide is sent as
 from .errors import OpenAIError
 
 NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for function and response-format names
@@ -221,7 +221,7 @@ def tool_guide(tools: list[Tool], choice: ToolChoice, parallel: bool = True) -> 
         # Name the tool whose schema xgrammar cannot take: each is tried alone, once the list failed.
         for index, tool in enumerate(tools):
             _guide(_arguments_schema(tool), f"tools[{index}].function.parameters", "tools")
-        raise _refusal(f"tools cannot be enforced together: {_reason(error)}", "tools") from None
+        raise _refusal(f"tools cannot be enforced together: {compile_error(error)}", "tools") from None
 
 
 def _arguments_schema(tool: Tool) -> dict:
@@ -244,7 +244,7 @@ def _guide(schema: dict, where: str, param: str) -> Guide:
     try:
         return Guide(guide_type=EBNF_GRAMMAR, guide=_ebnf(schema))
     except RuntimeError as error:  # xgrammar's errors, InvalidJSONError among them
-        raise _refusal(f"{where} is not a JSON schema this server can enforce: {_reason(error)}", param) from None
+        raise _refusal(f"{where} is not a JSON schema this server can enforce: {compile_error(error)}", param) from None
 
 
 def _ebnf(schema: dict) -> str:
@@ -253,12 +253,6 @@ def _ebnf(schema: dict) -> str:
     import xgrammar
 
     return str(xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=True))
-
-
-def _reason(error: Exception) -> str:
-    """xgrammar's message without its log prefix ("[12:53:30] /project/cpp/x.cc:94: ")."""
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return re.sub(r"^\[[\d:.]+\]\s+\S+:\d+:\s*", "", text)
 
 
 def calls_from_guided_output(text: str, tools: list[Tool], choice: ToolChoice) -> list[ToolCall]:

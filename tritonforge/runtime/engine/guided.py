@@ -16,6 +16,7 @@ a guide without a type), naming the field. Free of torch and xgrammar: each engi
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ...facts.contract import GUIDED_DECODING_GUIDE, GUIDED_DECODING_GUIDE_TYPE
@@ -51,3 +52,10 @@ def guided_decoding(guide_type: str, guide: str) -> GuidedDecoding | None:
     if not guide.strip():
         raise RequestError(GUIDED_DECODING_GUIDE, f"is required with guided_decoding_guide_type {guide_type}")
     return GuidedDecoding(guide_type, guide)
+
+
+def compile_error(error: Exception) -> str:
+    """xgrammar's message without its log prefix ("[12:53:30] /project/cpp/x.cc:94: ") and check wording."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    text = re.sub(r"^\[[\d:.]+\]\s+\S+:\d+:\s*", "", text)
+    return re.sub(r"^Check failed: \(.*?\) is false:\s*", "", text)

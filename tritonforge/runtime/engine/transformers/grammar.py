@@ -14,13 +14,12 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 
 import torch
 
 from ....facts.contract import GUIDED_DECODING_GUIDE
 from ....facts.errors import RequestError
-from ..guided import EBNF_GRAMMAR, JSON, JSON_SCHEMA, REGEX, STRUCTURAL_TAG, GuidedDecoding
+from ..guided import EBNF_GRAMMAR, JSON, JSON_SCHEMA, REGEX, STRUCTURAL_TAG, GuidedDecoding, compile_error
 
 logger = logging.getLogger(__name__)
 
@@ -92,13 +91,6 @@ class Grammars:
         """A fresh matcher of a compiled grammar. Its stop tokens are the tokenizer's EOS, as in TensorRT-LLM: the
         grammar allows them only where the text may end, and the engine ends the row once one is accepted."""
         return self._xgrammar.GrammarMatcher(grammar)
-
-
-def compile_error(error: Exception) -> str:
-    """xgrammar's message without its log prefix ("[12:53:30] /project/cpp/x.cc:94: ") and check wording."""
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    text = re.sub(r"^\[[\d:.]+\]\s+\S+:\d+:\s*", "", text)
-    return re.sub(r"^Check failed: \(.*?\) is false:\s*", "", text)
 
 
 class GrammarMasks:
