@@ -29,6 +29,14 @@ API_KEY_HELP = ("require 'Authorization: Bearer KEY' on every OpenAI request but
                 f"default: ${API_KEY_ENV}, no key when unset")
 
 
+TOOL_PARSER_HELP = ("the format of the tool calls the model writes, read into OpenAI's tool_calls when a request "
+                    "lets it choose (tool_choice auto): hermes for Hermes and Qwen models, llama3_json for Llama 3.x, "
+                    "mistral for Mistral")
+REASONING_PARSER_HELP = ("the format of the model's thinking, answered apart as a chat's reasoning_content: qwen3 "
+                         "(thinks only when it opens <think>), deepseek_r1 (thinks from its first token to </think>); "
+                         "default: none")
+
+
 def api_key_from_environment(explicit: str | None = None) -> str | None:
     """The API key the gateway requires: the one given, else $TRITONFORGE_API_KEY; None (or empty) = no key."""
     key = explicit if explicit is not None else os.environ.get(API_KEY_ENV)
@@ -51,14 +59,8 @@ class GatewayOptions:
     stream_interval: int = setting(DEFAULT_STREAM_INTERVAL, "streamed chunks from the BLS of up to this many "
                                    "engine responses after the first (fewer, larger chunks: less gateway CPU a "
                                    "token, chunks that many tokens apart); 1 streams each", parse=positive_int)
-    tool_parser: str = setting(DEFAULT_TOOL_PARSER, "the format of the tool calls the model writes, read into "
-                               "OpenAI's tool_calls when a request lets it choose (tool_choice auto): hermes for "
-                               "Hermes and Qwen models, llama3_json for Llama 3.x, mistral for Mistral",
-                               choices=tuple(PARSERS))
-    reasoning_parser: str | None = setting(None, "the format of the model's thinking, answered apart as a chat's "
-                                           "reasoning_content: qwen3 (thinks only when it opens <think>), deepseek_r1 "
-                                           "(thinks from its first token to </think>); default: none",
-                                           parse=str, choices=REASONING_PARSERS)
+    tool_parser: str = setting(DEFAULT_TOOL_PARSER, TOOL_PARSER_HELP, choices=tuple(PARSERS))
+    reasoning_parser: str | None = setting(None, REASONING_PARSER_HELP, parse=str, choices=REASONING_PARSERS)
 
     def __post_init__(self):
         if self.workers < 1:

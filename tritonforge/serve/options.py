@@ -9,7 +9,7 @@ from pathlib import Path
 from ..facts.contract import BLS_MODEL, ENSEMBLE_MODEL
 from ..facts.ports import GRPC_PORT, HTTP_PORT, LOOPBACK, METRICS_PORT, check_distinct_ports, port_number
 from ..facts.settings import positive_seconds, setting
-from ..gateway.options import API_KEY_HELP
+from ..gateway.options import API_KEY_HELP, REASONING_PARSER_HELP, TOOL_PARSER_HELP
 from ..gateway.reasoning import REASONING_PARSERS
 from ..gateway.serving import DEFAULT_MODEL as OPENAI_DEFAULT_MODEL
 from ..gateway.serving import SERVED_MODEL_NAME
@@ -35,13 +35,9 @@ class ServeOptions:
     openai_model: str = setting(OPENAI_DEFAULT_MODEL, "what the OpenAI API calls", choices=(BLS_MODEL, ENSEMBLE_MODEL))
     served_model_name: str = setting(SERVED_MODEL_NAME, "the model name the OpenAI API shows")
     api_key: str | None = setting(None, API_KEY_HELP, parse=str)
-    tool_parser: str | None = setting(None, "the format of the tool calls the model writes, read into OpenAI's "
-                                            "tool_calls when a request lets it choose: hermes, llama3_json, mistral "
-                                            "(default: the one its chat template writes, else hermes)", parse=str,
-                                      choices=tuple(PARSERS))
-    reasoning_parser: str | None = setting(None, "the format of the model's thinking, answered apart as a chat's "
-                                                 "reasoning_content: qwen3, deepseek_r1 (default: none)", parse=str,
-                                           choices=REASONING_PARSERS)
+    tool_parser: str | None = setting(None, f"{TOOL_PARSER_HELP}; default: the one its chat template writes, else "
+                                            f"hermes", parse=str, choices=tuple(PARSERS))
+    reasoning_parser: str | None = setting(None, REASONING_PARSER_HELP, parse=str, choices=REASONING_PARSERS)
     exit_timeout_s: float = setting(DEFAULT_EXIT_TIMEOUT_S, f"a stop (Ctrl-C, SIGTERM) ends within this: open streams "
                                                             f"get all of it but the last {STOP_RESERVE_S:g} s (at most "
                                                             f"half of it) to finish, the server then ends the rest and "
