@@ -220,6 +220,35 @@ def test_serve_of_a_checkpoint_builds_into_the_cache_and_a_second_serve_reuses_t
         second.stop()
 
 
+def test_serve_of_a_checkpoint_answers_grammar_guided_requests_on_the_run_that_builds_it(tiny_models, tmp_path):
+    """The run of `serve CHECKPOINT --openai-port` that builds: the build (in serve's own process) only tokenizes and
+    marks torch absent; the gateway then writes each guided request's grammar with xgrammar, which imports torch.
+    It once answered every such request 500 in plain text; here a json_schema one is answered, as the schema says."""
+    flags = ("--cache-dir", str(tmp_path / "cache"), "--max-input-len", "256", "--max-seq-len", "512",
+             "--preprocessing-instances", "1", "--postprocessing-instances", "1")
+    served = Serve(tiny_models["bpe"], openai=True, flags=flags)
+    try:
+        assert served.wait_for_stderr("building the repository of"), served.stderr
+        schema = {"type": "object", "additionalProperties": False, "required": ["city"],
+                  "properties": {"city": {"enum": ["Paris", "Oslo"]}}}
+        connection = http.client.HTTPConnection("127.0.0.1", served.openai_port, timeout=READY_WITHIN_S)
+        body = {"model": "tritonforge", "messages": [{"role": "user", "content": "Which city?"}], "max_tokens": 32,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": schema}}}
+        connection.request("POST", "/v1/chat/completions", headers={"Content-Type": "application/json"},
+                           body=json.dumps(body))
+        response = connection.getresponse()
+        answer = response.read()
+        connection.close()
+        assert response.status == 200, answer
+        choice = json.loads(answer)["choices"][0]
+        if choice["finish_reason"] == "stop":  # an object may be cut by max_tokens; a finished one is whole
+            assert json.loads(choice["message"]["content"])["city"] in ("Paris", "Oslo"), choice
+        else:
+            assert choice["message"]["content"].startswith('{"city": "'), choice
+    finally:
+        served.stop()
+
+
 def test_a_second_serve_on_the_same_ports_is_refused_and_the_first_keeps_serving(serve, repository):
     result = tritonforge("serve", str(repository), "--http-port", str(serve.http_port), "--grpc-port",
                          str(serve.grpc_port), "--metrics-port", str(serve.metrics_port))

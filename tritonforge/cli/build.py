@@ -5,6 +5,9 @@ which hold every default; `serve` takes the same flags for a checkpoint it build
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..builder import model_configs as configs
@@ -52,15 +55,28 @@ def build_flags_given(args: argparse.Namespace) -> list[str]:
             + [option_flag(configs.ServingConfig, name) for name in given(args, configs.ServingConfig, SERVING)])
 
 
+@contextlib.contextmanager
+def _tokenizer_only() -> Iterator[None]:
+    """torch marked absent while the block runs (`tokenizer_only_process`), and importable again after it: the
+    process may go on to need it (`serve CHECKPOINT --openai-port`'s gateway imports xgrammar, which imports
+    torch, for every grammar-guided request)."""
+    marked_here = "torch" not in sys.modules
+    tokenizer_only_process()
+    try:
+        yield
+    finally:
+        if marked_here and "torch" in sys.modules and sys.modules["torch"] is None:
+            del sys.modules["torch"]
+
+
 def build_repository(options: BuildOptions, gate: GateOptions, *, tritonserver: str | None = None) -> Path:
     """The build, then the accuracy gate where asked for (served by `tritonserver`, default: the one `serve`
     finds); a dry run prints the gate's commands instead."""
     runs_gate = gate.accuracy_gate is not None and not options.dry_run
-    if not runs_gate:
-        # Without the gate nothing here runs a model: the build only reads the checkpoint's tokenizer, and
-        # transformers would load torch for it (seconds) unless told this process needs none.
-        tokenizer_only_process()
-    output = build(options, progress=say)
+    # Without the gate nothing here runs a model: the build only reads the checkpoint's tokenizer, and
+    # transformers would load torch for it (seconds) unless told this process needs none.
+    with contextlib.nullcontext() if runs_gate else _tokenizer_only():
+        output = build(options, progress=say)
     if gate.accuracy_gate is not None and options.dry_run:
         print_gate_commands(output, options.model, gate, say)
     elif runs_gate:

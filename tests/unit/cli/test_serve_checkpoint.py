@@ -157,3 +157,28 @@ def test_a_cache_dir_inside_the_checkpoint_is_refused(checkpoint, monkeypatch, c
     assert main(["serve", str(checkpoint), "--cache-dir", str(checkpoint / "cache"), *ports()]) == 2
     assert f"--cache-dir {checkpoint / 'cache'} is inside the checkpoint" in one_line(capsys)
     assert not stand_ins.builds and not (checkpoint / "cache").exists()
+
+
+# Run in a process of its own: the test process has torch loaded, where marking it absent changes nothing.
+BUILD_THEN_IMPORT_XGRAMMAR = """
+import sys
+from pathlib import Path
+from tritonforge.builder.options import BuildOptions
+from tritonforge.cli.build import build_repository
+from tritonforge.tools.accuracy_gate import GateOptions
+build_repository(BuildOptions(model=Path(sys.argv[1]), output=Path(sys.argv[2])), GateOptions())
+assert "torch" not in sys.modules, "the build loaded torch, or left it marked absent"
+import xgrammar  # the gateway's grammars: xgrammar imports torch
+print(xgrammar.Grammar.from_json_schema('{"type": "object"}') is not None)
+"""
+
+
+def test_a_process_that_built_a_repository_imports_torch_afterwards(tiny_models, tmp_path):
+    """`serve CHECKPOINT --openai-port` builds in its own process, then its gateway writes grammars with xgrammar:
+    the build marks torch absent (it only tokenizes) and must not leave it so, or every guided request failed."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", BUILD_THEN_IMPORT_XGRAMMAR, str(tiny_models["bpe"]),
+                             str(tmp_path / "repo")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip().endswith("True"), result.stderr[-2000:]
