@@ -17,6 +17,7 @@ from .metrics import GatewayMetrics
 from .protocol import CHAT, COMPLETIONS, PATHS, RESPONSES_PATH, OpenAIError, model_list
 from .serving import DEFAULT_MODEL, DEFAULT_STREAM_INTERVAL, DEFAULT_TOOL_PARSER, SERVED_MODEL_NAME, OpenAIServing
 
+INTERNAL = ERROR_CODES[ErrorKind.INTERNAL]
 # The one path answered without the key: a load balancer's or kubelet's health check carries no credentials.
 UNAUTHENTICATED_PATHS = frozenset({"/health"})
 UNAUTHORIZED = OpenAIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
@@ -42,6 +43,14 @@ def create_app(url: str, *, model: str = DEFAULT_MODEL, served_model_name: str =
     @app.exception_handler(OpenAIError)
     async def openai_error(_: Request, error: OpenAIError):
         return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(Exception)
+    async def gateway_failure(request: Request, error: Exception):
+        # Anything else is the gateway's own fault: still OpenAI's error object (clients read its message), never
+        # Starlette's plain-text "Internal Server Error". Starlette raises the error again once this answer is
+        # sent, so uvicorn logs its traceback.
+        metrics.request_done(request.url.path, INTERNAL.http, started=False)
+        return JSONResponse(internal_error(error).body(), status_code=INTERNAL.http)
 
     @app.get("/v1/models")
     async def models():
@@ -78,6 +87,12 @@ def create_app(url: str, *, model: str = DEFAULT_MODEL, served_model_name: str =
     if api_key:
         app.add_middleware(RequireApiKey, api_key=api_key)
     return app
+
+
+def internal_error(error: Exception) -> OpenAIError:
+    """OpenAI's error object for a failure of the gateway itself, naming it."""
+    return OpenAIError(INTERNAL.http, f"the gateway failed on this request: {type(error).__name__}: {error} (its "
+                                      f"log has the details)", kind=INTERNAL.openai)
 
 
 def authorized(authorization: str | None, api_key: str) -> bool:

@@ -3,6 +3,8 @@ and ends with OpenAI's error event (which the real `openai` client raises), then
 until the model, not only the server, is ready. The gateway runs for real (uvicorn, the real `openai` client
 over HTTP); the far end is a test double of Triton's gRPC service that answers from a script."""
 
+import json
+import sys
 import urllib.error
 import urllib.request
 
@@ -104,3 +106,21 @@ def test_health_needs_the_model_ready_not_only_the_server(repository, model_read
     finally:
         triton.model_ready = True
     assert answered == status
+
+
+def test_a_failure_of_the_gateway_itself_is_a_500_with_openais_error_object_naming_it(repository, monkeypatch):
+    """What once failed every grammar-guided request of a `serve CHECKPOINT` that had just built (xgrammar could not
+    import torch): whatever the gateway fails on, the client reads OpenAI's error object, not plain text."""
+    _, gateway = repository
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # `import xgrammar` fails, as it did without torch
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Say hello"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}}
+    request = urllib.request.Request(f"{gateway.base_url}/v1/chat/completions", method="POST",
+                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as failed:
+        urllib.request.urlopen(request, timeout=30)
+    assert failed.value.code == 500
+    error = json.loads(failed.value.read())["error"]
+    assert error["type"] == "server_error" and "ModuleNotFoundError" in error["message"], error
+    with urllib.request.urlopen(f"{gateway.base_url}/metrics", timeout=30) as answer:
+        assert 'status="500"' in answer.read().decode()
