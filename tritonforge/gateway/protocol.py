@@ -141,8 +141,15 @@ def _number(body: dict, name: str, kind, low=None, high=None):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
         raise OpenAIError(400, f"'{name}' must be {'an integer' if kind is int else 'a number'}", name)
     if (low is not None and value < low) or (high is not None and value > high):
-        raise OpenAIError(400, f"'{name}' must be in [{low}, {high}], got {value}", name)
+        raise OpenAIError(400, f"'{name}' must be {_range(low, high)}, got {value}", name)
     return kind(value)
+
+
+def _range(low, high) -> str:
+    """[low, high] in words where one end is open: "at least 1", not "in [1, None]"."""
+    if high is None:
+        return f"at least {low}"
+    return f"at most {high}" if low is None else f"in [{low}, {high}]"
 
 
 def _prompts(prompt) -> list[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
@@ -34,6 +35,8 @@ from ..facts.contract import (
     FREQUENCY_PENALTY,
     GUIDED_DECODING_GUIDE,
     GUIDED_DECODING_GUIDE_TYPE,
+    MAX_TOKENS,
+    MESSAGES,
     MIN_TOKENS,
     NUM_INPUT_TOKENS,
     NUM_OUTPUT_TOKENS,
@@ -44,6 +47,7 @@ from ..facts.contract import (
     SEED,
     STOP_WORDS,
     TEMPERATURE,
+    TEXT_INPUT,
     TEXT_OUTPUT,
     TOP_K,
     TOP_P,
@@ -52,6 +56,7 @@ from ..facts.errors import ERROR_CODES, ErrorKind
 from .metrics import GatewayMetrics
 from .protocol import (
     CHAT,
+    COMPLETIONS,
     DONE_EVENT,
     PATHS,
     RESPONSES_PATH,
@@ -149,10 +154,22 @@ def choice_requests(request: OpenAIRequest, stream_interval: int | None = None
     return choices
 
 
-def to_openai_error(error: GenerationError) -> OpenAIError:
+# The request's field that each input of the repository a refusal names (RequestError's "<input>: <problem>")
+# comes from, by endpoint: a client is told of the field it sent, in the message and as `param`.
+REQUEST_FIELDS = {
+    PATHS[COMPLETIONS]: {TEXT_INPUT: "prompt", MAX_TOKENS: "max_tokens", STOP_WORDS: "stop"},
+    PATHS[CHAT]: {MESSAGES: "messages", MAX_TOKENS: "max_tokens", STOP_WORDS: "stop"},
+    RESPONSES_PATH: {MESSAGES: "input", MAX_TOKENS: "max_output_tokens"},
+}
+# A refusal as the BLS answers it ("<input>: <problem>"), or through the ensemble, which puts its name first.
+_REFUSAL = re.compile(r"^(?:in ensemble '[^']*', )?(?P<input>\w+): (?P<problem>.*)$", re.S)
+
+
+def to_openai_error(error: GenerationError, endpoint: str | None = None) -> OpenAIError:
     """OpenAI's error object for an error the repository answered (or a server that could not be reached), by
     its kind (`facts/errors.py`: the table, and how a message alone is read: an error inside a gRPC stream
-    carries no status code). A stream the server left silent is the one status the table does not give: the
+    carries no status code); a refusal naming one of the repository's inputs names the `endpoint`'s field it came
+    from instead, as `param` too. A stream the server left silent is the one status the table does not give: the
     client's own `ResponseTimeout`, answered 504."""
     message = str(error)
     codes = ERROR_CODES[error.kind]
@@ -160,7 +177,11 @@ def to_openai_error(error: GenerationError) -> OpenAIError:
         return OpenAIError(GATEWAY_TIMEOUT, message, kind=ERROR_CODES[ErrorKind.UNAVAILABLE].openai)
     if isinstance(error, ServerUnavailable):  # Triton is down or elsewhere: one line for the operator
         logger.warning("answering %d: %s", codes.http, message)
-    return OpenAIError(codes.http, message, kind=codes.openai)
+    refusal = _REFUSAL.match(message) if error.kind is ErrorKind.CLIENT else None
+    param = REQUEST_FIELDS.get(endpoint, {}).get(refusal["input"]) if refusal else None
+    if param is not None:
+        message = f"{param}: {refusal['problem']}"
+    return OpenAIError(codes.http, message, param, kind=codes.openai)
 
 
 class TritonBackend:
@@ -306,7 +327,7 @@ class _Reply:
         self.metrics.request_done(self.endpoint, status, self.generations if status == 200 else None)
 
     def failed(self, error: GenerationError) -> OpenAIError:
-        failure = to_openai_error(error)
+        failure = to_openai_error(error, self.endpoint)
         self.done(failure.status)
         return failure
 
@@ -384,7 +405,7 @@ class _Reply:
             async for event in events:
                 yield event if isinstance(event, str) else sse_event(event)
         except GenerationError as error:
-            failure = to_openai_error(error)
+            failure = to_openai_error(error, self.endpoint)
             status = failure.status
             yield sse_event(failure.body())
         except asyncio.CancelledError:  # the client went away: closing `chunks` stops its generation
@@ -403,7 +424,7 @@ class _Reply:
             async for event in events:
                 yield json.loads(event.removeprefix("data: ")) if isinstance(event, str) else event
         except GenerationError as error:
-            failure = to_openai_error(error)
+            failure = to_openai_error(error, self.endpoint)
             status = failure.status
             yield failure.body()
         except asyncio.CancelledError:

@@ -56,6 +56,18 @@ def test_an_error_from_the_repository_gets_its_http_status(error, status):
     assert answer.message == str(error)  # a bad request's names its field
 
 
+@pytest.mark.parametrize("endpoint, answered, says, param", [
+    ("/v1/completions", "text_input: has 100000 characters", "prompt: has 100000 characters", "prompt"),
+    ("/v1/completions", "in ensemble 'ensemble', text_input: has 602 tokens", "prompt: has 602 tokens", "prompt"),
+    ("/v1/chat/completions", "messages: renders to 2000 tokens", "messages: renders to 2000 tokens", "messages"),
+    ("/v1/responses", "messages: renders to 2000 tokens", "input: renders to 2000 tokens", "input"),
+    ("/v1/chat/completions", "max_tokens: must be in [1, 960], got 4000", "max_tokens: must be in [1, 960], got 4000",
+     "max_tokens")])
+def test_a_refusal_of_the_repository_names_the_field_the_client_sent(endpoint, answered, says, param):
+    answer = _triton_error(GenerationError(answered), endpoint)
+    assert (answer.status, answer.message, answer.param) == (400, says, param)
+
+
 def test_a_server_that_cannot_be_reached_is_503():
     assert _triton_error(ServerUnavailable("127.0.0.1:1", "gRPC", "Connection refused")).status == 503
 

@@ -71,6 +71,13 @@ def test_a_value_out_of_range_or_of_the_wrong_type_is_400_naming_it(name, value)
     assert (error.status, error.param) == (400, name)
 
 
+@pytest.mark.parametrize(("name", "value", "says"), [("max_tokens", 0, "'max_tokens' must be at least 1, got 0"),
+                                                    ("n", 17, "'n' must be in [1, 16], got 17"),
+                                                    ("top_k", -1, "'top_k' must be at least 0, got -1")])
+def test_a_range_open_at_one_end_is_said_in_words(name, value, says):
+    assert refused({**PROMPT, name: value}).message == says
+
+
 def test_up_to_four_stop_strings_are_sent_as_stop_words_and_a_fifth_is_refused():
     stops = ["a", "b", "c", "d"]
     assert parse_request({**PROMPT, "stop": stops}, "completions")[0].parameters[STOP_WORDS] == stops
