@@ -258,7 +258,8 @@ def test_a_second_serve_on_the_same_ports_is_refused_and_the_first_keeps_serving
 
 def test_generate_over_http_at_the_grpc_port_says_it_is_not_triton_http(serve):
     result = tritonforge("generate", "hi", "--protocol", "http", "--url", serve.url)
-    assert_one_line(result, 1, f"no Triton server answers at {serve.url} (HTTP)")
+    assert_one_line(result, 1, f"no Triton server answers at {serve.url} (HTTP): it answers HTTP/2, as a gRPC port "
+                               f"does", "--protocol grpc")
 
 
 def test_eval_at_the_http_port_says_it_answers_http_not_grpc(serve, tiny_models):

@@ -92,6 +92,13 @@ _HTTP1_ANSWERS = ("Failed parsing HTTP/2", "http1.x server")
 HTTP_PROBE_TIMEOUT_S = 2.0
 
 
+def _http2_frame(error: Exception) -> bool:
+    """Whether an HTTP/1.1 answer that did not parse is an HTTP/2 server's first frame (SETTINGS: a 3-byte length,
+    then type 4), as a gRPC port sends to any client: http.client reads it as a bad status line."""
+    line = error.args[0] if isinstance(error, http.client.BadStatusLine) and error.args else ""
+    return isinstance(line, str) and len(line) >= 4 and line[3] == "\x04"
+
+
 def answers_http(url: str, timeout_s: float = HTTP_PROBE_TIMEOUT_S) -> bool:
     """Whether what listens at host:port answers an HTTP/1.1 request."""
     import socket
@@ -631,6 +638,11 @@ class HttpClient:
         except TimeoutError:
             raise ResponseTimeout(model or self.model, self.timeout_s) from None
         except (http.client.HTTPException, ConnectionError) as error:
+            if _http2_frame(error):
+                raise ServerUnavailable(address, "HTTP", f"it answers HTTP/2, as a gRPC port does: is it the gRPC "
+                                                         f"port? Ask it over gRPC (--protocol grpc), or use the HTTP "
+                                                         f"port ({HTTP_PORT} unless set otherwise)",
+                                        listening=True) from None
             raise ServerUnavailable(address, "HTTP", f"what answers there speaks no HTTP/1.1 ({error!r}): is it "
                                                      f"Triton's HTTP port?", listening=True) from None
 

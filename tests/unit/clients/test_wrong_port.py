@@ -1,5 +1,6 @@
 """A gRPC client pointed at an HTTP port (Triton's own, or any web server's) says so, instead of gRPC's
-"Socket closed" or "Failed parsing HTTP/2"; a port nothing listens on stays "Connection refused"."""
+"Socket closed" or "Failed parsing HTTP/2", and an HTTP client pointed at a gRPC port says that, instead of the
+bytes of an HTTP/2 frame; a port nothing listens on stays "Connection refused"."""
 
 import http.server
 import socket
@@ -8,8 +9,10 @@ import threading
 from contextlib import contextmanager
 
 import pytest
+from tritonclient.grpc import service_pb2_grpc
 
-from tritonforge.clients.client import GrpcClient, ServerUnavailable, check_serving
+from tests.conftest import serving_grpc
+from tritonforge.clients.client import GrpcClient, HttpClient, ServerUnavailable, check_serving
 from tritonforge.serve.server import free_port
 
 
@@ -66,3 +69,16 @@ def test_a_port_nothing_listens_on_is_still_refused():
     with pytest.raises(ServerUnavailable) as failed:
         check_serving(f"127.0.0.1:{port}", {})
     assert "Connection refused" in str(failed.value) and not failed.value.listening
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_http_request_to_a_grpc_port_says_it_is_the_grpc_port_not_its_bytes(stream):
+    """A gRPC server answers an HTTP/1.1 request with HTTP/2's first frame, which http.client reads as a bad status
+    line; the client once printed those raw bytes."""
+    with serving_grpc(service_pb2_grpc.GRPCInferenceServiceServicer()) as url, \
+            pytest.raises(ServerUnavailable) as failed:
+        client = HttpClient(url)
+        list(client.stream("hi", max_tokens=1)) if stream else client.generate("hi", max_tokens=1)
+    message = str(failed.value)
+    assert message.startswith(f"no Triton server answers at {url} (HTTP): it answers HTTP/2, as a gRPC port does")
+    assert "--protocol grpc" in message and "\\x00" not in message and failed.value.listening
