@@ -8,6 +8,7 @@ gate, tuning) is not the build's: `tools/` does it on the repository the build l
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -39,8 +40,11 @@ def build(options: BuildOptions, progress=logger.info) -> Path:
     limits = _limits(options, checkpoint_config)
     engine = kind.plan(options, checkpoint_config, progress)
     text_backend = native.text_backend(options.text_backend, progress)
+    serving = engine.serving
+    if not native.coalescer_available(serving.coalescer and "ensemble" in options.frontends, progress):
+        serving = dataclasses.replace(serving, coalescer=False)
     plan = RepositoryPlan(output=options.output, engine=kind.name, frontends=options.frontends,
-                          serving=engine.serving, limits=limits, engine_parameters=engine.parameters,
+                          serving=serving, limits=limits, engine_parameters=engine.parameters,
                           engine_backend=engine.backend, engine_source=kind.model_source,
                           serves_checkpoint=kind.serves_checkpoint,
                           postprocessing_backend=text_backend, bls_backend=native.bls_backend(text_backend))

@@ -7,17 +7,28 @@ optional `messages` input (chat) to the client-facing models.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..facts import contract
-from ..facts.contract import BLS_MODEL, ENGINE_MODEL, ENSEMBLE_MODEL, POSTPROCESSING_MODEL, PREPROCESSING_MODEL, Tensor
+from ..facts.contract import (
+    BLS_MODEL,
+    COALESCER_MODEL,
+    ENGINE_MODEL,
+    ENSEMBLE_MODEL,
+    POSTPROCESSING_MODEL,
+    PREPROCESSING_MODEL,
+    Tensor,
+)
 from ..facts.limits import EngineLimits
 from ..facts.model_parameters import (
     BLS_MAX_CONCURRENCY,
+    COALESCER_MAX_RESPONSES_PER_SECOND,
     BlsParameters,
+    CoalescerParameters,
     PostprocessingParameters,
     PreprocessingParameters,
 )
@@ -71,6 +82,15 @@ class ServingConfig:
         True, "let postprocessing instances answer out of arrival order (NVIDIA's setting): faster, but a stream's "
         "chunks may swap under overload (docs/performance.md)", flag="--postprocessing-unordered")
     max_queue_size: int = setting(0, "engine queue limit (0 = unbounded)")
+    # The ensemble's engine step through the coalescer (a C++ backend calling the engine in-process): Triton's
+    # ensemble carries a limited number of responses a second, fewer than a real engine sends at one token a
+    # response; the coalescer folds the tokens that wait into one response under load (docs/performance.md).
+    coalescer: bool = setting(True, "wire the ensemble's engine step straight to the engine, without the coalescer "
+                              "that folds streamed tokens into fewer responses under load (needs a C++ compiler)",
+                              flag="--no-coalescer")
+    coalescer_max_responses_per_second: int = setting(
+        COALESCER_MAX_RESPONSES_PER_SECOND, "the coalescer's budget of responses a second to the ensemble, past "
+        "which a request's waiting tokens go out together (0 = every response at once)")
     exclude_input_in_output: bool = setting(True, "echo the prompt in non-streamed output by default",
                                             flag="--include-input-in-output")
     add_special_tokens: bool = True
@@ -86,7 +106,8 @@ class ServingConfig:
                      "engine_instances", "bls_max_concurrency"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_queue_delay_microseconds", "postprocessing_delay_microseconds", "max_queue_size"):
+        for name in ("max_queue_delay_microseconds", "postprocessing_delay_microseconds", "max_queue_size",
+                     "coalescer_max_responses_per_second"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         object.__setattr__(self, "engine_gpus", tuple(self.engine_gpus))  # a manifest's JSON list reads back
@@ -173,6 +194,32 @@ def engine_config(serving: ServingConfig, *, backend: str, parameters: dict[str,
     return config
 
 
+def coalesces(serving: ServingConfig) -> bool:
+    """Whether the ensemble's engine step is the coalescer: asked for, and the engine streams."""
+    return serving.coalescer and serving.decoupled
+
+
+def engine_step_model(serving: ServingConfig) -> str:
+    return COALESCER_MODEL if coalesces(serving) else ENGINE_MODEL
+
+
+def coalescer_config(serving: ServingConfig, backend: str) -> mc.ModelConfig:
+    """The ensemble's engine step in front of the engine: the engine's tensors, decoupled, one instance (its
+    Execute only starts engine requests; its one sender thread keeps each stream's order)."""
+    config = mc.ModelConfig(name=COALESCER_MODEL, backend=backend, max_batch_size=serving.max_batch_size)
+    config.model_transaction_policy.decoupled = True
+    # Without the engine's `reshape`: the coalescer passes each input on with the shape it sees, which must be
+    # the one the engine's config expects before its own reshape ([batch, 1] for a scalar).
+    unreshaped = [dataclasses.replace(tensor, scalar=False) for tensor in contract.ENGINE_INPUTS]
+    _add_tensors(config.input, unreshaped, is_input=True)
+    _add_tensors(config.output, contract.ENGINE_OUTPUTS, is_input=False)
+    _cpu_instances(config, 1)
+    _set_parameters(config, CoalescerParameters(
+        tensorrt_llm_model_name=ENGINE_MODEL,
+        max_responses_per_second=serving.coalescer_max_responses_per_second).to_config())
+    return config
+
+
 def ensemble_config(serving: ServingConfig) -> mc.ModelConfig:
     config = mc.ModelConfig(name=ENSEMBLE_MODEL, platform="ensemble", max_batch_size=serving.max_batch_size)
     if serving.target_triton >= MAX_INFLIGHT_SINCE:
@@ -186,7 +233,7 @@ def ensemble_config(serving: ServingConfig) -> mc.ModelConfig:
     pre.input_map.update(wiring)
     pre.output_map.update(contract.PREPROCESSING_TO_ENSEMBLE)
 
-    engine = config.ensemble_scheduling.step.add(model_name=ENGINE_MODEL, model_version=-1)
+    engine = config.ensemble_scheduling.step.add(model_name=engine_step_model(serving), model_version=-1)
     engine.input_map.update({**contract.ENGINE_FROM_PREPROCESSING, **contract.ENGINE_FROM_CLIENT})
     engine.output_map.update(contract.ENGINE_TOKEN_OUTPUTS)
     engine.output_map.update({tensor.name: tensor.name for tensor in contract.ENGINE_PASSTHROUGH_OUTPUTS})

@@ -45,6 +45,9 @@ POSTPROCESSING = NativeBackend("tritonforge_postprocessing", RUNTIME / "text" / 
 # The BLS beside its Python twin: the same contract and text, no Python per token.
 BLS = NativeBackend("tritonforge_bls", RUNTIME / "bls" / "native" / "bls_backend.cc", "--text-backend cpp")
 TEXT_BACKENDS = ("python", "cpp", "auto")
+# The ensemble's engine step in front of any engine: fewer, larger streamed responses under load.
+COALESCER = NativeBackend("tritonforge_coalescer", RUNTIME / "engine" / "coalescer" / "coalescer_backend.cc",
+                          "the coalescer")
 
 
 class CompilerMissing(RuntimeError):
@@ -65,6 +68,15 @@ def text_backend(choice: str, progress) -> str:
                  "(--text-backend python)")
         return "python"
     return POSTPROCESSING.name
+
+
+def coalescer_available(wanted: bool, progress) -> bool:
+    """Whether the build can wire the coalescer it was asked for; without a compiler it says so in one line."""
+    if wanted and compiler() is None:
+        progress("the ensemble's engine step: no C++ compiler (g++, c++ or $CXX) for the coalescer, so the engine "
+                 "directly (--no-coalescer)")
+        return False
+    return wanted
 
 
 def bls_backend(text_backend_name: str) -> str:

@@ -16,7 +16,14 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..facts.contract import BLS_MODEL, ENGINE_MODEL, ENSEMBLE_MODEL, POSTPROCESSING_MODEL, PREPROCESSING_MODEL
+from ..facts.contract import (
+    BLS_MODEL,
+    COALESCER_MODEL,
+    ENGINE_MODEL,
+    ENSEMBLE_MODEL,
+    POSTPROCESSING_MODEL,
+    PREPROCESSING_MODEL,
+)
 from ..facts.limits import EngineLimits
 from . import model_configs as configs
 from . import native
@@ -96,6 +103,8 @@ def build_configs(plan: RepositoryPlan) -> dict[str, mc.ModelConfig]:
     }
     if "ensemble" in plan.frontends:
         out[ENSEMBLE_MODEL] = configs.ensemble_config(plan.serving)
+        if configs.coalesces(plan.serving):
+            out[COALESCER_MODEL] = configs.coalescer_config(plan.serving, native.COALESCER.name)
     if "bls" in plan.frontends:
         out[BLS_MODEL] = configs.bls_config(plan.serving, plan.limits, shared_tokenizer, backend=plan.bls_backend)
     return out
@@ -217,6 +226,8 @@ def write_repository(plan: RepositoryPlan, *, tokenizer_source: Path, checkpoint
             native.compile_backend(native.POSTPROCESSING, version_dir)
         elif name == BLS_MODEL:
             native.compile_backend(native.BLS, version_dir)
+        elif name == COALESCER_MODEL:
+            native.compile_backend(native.COALESCER, version_dir)
         (output / name / "config.pbtxt").write_text(configs.to_text(config))
 
     tokenizer = tokenizer_dir(output)

@@ -58,6 +58,7 @@ def source_configs() -> dict[str, str]:
         "postprocessing/config.pbtxt": (default["postprocessing"], PYTHON),
         "ensemble/config.pbtxt": (default["ensemble"], PYTHON),
         "tensorrt_llm_bls/config.pbtxt": (default["tensorrt_llm_bls"], PYTHON),
+        "tensorrt_llm_coalescer/config.pbtxt": (default[configs.COALESCER_MODEL], PYTHON),
         "tensorrt_llm_transformers/config.pbtxt": (default[configs.ENGINE_MODEL], PYTHON),
         "tensorrt_llm_tensorrtllm/config.pbtxt": (trt_engine, TENSORRTLLM),
         "tensorrt_llm_pytorch/config.pbtxt": (pytorch_engine, PYTORCH),

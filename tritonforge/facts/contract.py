@@ -40,6 +40,9 @@ PREPROCESSING_MODEL = "preprocessing"
 POSTPROCESSING_MODEL = "postprocessing"
 ENSEMBLE_MODEL = "ensemble"
 BLS_MODEL = "tensorrt_llm_bls"
+# Ours: the ensemble's engine step, which calls ENGINE_MODEL in-process and sends the ensemble fewer, larger
+# streamed responses (tritonforge/runtime/engine/coalescer/coalescer_backend.cc).
+COALESCER_MODEL = "tensorrt_llm_coalescer"
 
 # Triton's response parameter that marks the last response of a decoupled request's stream.
 FINAL_RESPONSE_PARAMETER = "triton_final_response"

@@ -108,6 +108,20 @@ class BlsParameters(ModelParameters):
     add_special_tokens: bool = True
 
 
+# The responses a second the coalescer sends the ensemble at most, before it folds tokens into fewer responses:
+# Triton 2.51's ensemble carried 15-22k engine responses a second on 16 cores (docs/performance.md), and at
+# three tokens a response (about 10k responses a second) it kept the engine's 29.5k tokens/s.
+COALESCER_MAX_RESPONSES_PER_SECOND = 8000
+
+
+@dataclass(frozen=True, kw_only=True)
+class CoalescerParameters(ModelParameters):
+    """The coalescer's (a C++ backend reads these keys: coalescer_backend.cc)."""
+
+    tensorrt_llm_model_name: str = ENGINE_MODEL
+    max_responses_per_second: int = COALESCER_MAX_RESPONSES_PER_SECOND  # an instance's; 0: never paced
+
+
 @dataclass(frozen=True, kw_only=True)
 class EngineParameters(ModelParameters):
     """What both Python engine steps read (the tensorrtllm backend has its own keys, trtllm.py)."""

@@ -16,8 +16,10 @@ def test_repository_configs_parse_and_carry_serving_settings(tiny_models, tmp_pa
                              max_seq_len=128, serving=serving))
     parsed = {d.name: configs.parse_text((d / "config.pbtxt").read_text())
               for d in Path(out).iterdir() if (d / "config.pbtxt").exists()}
-    assert set(parsed) == {"preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "tensorrt_llm_bls"}
+    assert set(parsed) == {"preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "tensorrt_llm_bls",
+                           "tensorrt_llm_coalescer"}
     assert parsed["tensorrt_llm"].model_transaction_policy.decoupled
+    assert parsed["tensorrt_llm_coalescer"].model_transaction_policy.decoupled
     assert parsed["tensorrt_llm_bls"].model_transaction_policy.decoupled
     assert parsed["postprocessing"].instance_group[0].count == 3
     assert parsed["postprocessing"].dynamic_batching.preserve_ordering
@@ -25,6 +27,27 @@ def test_repository_configs_parse_and_carry_serving_settings(tiny_models, tmp_pa
     engine_inputs = {i.name: i for i in parsed["tensorrt_llm"].input}
     assert engine_inputs["temperature"].HasField("reshape") and engine_inputs["input_lengths"].optional is False
     assert parsed["tensorrt_llm"].instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
+
+
+def test_the_ensemble_calls_the_engine_through_the_coalescer_unless_told_not_to_or_unstreamed():
+    def engine_step(serving):
+        return configs.ensemble_config(serving).ensemble_scheduling.step[1].model_name
+
+    assert engine_step(configs.ServingConfig()) == "tensorrt_llm_coalescer"
+    assert engine_step(configs.ServingConfig(coalescer=False)) == "tensorrt_llm"
+    assert engine_step(configs.ServingConfig(decoupled=False)) == "tensorrt_llm"
+
+
+def test_the_coalescer_takes_the_engines_tensors_with_the_shapes_the_engine_expects_before_its_reshape():
+    engine = configs.engine_config(configs.ServingConfig(), backend="python", parameters={})
+    coalescer = configs.coalescer_config(configs.ServingConfig(coalescer_max_responses_per_second=5000),
+                                         "tritonforge_coalescer")
+    assert [(i.name, list(i.dims)) for i in coalescer.input] == [(i.name, list(i.dims)) for i in engine.input]
+    assert not any(i.HasField("reshape") for i in coalescer.input)
+    assert [o.name for o in coalescer.output] == [o.name for o in engine.output]
+    assert coalescer.model_transaction_policy.decoupled
+    assert coalescer.parameters["tensorrt_llm_model_name"].string_value == "tensorrt_llm"
+    assert coalescer.parameters["max_responses_per_second"].string_value == "5000"
 
 
 def test_ensemble_wires_every_step_input():

@@ -28,4 +28,6 @@ def test_every_model_directory_of_the_source_tree_has_its_config():
 def test_the_committed_ensemble_wires_the_three_steps():
     ensemble = configs.parse_text((SOURCE_ROOT / "ensemble" / "config.pbtxt").read_text())
     assert [step.model_name for step in ensemble.ensemble_scheduling.step] == [
-        "preprocessing", configs.ENGINE_MODEL, "postprocessing"]
+        "preprocessing", configs.COALESCER_MODEL, "postprocessing"]
+    coalescer = configs.parse_text((SOURCE_ROOT / configs.COALESCER_MODEL / "config.pbtxt").read_text())
+    assert coalescer.parameters["tensorrt_llm_model_name"].string_value == configs.ENGINE_MODEL
