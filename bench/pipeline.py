@@ -56,7 +56,9 @@ def build_repository(args, model_dir: Path, engine: str, output: Path) -> None:
         bls_max_concurrency=args.bls_max_concurrency,
         engine_instances=args.engine_instances if engine == "replay" else 1,
         postprocessing_delay_microseconds=args.postprocessing_delay_us,
-        postprocessing_preserve_ordering=not args.postprocessing_unordered)
+        postprocessing_preserve_ordering=not args.postprocessing_unordered,
+        coalescer=not args.no_coalescer,
+        coalescer_max_responses_per_second=args.coalescer_max_responses_per_second)
     engine_batch = args.engine_max_batch_size or max(args.concurrency)
     # The transformers engine's GPUs (one instance each, each with engine_batch slots) and tensor parallelism.
     gpu_options = {"gpus": args.gpus, "tp_size": args.tp_size} if engine == "transformers" else {}
@@ -117,10 +119,14 @@ def progress(message: str) -> None:
 
 def _setting_notes(args) -> list[str]:
     """Lines for the report about settings that change what a client receives."""
+    notes = []
     if args.stream_interval > 1:
-        return [f"engines stream {args.stream_interval} tokens a response after the first "
-                f"(--stream-interval {args.stream_interval})"]
-    return []
+        notes.append(f"engines stream {args.stream_interval} tokens a response after the first "
+                     f"(--stream-interval {args.stream_interval})")
+    notes.append("the ensemble calls the engine directly (--no-coalescer)" if args.no_coalescer else
+                 f"the ensemble's engine step is the coalescer (at most {args.coalescer_max_responses_per_second} "
+                 f"responses a second)")
+    return notes
 
 
 def main() -> int:
@@ -166,6 +172,11 @@ def main() -> int:
                         help="postprocessing as the Python model or its C++ twin (build --text-backend)")
     parser.add_argument("--postprocessing-unordered", action="store_true",
                         help="postprocessing without preserve_ordering (NVIDIA's setting)")
+    parser.add_argument("--no-coalescer", action="store_true",
+                        help="the ensemble's engine step straight to the engine (build --no-coalescer)")
+    parser.add_argument("--coalescer-max-responses-per-second", type=int,
+                        default=configs.ServingConfig.coalescer_max_responses_per_second,
+                        help="the coalescer's budget (default: the build's)")
     parser.add_argument("--bls-max-concurrency", type=int, default=configs.ServingConfig.bls_max_concurrency,
                         help="requests one BLS instance runs (default: the build's)")
     parser.add_argument("--trace-file", type=Path, default=None,

@@ -48,7 +48,15 @@ from ..facts.contract import (
 )
 from ..facts.paths import PATH_MODELS, PATHS
 from ..runtime.text.tokenization import load_tokenizer
-from .profiling import cpu_cores, cpu_snapshot, model_statistics, record_stubs, statistics_delta
+from .profiling import (
+    busiest_threads,
+    cpu_cores,
+    cpu_snapshot,
+    model_statistics,
+    record_stubs,
+    statistics_delta,
+    thread_cpu_snapshot,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -556,14 +564,17 @@ def profile_table(rows: list[dict]) -> list[str]:
         return []
     lines = ["", "Where the time went (CPU cores busy during the point, by process; postprocessing requests per "
                  "execution and mean queue time per request, from Triton's statistics):", "",
-             "| engine | streams | path | " + " | ".join(PROFILE_GROUPS) + " | post batch | post queue µs |",
-             "|---|---:|---|" + "---:|" * (len(PROFILE_GROUPS) + 2)]
+             "| engine | streams | path | " + " | ".join(PROFILE_GROUPS)
+             + " | post batch | post queue µs | busiest tritonserver threads (cores) |",
+             "|---|---:|---|" + "---:|" * (len(PROFILE_GROUPS) + 2) + "---|"]
     for row in rows:
         cores = [row["cpu_cores"].get(group) for group in PROFILE_GROUPS.values()]
         post = row.get("server_stats", {}).get(POSTPROCESSING_MODEL, {})
         lines.append(f"| {row['engine']} | {row['concurrency']} | {row['path']} | "
                      + " | ".join("-" if value is None else f"{value:.2f}" for value in cores)
-                     + f" | {post.get('batch', '')} | {post.get('queue_us', '')} |")
+                     + f" | {post.get('batch', '')} | {post.get('queue_us', '')} | "
+                     + ", ".join(f"{thread['cores']:.2f} {thread['name']}/{thread['tid']}"
+                                 for thread in row.get("server_threads", [])) + " |")
     return lines
 
 
@@ -656,15 +667,18 @@ def measure_server(url: str, prompts, *, paths=PATHS, concurrencies=(1, 8, 32, 1
             recorders = []
             if stacks_dir is not None and server_pid is not None and concurrency == max(concurrencies):
                 recorders = record_stubs(server_pid, duration_s, stacks_dir, f"{label}-{path}-{concurrency}")
+            threads_before = thread_cpu_snapshot(server_pid)
             cpu_before, stats_before, started = cpu_snapshot(server_pid), model_statistics(url), time.perf_counter()
             timings, wall = load(path, concurrency, duration_s)
             elapsed = time.perf_counter() - started
+            threads_after = thread_cpu_snapshot(server_pid)
             check_streams(timings, expected[path], output_tokens, split_characters_replaced=path == "ensemble")
             for recorder in recorders:
                 recorder.wait(timeout=duration_s + 30)
             row = {"engine": label, "concurrency": concurrency, "path": path, "tool": tool,
                    **summarize(timings, wall, concurrency),
                    "cpu_cores": cpu_cores(cpu_before, cpu_snapshot(server_pid), elapsed),
+                   "server_threads": busiest_threads(threads_before, threads_after, elapsed),
                    "server_stats": statistics_delta(stats_before, model_statistics(url))}
             rows.append(row)
             on_row(row)

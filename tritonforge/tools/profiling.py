@@ -3,6 +3,8 @@
 - CPU: seconds of CPU each part used during the point, read from /proc (Linux): tritonserver itself, each
   model's Python stubs (grouped by the model directory in the stub's command line), and the load generator
   (this process and the children it waited for, e.g. perf_analyzer). Divided by the wall time it is cores.
+- Threads of tritonserver: seconds of CPU each of its threads used during the point (/proc/PID/task), the
+  busiest named: a serial section of Triton's shows as one thread near 1.0 core.
 - Triton statistics (`/v2/models/stats` over gRPC): per model, requests, executions (so the mean batch
   of an execution), and the mean time a request spent queued and in the model's execute.
 - Python stacks (`record_stubs`, when py-spy is installed): one stub of each model sampled during a point,
@@ -61,6 +63,33 @@ def cpu_snapshot(server_pid: int | None) -> dict[str, float]:
     own = resource.getrusage(resource.RUSAGE_SELF)
     totals["load generator"] = own.ru_utime + own.ru_stime + waited_children_cpu_seconds()
     return totals
+
+
+def thread_cpu_snapshot(pid: int | None) -> dict[int, tuple[str, float]]:
+    """CPU seconds used so far by each thread of `pid`, by thread id, with the thread's name."""
+    threads: dict[int, tuple[str, float]] = {}
+    task = Path(f"/proc/{pid}/task")
+    if pid is None or not task.is_dir():
+        return threads
+    for entry in task.iterdir():
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:  # ended between the listing and the read
+            continue
+        name = text[text.index("(") + 1:text.rindex(")")]
+        fields = text.rsplit(")", 1)[1].split()
+        threads[int(entry.name)] = (name, (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS)
+    return threads
+
+
+def busiest_threads(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], wall_s: float,
+                    count: int = 4) -> list[dict]:
+    """The `count` threads that kept most of a core busy between two snapshots: tid, name, cores."""
+    if wall_s <= 0:
+        return []
+    busy = [{"tid": tid, "name": name, "cores": round((seconds - before.get(tid, (name, 0.0))[1]) / wall_s, 2)}
+            for tid, (name, seconds) in after.items()]
+    return sorted(busy, key=lambda thread: -thread["cores"])[:count]
 
 
 def waited_children_cpu_seconds() -> float:
