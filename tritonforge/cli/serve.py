@@ -99,6 +99,7 @@ def checkpoint_repository(checkpoint: Path, args: argparse.Namespace, options: S
     """The repository of `checkpoint` built with the build flags given: found in the cache where a build of the
     same checkpoint files and options completed before, else built (and gated, where asked) into it."""
     from ..builder.cache import BuildCache, CacheOptions, cache_key, default_cache_dir
+    from ..builder.engines import engine_kind
     from ..serve.server import check_ports_free
     from ..tools.accuracy_gate import AccuracyGateFailed
     from .build import build_options, build_repository, gate_options
@@ -115,7 +116,8 @@ def checkpoint_repository(checkpoint: Path, args: argparse.Namespace, options: S
     if found is not None:
         say(f"reusing {found}: built before from the same checkpoint files and build options")
         return found
-    check_ports_free(options.address, options.ports())  # before a build of minutes, not after it
+    engine_kind(build.engine).check_installed()  # before a build of minutes, not after it; as the ports
+    check_ports_free(options.address, options.ports())
     say(f"building the repository of {checkpoint} into {cache.entry(key)}; serving it again with the same build "
         f"options reuses it")
     try:

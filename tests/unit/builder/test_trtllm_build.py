@@ -122,6 +122,14 @@ def test_without_tensorrt_llm_the_build_exits_non_zero_naming_the_container(tiny
     assert not (tmp_path / "repo" / "tensorrt_llm").exists()
 
 
+def test_without_tensorrt_llm_nor_a_gpu_the_build_says_tensorrt_llm_is_missing_first(tiny_models, tmp_path, capsys):
+    """Without TensorRT-LLM no --gpu-memory-gib would help: the build says what it misses first, not what to add."""
+    code = main(["build", "--model", str(tiny_models["bpe"]), "--output", str(tmp_path / "repo"),
+                 "--engine", "tensorrtllm"])
+    said = capsys.readouterr().err
+    assert code == 1 and "TensorRT-LLM is not installed here" in said and "--gpu-memory-gib" not in said, said
+
+
 def test_missing_tensorrt_llm_raises_from_the_library(tiny_models, tmp_path):
     with pytest.raises(TensorRTLLMMissing, match="--dry-run"):
         build(options(tiny_models["bpe"], tmp_path / "repo"))

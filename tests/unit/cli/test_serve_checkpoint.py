@@ -152,6 +152,19 @@ def test_an_openai_model_the_build_leaves_out_is_refused_before_building(checkpo
     assert not stand_ins.builds and not (tmp_path / "cache").exists()
 
 
+@pytest.mark.parametrize("engine", ["tensorrtllm-pytorch", "tensorrtllm"])
+def test_an_engine_whose_tensorrt_llm_is_missing_is_refused_before_building(engine, checkpoint, tmp_path,
+                                                                            monkeypatch, capsys):
+    """Both TensorRT-LLM engines need it to serve (and the engine build to build): a serve of the checkpoint says so
+    first, and builds nothing into the cache (it once built for half a minute, kept the folder, then refused)."""
+    stand_ins = StandIns(monkeypatch)
+    assert main(["serve", str(checkpoint), "--cache-dir", str(tmp_path / "cache"), "--engine", engine,
+                 *ports()]) == 1
+    line = one_line(capsys)
+    assert "TensorRT-LLM" in line and "not installed here" in line and "26.07-trtllm-python-py3" in line, line
+    assert not stand_ins.builds and not (tmp_path / "cache").exists()
+
+
 def test_a_cache_dir_inside_the_checkpoint_is_refused(checkpoint, monkeypatch, capsys):
     stand_ins = StandIns(monkeypatch)
     assert main(["serve", str(checkpoint), "--cache-dir", str(checkpoint / "cache"), *ports()]) == 2

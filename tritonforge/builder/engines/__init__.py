@@ -41,6 +41,10 @@ def _one_rank(repository: Path, build: dict) -> int:
     return 1
 
 
+def _nothing_to_install() -> None:
+    pass
+
+
 def _no_machine_facts() -> dict[str, str]:
     return {}
 
@@ -62,6 +66,9 @@ class EngineKind:
     # Before `serve` starts a repository of this kind (its recorded build options given): refuse what cannot
     # serve, and say how many server processes (MPI ranks) it takes.
     serving_ranks: Callable[[Path, dict], int] = _one_rank
+    # Before `serve` builds a checkpoint's repository of this kind: refuse where what serves it is not installed,
+    # so that nothing is built (nor kept in the cache) for a server that cannot start.
+    check_installed: Callable[[], None] = _nothing_to_install
     # What of this machine its build depends on (an engine serves only where it was built): a build kept for
     # reuse (builder/cache.py) is keyed by it, so that another GPU or release builds anew.
     machine_facts: Callable[[], dict[str, str]] = _no_machine_facts

@@ -59,20 +59,31 @@ def plan(options: BuildOptions, checkpoint_config: dict, progress: Progress) -> 
                       manifest={"tensorrt_llm": trtllm.TRTLLM_VERSION, "image": trtllm.TRITON_IMAGE})
 
 
+def _installed() -> bool:
+    spec = importlib.util.find_spec("tensorrt_llm")
+    return spec is not None and spec.origin is not None  # None origin: a bare folder of that name
+
+
 def serving_ranks(repository: Path, build: dict) -> int:
     """TensorRT-LLM must be importable by the engine's stub, which runs this interpreter with the model's version
     folder first on its path; the LLM API starts its own ranks, so the server is one process."""
-    spec = importlib.util.find_spec("tensorrt_llm")
-    installed = spec is not None and spec.origin is not None  # None origin: a bare folder of that name
-    if not installed and not (repository / ENGINE_MODEL / "1" / "tensorrt_llm" / "__init__.py").is_file():
+    if not _installed() and not (repository / ENGINE_MODEL / "1" / "tensorrt_llm" / "__init__.py").is_file():
         raise trtllm.TensorRTLLMMissing(
             f"{repository} runs the tensorrtllm-pytorch engine, and TensorRT-LLM is not installed here: serve it in "
             f"{trtllm.TRITON_IMAGE} (TensorRT-LLM {trtllm.TRTLLM_VERSION}), or build with --engine transformers")
     return 1
 
 
+def check_installed() -> None:
+    if not _installed():
+        raise trtllm.TensorRTLLMMissing(
+            f"--engine tensorrtllm-pytorch serves through TensorRT-LLM, which is not installed here: serve the "
+            f"checkpoint in {trtllm.TRITON_IMAGE} (TensorRT-LLM {trtllm.TRTLLM_VERSION}), or here with --engine "
+            f"transformers")
+
+
 KIND = EngineKind(
     name="tensorrtllm-pytorch", summary="TensorRT-LLM's PyTorch workflow (the LLM API): the checkpoint served with "
     "no engine build", model_source="tensorrt_llm_pytorch", runtime_room="llmapi", plan=plan, check=check,
-    serving_ranks=serving_ranks, weight_patterns=("*.safetensors",), needs_vocab_size=True, serves_checkpoint=True,
-    own_options=TENSORRT_LLM_OPTIONS)
+    serving_ranks=serving_ranks, check_installed=check_installed, weight_patterns=("*.safetensors",),
+    needs_vocab_size=True, serves_checkpoint=True, own_options=TENSORRT_LLM_OPTIONS)

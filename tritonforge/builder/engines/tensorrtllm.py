@@ -141,7 +141,10 @@ def _tokenizer_info(options: BuildOptions) -> dict | None:
 
 
 def plan(options: BuildOptions, checkpoint_config: dict, progress: Progress) -> EnginePlan:
-    """The memory plan and the exact commands, printed; TensorRT-LLM required unless --dry-run."""
+    """The memory plan and the exact commands, printed; TensorRT-LLM required unless --dry-run (checked first: a
+    build that cannot run asks for nothing else)."""
+    if not options.dry_run:
+        trtllm.require_trtllm()
     spec = build_spec(options, checkpoint_config)
     guided_decoding = _tokenizer_info(options) is not None
     if not guided_decoding:
@@ -161,8 +164,6 @@ def plan(options: BuildOptions, checkpoint_config: dict, progress: Progress) -> 
     progress("commands:")
     for command in commands:
         progress("  " + " ".join(command))
-    if not options.dry_run:
-        trtllm.require_trtllm()
     serving = dataclasses.replace(options.serving, target_triton=options.target_triton or trtllm.TRITON_VERSION)
     progress(target_triton_note(serving.target_triton))
     if options.planned_instances:
@@ -204,6 +205,7 @@ def serving_ranks(repository: Path, build: dict) -> int:
 KIND = EngineKind(
     name="tensorrtllm", summary="NVIDIA's TensorRT-LLM backend serving an engine this build makes (TensorRT-LLM up "
     "to 1.2.x)", model_source=None, runtime_room=None, plan=plan, check=check, write_engine=write_engine,
-    serving_ranks=serving_ranks, machine_facts=trtllm.runtime_facts, weight_patterns=("*.safetensors", "*.bin"),
+    serving_ranks=serving_ranks, check_installed=trtllm.require_trtllm, machine_facts=trtllm.runtime_facts,
+    weight_patterns=("*.safetensors", "*.bin"),
     own_options=(*TENSORRT_LLM_OPTIONS, "quantization", "batch_scheduler_policy", "cuda_graphs", "gpu_memory_gib",
                  "examples_dir", "calib_dataset", "dry_run"))
