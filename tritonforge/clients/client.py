@@ -25,6 +25,7 @@ import http.client
 import json
 import logging
 import queue
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Iterator
@@ -86,6 +87,24 @@ class StreamCut(GenerationError):
                          f"{detail}", ErrorKind.UNAVAILABLE)
 
 
+class ModelUnloaded(GenerationError):
+    """The server has no loaded version of the model asked for: it is stopping (Triton unloads every model before
+    it exits, and answers new requests so meanwhile). A retry may succeed once it serves again, or elsewhere."""
+
+    def __init__(self, url: str, model: str, answer: str):
+        super().__init__(f"the server at {url} is stopping: it has unloaded {model!r} already; retry once it serves "
+                         f"again, or on another server (Triton: {answer})", ErrorKind.UNAVAILABLE)
+
+
+# Triton's answer to a request for a model that has no loaded version, as every model at a stop.
+_NO_LOADED_VERSION = re.compile(r"Request for unknown model: '(?P<model>[^']*)' has no available versions")
+
+
+def _unloaded(url: str, answer: str) -> ModelUnloaded | None:
+    found = _NO_LOADED_VERSION.search(answer)
+    return ModelUnloaded(url, found["model"], answer.strip()) if found else None
+
+
 # What gRPC says of a server that answers its HTTP/2 preface in HTTP/1 (a web server); Triton's HTTP port
 # closes the connection without a word ("Socket closed"), which only asking it in HTTP/1.1 tells apart.
 _HTTP1_ANSWERS = ("Failed parsing HTTP/2", "http1.x server")
@@ -122,6 +141,8 @@ def _rpc_failure(url: str, code, details: str | None, *, probe_http: bool = Fals
 
     name = code.name if isinstance(code, grpc.StatusCode) else str(code).removeprefix("StatusCode.")
     detail = (details or "").strip() or name
+    if unloaded := _unloaded(url, detail):
+        return unloaded
     if name == "UNAVAILABLE" and began:
         return StreamCut(url, detail)
     if name == "UNAVAILABLE" and (any(words in detail for words in _HTTP1_ANSWERS)
@@ -138,7 +159,7 @@ def stream_error(url: str, error, *, probe_http: bool = False, began: bool = Fal
     if not _answered(error):
         return _rpc_failure(url, error.status(), error.message() if hasattr(error, "message") else str(error),
                             probe_http=probe_http, began=began)
-    return GenerationError(str(error))
+    return _unloaded(url, str(error)) or GenerationError(str(error))
 
 
 def _answered(error) -> bool:
@@ -646,6 +667,9 @@ class HttpClient:
             raise ServerUnavailable(address, "HTTP", f"what answers there speaks no HTTP/1.1 ({error!r}): is it "
                                                      f"Triton's HTTP port?", listening=True) from None
 
+    def _answered_error(self, message: str) -> GenerationError:
+        return _unloaded(f"{self.host}:{self.port}", message) or GenerationError(message)
+
     def _stop_engine_request(self, request_id: str) -> None:
         scalars = {name: value.reshape(-1)[0].item() for name, value in stop_request_inputs().items()}
         body = {"id": request_id, **scalars}
@@ -661,7 +685,7 @@ class HttpClient:
         response = self._post("generate", request.values(stream=False))
         payload = _answer(response, f"{self.host}:{self.port}")
         if response.status != 200 or "error" in payload:
-            raise GenerationError(payload.get("error", f"HTTP {response.status}"))
+            raise self._answered_error(payload.get("error", f"HTTP {response.status}"))
         return _event_bytes(payload).decode("utf-8", errors="replace")
 
     def stream_bytes(self, request: GenerateRequest) -> Iterator[bytes]:
@@ -671,14 +695,14 @@ class HttpClient:
         try:
             if response.status != 200:
                 payload = _answer(response, f"{self.host}:{self.port}")
-                raise GenerationError(payload.get("error", f"HTTP {response.status}"))
+                raise self._answered_error(payload.get("error", f"HTTP {response.status}"))
             try:
                 for line in response:
                     if not line.startswith(b"data:"):
                         continue
                     payload = _json_event(line[5:].strip())
                     if "error" in payload:
-                        raise GenerationError(payload["error"])
+                        raise self._answered_error(payload["error"])
                     yield _event_bytes(payload)
             except (http.client.HTTPException, ConnectionError) as error:  # the answer cut short
                 raise StreamCut(f"{self.host}:{self.port}", type(error).__name__) from None

@@ -167,8 +167,9 @@ _FIELD = re.compile(r"(?P<field>[A-Za-z_][A-Za-z0-9_]*)(?:\[\d+\])*: ")
 # Our own unavailable answers ("unavailable: <reason>", `UnavailableError`), and what Triton and gRPC say of a
 # server that cannot serve now (a model not ready, a connection lost).
 # "exceeds maximum queue size": Triton's own scheduler refusing a request beyond a model's max_queue_size.
+# "has no available versions": Triton's answer for a model it has unloaded, as all of them at a stop.
 _UNAVAILABLE_SIGNS = ("unavailable", "is full", "exceeds maximum queue size", "not ready", "failed to connect",
-                      "socket closed")
+                      "socket closed", "has no available versions")
 
 
 @functools.cache

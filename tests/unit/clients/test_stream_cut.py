@@ -98,3 +98,22 @@ def test_a_stream_the_stopping_server_ended_says_so_and_sends_the_engine_no_stop
         error = read(url)
     assert str(error) == STOPPING and error.kind is ErrorKind.UNAVAILABLE
     assert servicer.received() == [(ENSEMBLE_MODEL, "r-1")]  # no stop followed
+
+
+UNLOADED = "Request for unknown model: 'ensemble' has no available versions"  # Triton's answer once a stop unloaded it
+
+
+class UnloadedTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Answers every request as Triton does at a stop, once it has unloaded the model."""
+
+    def ModelStreamInfer(self, request_iterator, context):  # noqa: N802 - the gRPC method's name
+        for _ in request_iterator:
+            yield service_pb2.ModelStreamInferResponse(error_message=UNLOADED)
+
+
+@pytest.mark.parametrize("read", [read_sync, read_async], ids=["sync", "asyncio"])
+def test_a_request_to_a_server_that_unloaded_its_model_says_the_server_is_stopping(read):
+    with serving_grpc(UnloadedTriton()) as url:
+        error = read(url)
+    assert str(error).startswith(f"the server at {url} is stopping: it has unloaded 'ensemble' already")
+    assert UNLOADED in str(error) and error.kind is ErrorKind.UNAVAILABLE

@@ -90,6 +90,7 @@ def test_a_bad_request_reads_as_the_clients(message):
     "in ensemble 'ensemble', unavailable: the server is shutting down; the generation was stopped",
     "Server not ready: the server is stopping",
     "failed to connect to all addresses",
+    "Request for unknown model: 'ensemble' has no available versions",  # Triton at a stop, its models unloaded
     "Socket closed"])  # gRPC's word for a connection lost mid-call
 def test_a_server_that_cannot_serve_now_reads_as_unavailable(message):
     assert answered_kind(message) is ErrorKind.UNAVAILABLE
