@@ -36,8 +36,9 @@ def served(tiny_models, tmp_path_factory):
         yield server, repository
 
 
-def open_long_engine_streams(url: str, prompt_ids: list[int], streams: int) -> list:
-    """`streams` long generations straight to the engine, each past its first token."""
+def open_long_engine_streams(url: str, prompt_ids: list[int], streams: int, model: str = "tensorrt_llm") -> list:
+    """`streams` long generations straight to the engine (or `model`, of the engine's tensors), each past its
+    first token."""
     clients = []
     for index in range(streams):
         client = grpcclient.InferenceServerClient(url)
@@ -51,7 +52,7 @@ def open_long_engine_streams(url: str, prompt_ids: list[int], streams: int) -> l
             tensor = grpcclient.InferInput(name, list(array.shape), dtype)
             tensor.set_data_from_numpy(array)
             tensors.append(tensor)
-        client.async_stream_infer("tensorrt_llm", tensors, request_id=f"long-{index}")
+        client.async_stream_infer(model, tensors, request_id=f"long-{index}")
         assert got_token.wait(ANSWER_S)
         clients.append(client)
     return clients
