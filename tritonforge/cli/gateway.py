@@ -18,7 +18,7 @@ def openai_command(args: argparse.Namespace) -> int:
     check_ports_free(options.host, {"--host/--port": options.port})
     print(f"OpenAI API on http://{options.host}:{options.port}/v1 → {options.model} at {options.url}",
           file=sys.stderr)
-    run(options, on_ready=say)
+    run(options, on_ready=say, on_stop=say)
     return 0
 
 

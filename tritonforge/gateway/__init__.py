@@ -11,6 +11,15 @@ Cut as vLLM's OpenAI entrypoint is:
 - `workers`: several gateway processes sharing one port; `metrics`: its Prometheus metrics.
 """
 
+# At a stop (Ctrl-C, SIGTERM) the responses under way get this long to end before they are cut: an idle gateway
+# stops at once, and one under a stream its server never ends does not wait for ever.
+STOP_GRACE_S = 10.0
+
+
+def stop_line() -> str:
+    return (f"stopping the OpenAI gateway: responses under way get up to {STOP_GRACE_S:g} s to end "
+            f"(Ctrl-C again: stop at once)")
+
 
 class GatewayFailed(RuntimeError):
     """The gateway could not start (a worker that died before it served, a listener that never came up): the

@@ -16,7 +16,7 @@ from ..facts.contract import BLS_MODEL, ENSEMBLE_MODEL
 from ..facts.environment import API_KEY_ENV
 from ..facts.ports import GRPC_PORT, LOOPBACK, OPENAI_PORT, host_port, port_number
 from ..facts.settings import positive_int, setting
-from . import GatewayFailed
+from . import STOP_GRACE_S, GatewayFailed, stop_line
 from .metrics import MULTIPROCESS_DIR_ENV, forget_worker
 from .reasoning import REASONING_PARSERS
 from .routes import create_app
@@ -67,11 +67,11 @@ class GatewayOptions:
             raise ValueError(f"--workers must be >= 1, got {self.workers}")
 
 
-def run(options: GatewayOptions, *, on_ready=lambda line: None) -> None:
+def run(options: GatewayOptions, *, on_ready=lambda line: None, on_stop=lambda line: None) -> None:
     """Serve the gateway until interrupted. One process handles a few thousand streamed chunks a second;
     `options.workers` processes share the port, each connection going to the one with the fewest open
     connections (`tritonforge.gateway.workers`), and share their metrics; `on_ready(line)` once they
-    all serve. The API key: `options.api_key`, else $TRITONFORGE_API_KEY."""
+    all serve, `on_stop(line)` when a stop begins. The API key: `options.api_key`, else $TRITONFORGE_API_KEY."""
     import uvicorn
 
     make_app = functools.partial(create_app, options.url, model=options.model,
@@ -80,14 +80,30 @@ def run(options: GatewayOptions, *, on_ready=lambda line: None) -> None:
                                  stream_interval=options.stream_interval, tool_parser=options.tool_parser,
                                  reasoning_parser=options.reasoning_parser)
     if options.workers == 1:
-        uvicorn.run(make_app(), host=options.host, port=options.port, log_level="warning")
+        config = uvicorn.Config(make_app(), host=options.host, port=options.port, log_level="warning",
+                                timeout_graceful_shutdown=STOP_GRACE_S)
+        _saying_stop(config, on_stop).run()
         return
     from .workers import serve_workers
 
     with tempfile.TemporaryDirectory(prefix="tritonforge-gateway-metrics-") as metrics_dir:
         os.environ[MULTIPROCESS_DIR_ENV] = metrics_dir  # read by the workers' metrics (spawned after this)
         serve_workers(make_app, host=options.host, port=options.port, workers=options.workers,
-                      on_worker_exit=forget_worker, on_ready=on_ready)
+                      on_worker_exit=forget_worker, on_ready=on_ready, on_stop=on_stop)
+
+
+def _saying_stop(config, on_stop):
+    """uvicorn's server, saying `stop_line()` through `on_stop` at the first Ctrl-C or SIGTERM: its own lines of
+    what it waits for are INFO, below the gateway's log level."""
+    import uvicorn
+
+    class SayingServer(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            if not self.should_exit:
+                on_stop(stop_line())
+            super().handle_exit(sig, frame)
+
+    return SayingServer(config)
 
 
 class GatewayThread:

@@ -29,7 +29,7 @@ import time
 
 import uvicorn
 
-from . import GatewayFailed
+from . import STOP_GRACE_S, GatewayFailed, stop_line
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +56,11 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 def serve_workers(make_app, *, host: str, port: int, workers: int, log_level: str = "warning",
-                  on_worker_exit=None, on_ready=lambda line: None) -> None:
+                  on_worker_exit=None, on_ready=lambda line: None, on_stop=lambda line: None) -> None:
     """Serve the ASGI app `make_app()` builds (a picklable callable: each worker builds its own) from `workers`
     processes on host:port until SIGINT or SIGTERM; `on_worker_exit(pid)` is called for a worker that died,
-    `on_ready(line)` once, when every worker takes connections. Raises GatewayFailed when a worker dies before
-    it served."""
+    `on_ready(line)` once, when every worker takes connections; `on_stop(line)` when a stop begins. Raises
+    GatewayFailed when a worker dies before it served."""
     context = multiprocessing.get_context("spawn")
     counts = context.Array("i", [NOT_SERVING] * workers, lock=False)
     served = context.Array("b", [0] * workers, lock=False)  # set by a worker once it takes connections
@@ -79,6 +79,8 @@ def serve_workers(make_app, *, host: str, port: int, workers: int, log_level: st
 
     def stop(*_):
         nonlocal stopping
+        if not stopping:
+            on_stop(stop_line())
         stopping = True
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -136,7 +138,7 @@ def _failure_of(index: int, failures) -> str:
 def _worker_main(index: int, sock: socket.socket, counts, served, failures, accepting, parent_pid: int, make_app,
                  log_level: str) -> None:
     try:
-        config = uvicorn.Config(make_app(), log_level=log_level)
+        config = uvicorn.Config(make_app(), log_level=log_level, timeout_graceful_shutdown=STOP_GRACE_S)
     except Exception as error:  # noqa: BLE001 - any error building the app: the parent stops the gateway with it
         failures.put((index, f"{type(error).__name__}: {error}"))
         sys.exit(1)
