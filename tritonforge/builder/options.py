@@ -75,12 +75,13 @@ class BuildOptions:
                                           group=TRT)
     enable_chunked_context: bool = setting(False, "enable chunked prefill", flag="--chunked-context", group=TRT)
     cuda_graphs: bool = setting(False, "run decoding steps as CUDA graphs", group=TRT)
-    gpu_memory_gib: float | None = setting(None, "plan for this GPU size without a GPU", parse=float, group=TRT)
+    gpu_memory_gib: float | None = setting(None, "plan for this GPU size without a GPU (default: none: the "
+                                           "visible GPU's memory)", parse=float, group=TRT)
     examples_dir: str = setting(trtllm.EXAMPLES_DIR, "TensorRT-LLM's examples/ folder (convert_checkpoint.py, "
                                 "quantize.py) at the pinned release", group=TRT)
     calib_dataset: str | None = setting(None, "fp8 / int8_sq / int4_awq: local calibration dataset folder (a "
                                         "'train' split with a 'text' column, e.g. train.jsonl); nothing is "
-                                        "downloaded", parse=str, group=TRT)
+                                        "downloaded (default: none)", parse=str, group=TRT)
     repository_mount: str = setting("/models", "repository path inside the server container", group=TRT)
     target_triton: tuple[int, int] | None = setting(None, "Triton version the configs are for (default: the pinned "
                                                     "image's), e.g. 2.51, or a container, e.g. 25.12",

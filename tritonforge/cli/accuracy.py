@@ -37,8 +37,10 @@ def add_parser(command) -> None:
     evaluation.add_argument("--prompts", type=Path, default=None, help="JSONL of {\"prompt\": ...} (default: a "
                                                                         "small built-in set)")
     evaluation.add_argument("--choices", type=Path, default=None,
-                            help="multiple-choice JSONL of {\"question\", \"choices\", \"answer\"}")
+                            help="multiple-choice JSONL of {\"question\", \"choices\", \"answer\"} (default: none: no "
+                                 "multiple-choice check)")
     evaluation.add_argument("--tokens", type=positive_int, default=32, help="greedy tokens compared per prompt")
     add_arguments(evaluation, Thresholds)
-    evaluation.add_argument("--json", type=Path, default=None, help="write the figures here")
+    evaluation.add_argument("--json", type=Path, default=None,
+                            help="write the figures here (default: none: printed only)")
     evaluation.set_defaults(func=eval_command)

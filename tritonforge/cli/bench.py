@@ -21,7 +21,8 @@ class BenchOptions(LoadOptions):
     concurrency: tuple[int, ...] = setting((1, 8, 32, 128), "concurrent streams per point, comma-separated",
                                            parse=positive_ints)
     max_prompt_tokens: int = setting(32, "prompt length at most", parse=positive_int)
-    json: Path | None = setting(None, "also write the figures here", parse=Path)
+    json: Path | None = setting(None, "also write the figures here (default: none: printed only)",
+                                parse=Path)
 
 
 def bench_command(args: argparse.Namespace) -> int:

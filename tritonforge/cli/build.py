@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..builder import model_configs as configs
@@ -25,12 +25,12 @@ SERVING_GROUP = "serving (Triton's batching, instances and queues)"
 
 
 def add_build_arguments(parser: argparse.ArgumentParser, *, exclude: tuple[str, ...] = (),
-                        group: argparse._ArgumentGroup | None = None) -> None:
+                        group: argparse._ArgumentGroup | None = None, retitle: Callable[[str], str] = str) -> None:
     """The build's flags, but those of the BuildOptions fields in `exclude`; those of BuildOptions that name no
-    group of their own go into `group` where one is given."""
-    add_arguments(parser, BuildOptions, exclude=exclude, group=group)
-    add_arguments(parser.add_argument_group(GATE_GROUP), GateOptions)
-    add_arguments(parser.add_argument_group(SERVING_GROUP), configs.ServingConfig, prefix=SERVING)
+    group of their own go into `group` where one is given; the other groups are titled `retitle(title)`."""
+    add_arguments(parser, BuildOptions, exclude=exclude, group=group, retitle=retitle)
+    add_arguments(parser.add_argument_group(retitle(GATE_GROUP)), GateOptions)
+    add_arguments(parser.add_argument_group(retitle(SERVING_GROUP)), configs.ServingConfig, prefix=SERVING)
 
 
 def build_options(args: argparse.Namespace, **fixed) -> BuildOptions:

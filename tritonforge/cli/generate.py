@@ -18,6 +18,7 @@ from ..facts.contract import (
 )
 from ..facts.ports import LOCAL_GRPC_URL, LOCAL_HTTP_URL, host_port
 from ..facts.settings import add_arguments, given, positive_int, setting
+from .arguments import say
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,12 +31,16 @@ class GenerateOptions:
                               parse=host_port)
     model: str = setting(ENSEMBLE_MODEL, "which model answers", choices=(ENSEMBLE_MODEL, BLS_MODEL))
     max_tokens: int = setting(DEFAULT_MAX_TOKENS, "tokens to generate at most", parse=positive_int)
-    temperature: float | None = setting(None, "sampling temperature; the engine samples only with --top-k > 1 or "
-                                              "--top-p < 1, so alone it stays greedy", parse=float)
-    top_k: int | None = setting(None, "sample from the k likeliest tokens", parse=int)
-    top_p: float | None = setting(None, "sample from the smallest set of this mass", parse=float)
-    seed: int | None = setting(None, "sampling seed", parse=int)
-    stop: tuple[str, ...] = setting((), "stop phrase (repeatable)", repeat=True)
+    # TensorRT-LLM's semantics, which every engine keeps: greedy unless top_k > 1 or 0 < top_p < 1.
+    temperature: float | None = setting(None, "sampling temperature (default: none). TensorRT-LLM's semantics: the "
+                                              "engine samples only with --top-k > 1 or --top-p < 1, so "
+                                              "--temperature alone stays greedy", parse=float)
+    top_k: int | None = setting(None, "sample from the k likeliest tokens (default: none; greedy unless this is > 1 "
+                                      "or --top-p < 1)", parse=int)
+    top_p: float | None = setting(None, "sample from the smallest set of tokens with this probability mass "
+                                        "(default: none; greedy unless this is < 1 or --top-k > 1)", parse=float)
+    seed: int | None = setting(None, "sampling seed (default: none: the engine chooses)", parse=int)
+    stop: tuple[str, ...] = setting((), "stop phrase, repeatable (default: none)", repeat=True)
 
     def client(self):
         from ..clients.client import GrpcClient, HttpClient
@@ -43,6 +48,11 @@ class GenerateOptions:
         if self.protocol == "http":
             return HttpClient(self.url or LOCAL_HTTP_URL, model=self.model)
         return GrpcClient(self.url or LOCAL_GRPC_URL, model=self.model)
+
+    def stays_greedy(self) -> bool:
+        """A temperature given that changes nothing: without top_k > 1 or 0 < top_p < 1 the engine is greedy."""
+        samples = (self.top_k or 0) > 1 or 0 < (self.top_p or 0) < 1
+        return self.temperature not in (None, 0) and not samples
 
     def parameters(self) -> dict:
         parameters = {MAX_TOKENS: self.max_tokens}
@@ -56,6 +66,9 @@ class GenerateOptions:
 
 def generate_command(args: argparse.Namespace) -> int:
     options = GenerateOptions(**given(args, GenerateOptions))
+    if options.stays_greedy():
+        say(f"note: --temperature {options.temperature:g} alone stays greedy (TensorRT-LLM's semantics): add "
+            f"--top-k K (> 1) or --top-p P (< 1) to sample")
     client = options.client()
     if options.stream:
         for text in client.stream(args.prompt, **options.parameters()):

@@ -18,12 +18,21 @@ from .arguments import RepositoryInUse, ToolMissing
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Every option's help ends with its default, except where there is none to show (None, a flag's False)."""
+    """Every option's help ends with its default, or says it is required; a flag's default is off. An option
+    whose default is None (nothing to show) says in its own help what not giving it does."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if any(action.default is nothing for nothing in (None, False, argparse.SUPPRESS)) \
-                or "%(default)" in (action.help or ""):
-            return action.help or ""
+        text = action.help or ""
+        if not action.option_strings or action.help == argparse.SUPPRESS or "%(default)" in text:
+            return text
+        if action.required:
+            return text if "required" in text else f"{text} (required)"
+        if "default" in text:
+            return text
+        if action.nargs == 0 and action.dest not in ("help", "version"):
+            return f"{text} (default: off)"
+        if any(action.default is nothing for nothing in (None, False, argparse.SUPPRESS)):
+            return text
         return super()._get_help_string(action)
 
 

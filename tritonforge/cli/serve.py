@@ -35,6 +35,7 @@ SERVE_DESCRIPTION = (
     "files with the same build options reuses that build (one line names its folder), and a change of either "
     "builds another.")
 BUILD_GROUP = "build (a CHECKPOINT only: `tritonforge build`'s options, with its defaults)"
+BUILD_SUBGROUP = "build, {} (a CHECKPOINT only)"  # the title of each other group of build options
 BUILD_GROUP_DESCRIPTION = (
     "The checkpoint is the positional argument (build's --model). The repository goes into --cache-dir, in a "
     "folder named by a digest of the checkpoint's files and of these options, so build's --output, --force and "
@@ -236,5 +237,5 @@ def add_parser(command) -> None:
     add_arguments(serve, ServeOptions)
     build_group = serve.add_argument_group(BUILD_GROUP, BUILD_GROUP_DESCRIPTION)
     add_arguments(build_group, CacheOptions)
-    add_build_arguments(serve, exclude=NOT_FOR_SERVE, group=build_group)
+    add_build_arguments(serve, exclude=NOT_FOR_SERVE, group=build_group, retitle=BUILD_SUBGROUP.format)
     serve.set_defaults(func=serve_command)

@@ -22,7 +22,8 @@ class TuneOptions(LoadOptions):
     bls: tuple[int, ...] = setting((4, 8), "BLS instance counts to try", parse=positive_ints)
     postprocessing_delay_us: tuple[int, ...] = setting((0, 1000, 3000), "postprocessing max_queue_delay_microseconds "
                                                        "values to try", parse=non_negative_ints)
-    results: Path | None = setting(None, "write STEM.json and STEM.png (throughput against TTFT p99, chosen marked)",
+    results: Path | None = setting(None, "write STEM.json and STEM.png (throughput against TTFT p99, chosen marked) "
+                                         "(default: none: printed only)",
                                    parse=Path)
     concurrency: int = setting(128, "concurrent streams to tune for", parse=positive_int)
     target: float = setting(0.95, "efficiency to reach vs the engine alone")

@@ -42,17 +42,19 @@ def option_flag(cls, name: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str = "", *, exclude: tuple[str, ...] = (),
-                  group: argparse._ArgumentGroup | None = None) -> None:
+                  group: argparse._ArgumentGroup | None = None, retitle: Callable[[str], str] = str) -> None:
     """Add `cls`'s options but the fields named in `exclude`; their values land in `args` as PREFIX + field name,
     and only when given. An option that names no argument group of its own goes into `group` where one is
-    given, else onto the parser."""
+    given, else onto the parser; the groups the options name are titled `retitle(their name)`."""
     groups: dict[str, argparse._ArgumentGroup] = {}
     for field, option in _options(cls):
         if field.name in exclude:
             continue
         target = group or parser
         if option.group:
-            target = groups.setdefault(option.group, parser.add_argument_group(option.group))
+            if option.group not in groups:
+                groups[option.group] = parser.add_argument_group(retitle(option.group))
+            target = groups[option.group]
         flag = option_flag(cls, field.name)
         common = {"dest": prefix + field.name, "default": argparse.SUPPRESS}
         if field.default is dataclasses.MISSING:

@@ -31,7 +31,8 @@ class ServeOptions:
     wedged_after_s: float = setting(DEFAULT_WEDGED_AFTER_S, "restart the server when a Python model has answered "
                                                             "no liveness probe for this long (0: no probes)")
     openai_port: int | None = setting(None, "also serve OpenAI's API (/v1/completions, /v1/chat/completions, "
-                                            "/v1/responses) on this port", parse=port_number)
+                                            "/v1/responses) on this port (default: none: no OpenAI API)",
+                                      parse=port_number)
     openai_model: str = setting(OPENAI_DEFAULT_MODEL, "what the OpenAI API calls", choices=(BLS_MODEL, ENSEMBLE_MODEL))
     served_model_name: str = setting(SERVED_MODEL_NAME, "the model name the OpenAI API shows")
     api_key: str | None = setting(None, API_KEY_HELP, parse=str)

@@ -31,7 +31,8 @@ class GateOptions:
 
     accuracy_gate: Path | None = setting(None, "after the build, serve the repository and compare it with the "
                                          "checkpoint (tritonforge eval); a failing engine leaves the repository "
-                                         "marked not ready", parse=Path, metavar="PROMPTS.jsonl")
+                                         "marked not ready (default: none: no gate)", parse=Path,
+                                         metavar="PROMPTS.jsonl")
     accuracy_reference: Path | None = setting(None, "the checkpoint the gate compares with (default: --model), "
                                               "e.g. the original of a pre-quantized checkpoint", parse=Path)
 

@@ -50,8 +50,8 @@ def test_help_says_a_temperature_alone_stays_greedy(capsys):
     with pytest.raises(SystemExit):
         make_parser().parse_args(["generate", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "--temperature TEMPERATURE sampling temperature; the engine samples only with --top-k > 1 or --top-p < 1, " \
-           "so alone it stays greedy" in help_text
+    assert "--temperature TEMPERATURE sampling temperature (default: none). TensorRT-LLM's semantics: the engine " \
+           "samples only with --top-k > 1 or --top-p < 1, so --temperature alone stays greedy" in help_text
 
 
 @pytest.mark.parametrize("command", [["generate", "hi"], ["probe"], ["bench", "repo"], ["openai"],
@@ -68,3 +68,30 @@ def test_an_address_that_is_not_host_and_port_is_refused_in_one_line(url, capsys
         make_parser().parse_args(["generate", "hi", "--url", url])
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and f"argument --url: expected HOST:PORT, e.g. 127.0.0.1:8001, got {url!r}" in error
+
+
+@pytest.mark.parametrize(("flags", "greedy"), [(("--temperature", "0.7"), True),
+                                              (("--temperature", "0.7", "--top-k", "1"), True),
+                                              (("--temperature", "0.7", "--top-p", "1"), True),
+                                              (("--temperature", "0.7", "--top-k", "40"), False),
+                                              (("--temperature", "0.7", "--top-p", "0.9"), False),
+                                              (("--temperature", "0"), False),  # asked for greedy: nothing to say
+                                              ((), False)])
+def test_a_temperature_that_leaves_the_engine_greedy_is_known_as_such(flags, greedy):
+    assert options_of(*flags).stays_greedy() is greedy
+
+
+def test_generate_with_a_temperature_alone_says_on_stderr_that_it_stays_greedy(monkeypatch, capsys):
+    from tritonforge.cli import generate as generate_module
+    from tritonforge.cli import main
+
+    class Client:
+        def generate(self, prompt, **parameters):
+            return "answer"
+
+    monkeypatch.setattr(generate_module.GenerateOptions, "client", lambda self: Client())
+    assert main(["generate", "hi", "--temperature", "0.7"]) == 0
+    said = capsys.readouterr()
+    assert said.out == "answer\n"
+    assert said.err.startswith("note: --temperature 0.7 alone stays greedy (TensorRT-LLM's semantics)")
+    assert "--top-k" in said.err and len(said.err.splitlines()) == 1
