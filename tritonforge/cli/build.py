@@ -13,6 +13,7 @@ from pathlib import Path
 from ..builder import model_configs as configs
 from ..builder.build import build
 from ..builder.options import BuildOptions
+from ..facts.release import TRITON_IMAGE
 from ..facts.settings import add_arguments, given, option_flag
 from ..runtime.text.tokenization import tokenizer_only_process
 from ..tools.accuracy_gate import GateOptions, print_gate_commands, run_accuracy_gate
@@ -85,8 +86,13 @@ def build_repository(options: BuildOptions, gate: GateOptions, *, tritonserver: 
 
 
 def build_command(args: argparse.Namespace) -> int:
-    output = build_repository(build_options(args), gate_options(args))
-    print(f"repository ready: {output}")
+    options = build_options(args)
+    output = build_repository(options, gate_options(args))
+    if options.dry_run:
+        print(f"dry run written: {output} holds the configs and the plan but no engine, so it cannot serve yet: "
+              f"build without --dry-run inside {TRITON_IMAGE} to make one")
+    else:
+        print(f"repository ready: {output}")
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from dataclasses import dataclass
 
 from ..clients.client import STOP_TIMEOUT_S
@@ -31,6 +32,7 @@ def probe_command(args: argparse.Namespace) -> int:
 
     options = ProbeOptions(**given(args, ProbeOptions))
     client = GrpcClient(options.url, model=options.model)
+    started = time.monotonic()
     try:
         for _ in client.stream_bytes(GenerateRequest(text_input="ping", max_tokens=1), timeout_s=options.timeout_s):
             pass
@@ -39,6 +41,8 @@ def probe_command(args: argparse.Namespace) -> int:
         return 1
     finally:
         client.close()
+    print(f"live: {options.model} at {options.url} answered a one-token generation in "
+          f"{time.monotonic() - started:.2f} s")
     return 0
 
 

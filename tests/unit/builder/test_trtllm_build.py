@@ -130,6 +130,15 @@ def test_without_tensorrt_llm_nor_a_gpu_the_build_says_tensorrt_llm_is_missing_f
     assert code == 1 and "TensorRT-LLM is not installed here" in said and "--gpu-memory-gib" not in said, said
 
 
+def test_a_dry_run_says_its_repository_has_no_engine_rather_than_ready(tiny_models, tmp_path, capsys):
+    code = main(["build", "--model", str(tiny_models["bpe"]), "--output", str(tmp_path / "repo"), "--engine",
+                 "tensorrtllm", "--gpu-memory-gib", "80", "--max-input-len", "64", "--max-seq-len", "256",
+                 "--dry-run"])
+    said = capsys.readouterr().out
+    assert code == 0 and said.startswith(f"dry run written: {tmp_path / 'repo'} holds the configs and the plan but "
+                                         f"no engine") and TRITON_IMAGE in said and "ready" not in said
+
+
 def test_missing_tensorrt_llm_raises_from_the_library(tiny_models, tmp_path):
     with pytest.raises(TensorRTLLMMissing, match="--dry-run"):
         build(options(tiny_models["bpe"], tmp_path / "repo"))
