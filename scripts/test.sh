@@ -15,7 +15,9 @@ if ! cmp -s scripts/container-transformers.txt "$CONTAINER_TRANSFORMERS/.install
 fi
 export TRITONFORGE_CONTAINER_TRANSFORMERS="$PWD/$CONTAINER_TRANSFORMERS"
 # pytest exits 5 when it collected no test: that is a failure here, as any non-zero code is.
-PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider)
+# A line per test module as it ends, with the run's progress (tests/progress.py), instead of a dot per test; the
+# reason of every skip (-rs: what is missing) and the slowest tests (--durations) at the end.
+PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider -p tests.progress -rs --durations=15)
 if [ $# -gt 0 ]; then
   exec "${PYTEST[@]}" "$@"
 fi
