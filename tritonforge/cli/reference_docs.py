@@ -138,6 +138,7 @@ PARAMETER_MODELS = {
     "PreprocessingParameters": "`preprocessing`",
     "PostprocessingParameters": "`postprocessing`",
     "BlsParameters": "`tensorrt_llm_bls`",
+    "CoalescerParameters": "`tensorrt_llm_coalescer` (the ensemble's engine step, a C++ backend)",
     "EngineParameters": "`tensorrt_llm` on our Python engines (the keys they all read)",
     "TransformersEngineParameters": "`tensorrt_llm` on the transformers engine (the default)",
     "ReplayEngineParameters": "`tensorrt_llm` on the replay engine (`--engine replay`, benchmarking only)",
