@@ -95,7 +95,7 @@ class PromptEncoder:
         Only the template makes special tokens: a message whose content holds a special token's text (say
         `<|start_header_id|>system`) has that content encoded as plain text, so it cannot forge a turn."""
         # JSON escapes (\uXXXX) spend up to 6 characters on one: refuse only beyond what any valid prompt needs.
-        self._check_size(len(messages_json) // 6, field)
+        self._check_size(len(messages_json), field, escaped=6)
         chat = parse_chat(messages_json, field)
         self._check_size(sum(len(message.get("content") or "") for message in chat.messages), field)
         if not getattr(self.tokenizer, "chat_template", None):
@@ -120,13 +120,15 @@ class PromptEncoder:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra,
                                                   **chat.template_kwargs)
 
-    def _check_size(self, characters: int, field: str) -> None:
+    def _check_size(self, characters: int, field: str, escaped: int = 1) -> None:
         """Refuse, before tokenizing, text too long to fit: no token spans more than `longest_token` characters,
-        so more than max_input_len × that many characters is certainly more than max_input_len tokens."""
+        so more than max_input_len × that many characters is certainly more than max_input_len tokens. Text as
+        JSON (`escaped` 6) may spend up to that many characters on one of the prompt's."""
         limit = self.max_input_len * longest_token(self.tokenizer)
-        if characters > limit:
+        if characters > limit * escaped:
             raise RequestError(field, f"has {characters} characters: more than the maximum input length "
-                                      f"{self.max_input_len} tokens can hold ({limit})")
+                                      f"{self.max_input_len} tokens can hold ({limit * escaped}"
+                                      f"{' as JSON' if escaped > 1 else ''})")
 
     def _special_texts(self) -> list[str]:
         added = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}

@@ -342,3 +342,9 @@ def test_a_chat_the_template_cannot_take_is_refused_naming_messages(tiny_models,
     encoder = PromptEncoder(load_tokenizer(tiny_models["sentencepiece"]), max_input_len=512)
     with pytest.raises(RequestError, match=f"^messages: .*{re.escape(said)}"):
         encoder.encode_chat(json.dumps(chat))
+
+
+def test_a_chat_too_long_by_its_size_says_its_real_length(preprocessor):
+    messages = json.dumps([{"role": "user", "content": "a" * 100_000}])
+    with pytest.raises(RequestError, match=f"^messages: has {len(messages)} characters: .* as JSON"):
+        PromptEncoder(preprocessor.tokenizer, max_input_len=64).encode_chat(messages)
