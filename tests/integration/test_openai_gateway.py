@@ -116,7 +116,8 @@ def test_http_error_shapes(gateway):
     status, body = post(gateway, "/v1/completions", json.dumps({"prompt": "x" * 10_000_000,
                                                                 "max_tokens": 4}).encode())
     error = json.loads(body)["error"]
-    assert status == 400 and "text_input" in error["message"] and error["type"] == "invalid_request_error"
+    assert status == 400 and error["message"].startswith("prompt: ") and error["param"] == "prompt"
+    assert error["type"] == "invalid_request_error"
 
 
 def test_a_plain_sse_stream_ends_with_done(gateway):
