@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -38,6 +39,25 @@ inline void LogIfError(const char* backend, TRITONSERVER_Error* raw, const char*
   if (error) {
     Log(backend, TRITONSERVER_LOG_ERROR, file, line, std::string(what) + ": " + TRITONSERVER_ErrorMessage(error.get()));
   }
+}
+
+// A response allocator's pair for the models a backend calls in-process: their outputs land in plain CPU memory
+// the backend owns until it deletes the response.
+inline TRITONSERVER_Error* AllocateCpu(TRITONSERVER_ResponseAllocator*, const char*, size_t byte_size,
+                                       TRITONSERVER_MemoryType, int64_t, void*, void** buffer, void** buffer_userp,
+                                       TRITONSERVER_MemoryType* actual_memory_type, int64_t* actual_memory_type_id) {
+  *buffer = byte_size == 0 ? nullptr : std::malloc(byte_size);
+  *buffer_userp = nullptr;
+  *actual_memory_type = TRITONSERVER_MEMORY_CPU;
+  *actual_memory_type_id = 0;
+  if (byte_size != 0 && *buffer == nullptr) return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "out of memory");
+  return nullptr;
+}
+
+inline TRITONSERVER_Error* DeallocateCpu(TRITONSERVER_ResponseAllocator*, void* buffer, void*, size_t,
+                                         TRITONSERVER_MemoryType, int64_t) {
+  std::free(buffer);
+  return nullptr;
 }
 
 // The model's config as Triton holds it (JSON), parsed.

@@ -305,24 +305,6 @@ struct ModelState {
   }
 };
 
-// The outputs of the models the BLS calls land in plain CPU memory it owns until the response is deleted.
-TRITONSERVER_Error* Allocate(TRITONSERVER_ResponseAllocator*, const char*, size_t byte_size, TRITONSERVER_MemoryType,
-                             int64_t, void*, void** buffer, void** buffer_userp,
-                             TRITONSERVER_MemoryType* actual_memory_type, int64_t* actual_memory_type_id) {
-  *buffer = byte_size == 0 ? nullptr : std::malloc(byte_size);
-  *buffer_userp = nullptr;
-  *actual_memory_type = TRITONSERVER_MEMORY_CPU;
-  *actual_memory_type_id = 0;
-  if (byte_size != 0 && *buffer == nullptr) return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "out of memory");
-  return nullptr;
-}
-
-TRITONSERVER_Error* Deallocate(TRITONSERVER_ResponseAllocator*, void* buffer, void*, size_t, TRITONSERVER_MemoryType,
-                               int64_t) {
-  std::free(buffer);
-  return nullptr;
-}
-
 // Every output of a response of a model the BLS called, copied; or its error.
 TRITONSERVER_Error* ResponseTensors(TRITONSERVER_InferenceResponse* response, std::map<std::string, Tensor>* out) {
   if (TRITONSERVER_Error* error = TRITONSERVER_InferenceResponseError(response)) return error;
@@ -1395,7 +1377,8 @@ static TRITONSERVER_Error* InitializeModel(TRITONBACKEND_Model* model) {  // Mod
   } catch (const std::exception& error) {  // nothing may cross the C ABI into the server
     return Refuse(state->name, error.what());
   }
-  if (TRITONSERVER_Error* error = TRITONSERVER_ResponseAllocatorNew(&state->allocator, Allocate, Deallocate, nullptr))
+  if (TRITONSERVER_Error* error = TRITONSERVER_ResponseAllocatorNew(&state->allocator, backend::AllocateCpu,
+                                                                  backend::DeallocateCpu, nullptr))
     return error;
   Log(TRITONSERVER_LOG_INFO, __LINE__, state->name + ": " + std::to_string(state->table->size()) +
                                            " token byte strings from " + path + "; engine model '" +

@@ -86,24 +86,6 @@ struct ModelState {
   }
 };
 
-// The engine's outputs land in plain CPU memory, owned until its response is deleted (after they are copied).
-TRITONSERVER_Error* Allocate(TRITONSERVER_ResponseAllocator*, const char*, size_t byte_size, TRITONSERVER_MemoryType,
-                             int64_t, void*, void** buffer, void** buffer_userp,
-                             TRITONSERVER_MemoryType* actual_memory_type, int64_t* actual_memory_type_id) {
-  *buffer = byte_size == 0 ? nullptr : std::malloc(byte_size);
-  *buffer_userp = nullptr;
-  *actual_memory_type = TRITONSERVER_MEMORY_CPU;
-  *actual_memory_type_id = 0;
-  if (byte_size != 0 && *buffer == nullptr) return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "out of memory");
-  return nullptr;
-}
-
-TRITONSERVER_Error* Deallocate(TRITONSERVER_ResponseAllocator*, void* buffer, void*, size_t, TRITONSERVER_MemoryType,
-                               int64_t) {
-  std::free(buffer);
-  return nullptr;
-}
-
 // An engine response as coalescing.h folds it: its tensors copied, or its error.
 coalescing::Response ReadResponse(TRITONSERVER_InferenceResponse* response) {
   coalescing::Response out;
@@ -549,7 +531,8 @@ TRITONSERVER_Error* InitializeModel(TRITONBACKEND_Model* model) {
       return Refuse(state->name, std::string("parameter ") + kMaxResponsesParameter + " must be a number >= 0, got '" +
                                      budget + "'");
   }
-  if (TRITONSERVER_Error* error = TRITONSERVER_ResponseAllocatorNew(&state->allocator, Allocate, Deallocate, nullptr))
+  if (TRITONSERVER_Error* error = TRITONSERVER_ResponseAllocatorNew(&state->allocator, backend::AllocateCpu,
+                                                                  backend::DeallocateCpu, nullptr))
     return error;
   Log(TRITONSERVER_LOG_INFO, __LINE__, state->name + ": engine " + state->engine_model + ", at most " +
                                            (budget.empty() ? std::string("unpaced") : budget) + " responses a second");
