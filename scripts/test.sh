@@ -21,14 +21,14 @@ PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider -p tests.progress -rs 
 if [ $# -gt 0 ]; then
   exec "${PYTEST[@]}" "$@"
 fi
-# TEST_WORKERS=N (3 by default): the suite in N processes, a test module per process at a time (a module's
-# servers start once; tests/conftest.py keeps the modules on the session's shared servers in one process and
-# hands out the longest modules first), and beside it, in a process of its own, the tokenizer-dependent tests
-# again on the container's transformers (tests/conftest.py marks them), reported after the suite.
-# TEST_WORKERS=1: one process, one pass after the other. On a 2-core machine about 15 min in three processes
-# (an eighth of the cores idle: tests wait on servers); two leave more than a quarter idle and take 5 min 25 s.
+# TEST_WORKERS=N (one more than the cores by default: tests wait on servers): the suite in N processes, a test
+# module per process at a time (a module's servers start once; tests/conftest.py keeps the modules on the
+# session's shared servers in one process, hands out the longest modules first and has the processes load their
+# servers one at a time), and beside it, in a process of its own, the tokenizer-dependent tests again on the
+# container's transformers (tests/conftest.py marks them), reported after the suite.
+# TEST_WORKERS=1: one process, one pass after the other.
 # `bash scripts/test.sh tests/...` runs what it names, in one process.
-WORKERS=${TEST_WORKERS:-3}
+WORKERS=${TEST_WORKERS:-$(( $(nproc) + 1 ))}
 # test_container_transformers compares the running transformers with the container's: there they are one.
 CONTAINER_PASS=("${PYTEST[@]}" -m transformers tests/unit tests/integration/test_ensemble.py
                 --deselect tests/unit/builder/test_container_transformers.py)

@@ -3,7 +3,9 @@ doubles of Triton's gRPC service."""
 
 from __future__ import annotations
 
+import os
 import signal
+import tempfile
 from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
@@ -13,6 +15,7 @@ import pytest
 from tritonclient.grpc import service_pb2_grpc
 from xdist.scheduler import LoadFileScheduling
 
+from tritonforge.facts.environment import SERVER_START_LOCK_ENV
 from tritonforge.serve.server import free_port
 from tritonforge.tools.tiny_model import TOKENIZER_FAMILIES, make_tiny_model
 
@@ -109,6 +112,9 @@ class _LongestFirst:
 
 def pytest_configure(config):
     config.pluginmanager.register(_LongestFirst(), "longest-first")
+    # The test processes of a run (and of the container pass beside it) load their servers one at a time: loads
+    # side by side on a small machine starved the Python stubs into Triton 2.51's wedge start after start.
+    os.environ.setdefault(SERVER_START_LOCK_ENV, os.path.join(tempfile.gettempdir(), "tritonforge-test-starts.lock"))
     # A run stopped with SIGTERM (`timeout`, a CI job's limit) ends as Ctrl+C does: pytest then tears down the
     # fixtures, which stop the tritonservers they started (their own sessions would outlive the run).
     signal.signal(signal.SIGTERM, _interrupt)

@@ -2,16 +2,21 @@
 tritonserver: a load its Python backend wedges (a stub that misses its health check while its model
 initializes is waited for forever; the stand-in for a starved stub is a model that stops itself, SIGSTOP, in
 `initialize`: its health thread stops with it), and a server that crashes (the stand-in: a model that aborts
-its tritonserver, SIGABRT, in `initialize`). The failure of the last of START_ATTEMPTS starts is the start's error."""
+its tritonserver, SIGABRT, in `initialize`). The failure of the last of START_ATTEMPTS starts is the start's error.
+Where a start lock is named, a start waits for the one that holds it."""
 
 from __future__ import annotations
 
+import fcntl
+import logging
+import threading
 from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from tritonforge.facts.environment import SERVER_START_LOCK_ENV
 from tritonforge.serve.server import START_ATTEMPTS, CrashedWhileLoading, StubLaunchWedged, TritonServer
 
 MODEL = "fails_in_initialize"
@@ -71,3 +76,46 @@ def test_a_server_that_crashes_at_every_start_while_loading_fails_saying_so(tmp_
     with pytest.raises(CrashedWhileLoading, match=r"^tritonserver crashed while loading \(Aborted\)"):
         TritonServer(repository(tmp_path, ABORT_ITS_SERVER, failures=START_ATTEMPTS), ready_timeout_s=60).start()
     assert (tmp_path / "failures").read_text() == "0"
+
+
+class _Seen(logging.Handler):
+    """Sets `event` when a record's message starts with `prefix`."""
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix, self.event = prefix, threading.Event()
+
+    def emit(self, record):
+        if record.getMessage().startswith(self.prefix):
+            self.event.set()
+
+
+def test_a_start_waits_while_another_holds_the_start_lock_then_serves(tmp_path, monkeypatch, caplog):
+    lock_path = tmp_path / "starts.lock"
+    monkeypatch.setenv(SERVER_START_LOCK_ENV, str(lock_path))
+    caplog.set_level(logging.INFO, logger="tritonforge.serve.server")
+    waiting = _Seen("waiting for another server's start to end")
+    logging.getLogger("tritonforge.serve.server").addHandler(waiting)
+    server = TritonServer(repository(tmp_path, "pass", failures=0), ready_timeout_s=60)
+    errors = []
+
+    def start():
+        try:
+            server.start()
+        except Exception as error:  # reported by the test below
+            errors.append(error)
+
+    starting = threading.Thread(target=start)
+    try:
+        with open(lock_path, "a") as held:  # the start of another process
+            fcntl.flock(held, fcntl.LOCK_EX)
+            starting.start()
+            assert waiting.event.wait(60)
+            assert server.pid is None  # nothing launched while the other start holds the lock
+        starting.join(120)
+        assert not starting.is_alive() and not errors
+        assert server.is_running()
+    finally:
+        logging.getLogger("tritonforge.serve.server").removeHandler(waiting)
+        starting.join(120)
+        server.stop()

@@ -32,6 +32,10 @@ API_KEY_ENV = "TRITONFORGE_API_KEY"
 # The tritonserver binary to run, where --tritonserver names none.
 TRITONSERVER_ENV = "TRITONSERVER"
 
+# A lock file that makes the servers started on one machine load one at a time (serve/server.py): loads side by
+# side starve each other's Python stubs, which Triton 2.51 can wedge. Unset: servers start side by side.
+SERVER_START_LOCK_ENV = "TRITONFORGE_SERVER_START_LOCK"
+
 # Where `tritonforge serve CHECKPOINT` keeps the repositories it builds, where --cache-dir names no folder:
 # $XDG_CACHE_HOME/tritonforge/, else ~/.cache/tritonforge/ (the XDG base directory rules, as Hugging Face's cache).
 XDG_CACHE_HOME_ENV = "XDG_CACHE_HOME"

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import functools
 import json
 import logging
@@ -49,6 +50,7 @@ from ..facts.environment import (
     HEARTBEAT_DIR_ENV,
     HEARTBEAT_PERIOD_S,
     SERVER_PID_FILE,
+    SERVER_START_LOCK_ENV,
     STOPPING_FILE,
     TRITONSERVER_ENV,
 )
@@ -117,6 +119,33 @@ RETRIED_AT_START = (StubLaunchWedged, CrashedWhileLoading)
 # Starts in all before such a failure is the caller's: a machine loaded with several servers starting at once has
 # wedged two starts in a row, never three.
 START_ATTEMPTS = 3
+
+
+@contextlib.contextmanager
+def machine_start_lock():
+    """Held from a server's launch until it is ready or failed, where SERVER_START_LOCK_ENV names a lock file:
+    the starts of every process that names the same file then load one at a time (a lock the system releases
+    when its holder dies, however it dies). Without the variable, nothing is held."""
+    path = os.environ.get(SERVER_START_LOCK_ENV)
+    if not path:
+        yield
+        return
+    with open(path, "a") as lock:  # created if absent, never truncated
+        if not _try_lock(lock):
+            logger.info("waiting for another server's start to end (%s=%s)", SERVER_START_LOCK_ENV, path)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _try_lock(lock) -> bool:
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def threads_waiting_for_a_child(pid: int) -> bool:
@@ -493,11 +522,13 @@ class TritonServer:
         anything runs; removes what killed runs of ours left first. A load wedged by the Python backend
         (STUB_WEDGE_S) is killed and started again (START_ATTEMPTS in all), and so is a server that crashed while
         loading (Triton 2.51 has aborted at a start on a loaded machine: an uncaught lock_exception, an epoll_wait
-        on a closed descriptor); on new ports where they were picked here."""
+        on a closed descriptor); on new ports where they were picked here. Where SERVER_START_LOCK_ENV names a
+        lock file, each attempt waits for the other starts that name it to end (machine_start_lock)."""
         picked = {name: getattr(self, name) == 0 for name in ("http_port", "grpc_port", "metrics_port")}
         for attempt in range(1, START_ATTEMPTS + 1):
             try:
-                return self._start()
+                with machine_start_lock():
+                    return self._start()
             except RETRIED_AT_START as failure:
                 if attempt == START_ATTEMPTS:
                     raise
