@@ -22,7 +22,6 @@ from tritonforge.runtime.triton_adapter import is_decoupled, resolve_path, start
 class TritonPythonModel:
     def initialize(self, args):
         tokenizer_only_process()
-        start_heartbeat()
         parameters = BlsParameters.from_model_args(args)
         self.orchestrator = BlsOrchestrator(pb_utils, BlsSettings(
             tokenizer_dir=resolve_path(args, parameters.tokenizer_dir),
@@ -31,6 +30,7 @@ class TritonPythonModel:
             engine_url=os.environ.get(ENGINE_GRPC_URL_ENV) or parameters.engine_grpc_url,
             max_concurrency=parameters.max_concurrency,
             add_special_tokens=parameters.add_special_tokens, decoupled=is_decoupled(args)))
+        start_heartbeat(drain=self.orchestrator.drain)
 
     def execute(self, requests):
         for request in requests:

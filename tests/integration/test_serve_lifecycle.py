@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
 
 from tritonforge.builder.build import BuildOptions, build
 from tritonforge.clients.client import GrpcClient
@@ -576,3 +578,37 @@ def test_streams_still_open_when_the_stop_deadline_comes_end_unavailable_and_the
     assert stopped.get(timeout=server.exit_timeout_s + 30) == 0 and time.monotonic() - asked < server.exit_timeout_s
     assert not work_dir.exists() and not list(SHARED_MEMORY_DIR.glob(f"{shm_prefix}*"))
     assert python_env is not None and not python_env.exists()
+
+
+@pytest.fixture(scope="module", params=["cpp", "python"])
+def deaf_engine_repository(request, tiny_models, tmp_path_factory) -> Path:
+    """The C++ replay engine told to read no stop of ours (`replay_reads_stop` false), as NVIDIA's engine reads
+    none: a test double of that engine. Its ensemble goes through the coalescer; its BLS is the C++ one or the
+    Python one (`text_backend`)."""
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("needs a C++ compiler (g++) to build the C++ replay engine and the coalescer")
+    repository = build(BuildOptions(
+        model=tiny_models["bpe"], output=tmp_path_factory.mktemp(f"deaf-{request.param}") / "repo", engine="replay",
+        replay_native=True, replay_step_ms=STEP_MS, text_backend=request.param, max_input_len=64, max_seq_len=1024,
+        max_batch_size=2 * STREAMS, serving=lean_serving()), progress=lambda _: None)
+    path = repository / ENGINE_MODEL / "config.pbtxt"
+    config = text_format.Parse(path.read_text(), mc.ModelConfig())
+    config.parameters["replay_reads_stop"].string_value = "false"
+    path.write_text(text_format.MessageToString(config))
+    return repository
+
+
+def test_the_models_around_an_engine_that_reads_no_stop_end_its_streams_at_the_deadline(deaf_engine_repository):
+    """NVIDIA's engine ends nothing at a stop of ours: the BLS and the ensemble's coalescer end their open streams
+    at the deadline themselves (UNAVAILABLE, the server is shutting down), cancel the engine's requests, and the
+    server exits by itself (status 0: no kill) within its exit timeout."""
+    server = TritonServer(deaf_engine_repository, drain_timeout_s=1).start()
+    first_chunk = threading.Barrier(2 * STREAMS + 1)
+    outcomes = open_streams(server.grpc_url, first_chunk)
+    first_chunk.wait(timeout=READY_WITHIN_S)
+    stopped: queue.Queue = queue.Queue()
+    asked = time.monotonic()
+    threading.Thread(target=lambda: stopped.put(server.stop()), daemon=True).start()
+    assert all(outcome["ended"].wait(1 + DRAIN_END_S + 5) for outcome in outcomes), outcomes
+    assert all("the server is shutting down" in (outcome["error"] or "") for outcome in outcomes), outcomes
+    assert stopped.get(timeout=server.exit_timeout_s + 30) == 0 and time.monotonic() - asked < server.exit_timeout_s

@@ -168,6 +168,8 @@ class NativeReplayEngineParameters(ModelParameters):
     exclude_input_in_output: bool = EngineParameters.exclude_input_in_output
     replay_sender_threads: int = 1  # threads sending responses, each running its share of the batch
     stream_interval: int = EngineParameters.stream_interval
+    # False: the engine reads no stop of the launcher's, as NVIDIA's engine (tests of what the models around it do)
+    replay_reads_stop: bool = written_when_set(True)
 
 
 @dataclass(frozen=True, kw_only=True)

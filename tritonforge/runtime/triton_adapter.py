@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 # the ensemble request in flight for ever: the server's stop waits its whole exit timeout for it, then cannot
 # unload the ensemble and is killed (core's EnsembleContext::PrepareSteps, fixed upstream in 2026).
 ERROR_AFTER_RESPONSE_S = 1.0
+# How long a model's drain at a server's stop waits for the requests it ended to close (the engine's and the BLS's).
+DRAIN_END_S = 5.0
 _STUB_WATCH = Path(__file__).with_name("stub_watch.py")
 
 

@@ -46,23 +46,30 @@ class EngineCall:
         self._on_response = on_response
         self._done = threading.Event()
         self._failure: Exception | None = None
+        # Held through a delivery and an end: once `end` returns, `on_response` neither runs nor will (an end
+        # from another thread than the reader's, at a server's stop, hands the text state over safely).
+        self._lock = threading.RLock()
 
     def deliver(self, outputs: dict[str, np.ndarray], final: bool) -> bool:
         """Called by the reader; True once the call is over (its final response, or `on_response` failed)."""
-        if outputs:
-            try:
-                self._on_response(outputs)
-            except Exception as error:  # noqa: BLE001 - it ends this call, which `wait` raises
-                self.end(error)
+        with self._lock:
+            if self._done.is_set():
                 return True
-        if final:
-            self.end()
-        return final
+            if outputs:
+                try:
+                    self._on_response(outputs)
+                except Exception as error:  # noqa: BLE001 - it ends this call, which `wait` raises
+                    self.end(error)
+                    return True
+            if final:
+                self.end()
+            return final
 
     def end(self, failure: Exception | None = None) -> None:
-        if not self._done.is_set():
-            self._failure = failure
-            self._done.set()
+        with self._lock:
+            if not self._done.is_set():
+                self._failure = failure
+                self._done.set()
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """True when the call is over, False on timeout; raises what ended it, if anything did."""
@@ -99,6 +106,13 @@ class EngineStream:
         message = _request(self.model, request_id, stop_request_inputs(), [])
         with self._lock:
             self._open_locked().put(message)
+
+    def end(self, request_id: str, failure: Exception) -> None:
+        """End the open call of `request_id` with `failure` now, whatever the engine still sends for it."""
+        with self._lock:
+            engine_call = self._calls.pop(request_id, None)
+        if engine_call is not None:
+            engine_call.end(failure)
 
     def close(self) -> None:
         with self._lock:

@@ -24,6 +24,7 @@ even when the client asked for one non-streamed answer. Deployed non-decoupled (
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
@@ -48,13 +49,13 @@ from ...facts.contract import (
     STREAMING,
     TEXT_INPUT,
 )
-from ...facts.errors import RequestError
+from ...facts.errors import RequestError, ServerStopping
 from ...facts.limits import EngineLimits
 from ..sending import Senders
 from ..text.detokenization import TokenBytes
 from ..text.preprocess import CLIENT_TENSORS, EncodedRequest, Preprocessor
 from ..text.tokenization import decode_utf8
-from ..triton_adapter import RequestRows, answer_error, request_inputs, requested_outputs
+from ..triton_adapter import DRAIN_END_S, RequestRows, answer_error, request_inputs, requested_outputs
 from .engine_stream import EngineStream
 from .row_stream import CANCEL_CHECK_PERIOD_S, RowRequest, RowStream
 
@@ -72,6 +73,7 @@ SENDER_THREADS = 4  # per instance: they send the coalesced chunks of every stre
 # How long finalize waits for the open requests to send their last response once the engine stream is closed
 # (each then ends at once with UNAVAILABLE): a bound, so that a stuck request cannot hold the server's exit.
 SHUTDOWN_WAIT_S = 5.0
+DRAIN_POLL_S = 0.5  # while draining, how often rows that came since are looked for
 SENDERS_CLOSE_S = 1.0  # then, how long the senders may take to send what they still hold
 
 
@@ -102,13 +104,16 @@ class BlsOrchestrator:
         # `max_concurrency` rows wait for a sender, so the stream's reader never waits for room.
         self.senders = Senders(SENDER_THREADS, depth=settings.max_concurrency, name="bls-send")
         self.engine = engine if engine is not None else EngineStream(settings.engine_url, settings.engine_model)
-        self._running: set = set()  # the rows' futures not yet done
+        self._running: dict = {}  # the rows' futures not yet done, and their rows
+        self._server_stopping = False  # the stop's deadline passed: requests are refused
 
     def submit(self, request) -> None:
         """Called from execute(): parse now (errors answer at once), run the rows in the pool."""
         sender = request.get_response_sender()
         requested = requested_outputs(request)
         try:
+            if self._server_stopping:
+                raise ServerStopping()
             rows = self._rows(request_inputs(request), requested)
         except Exception as error:  # noqa: BLE001 - the client gets the error, the model keeps serving
             answer_error(self.pb_utils, sender, error)
@@ -118,9 +123,24 @@ class BlsOrchestrator:
             stream = RowStream(row, completion, self.engine, self.token_bytes, self.senders,
                                engine_stoppable=self.settings.decoupled)
             future = self.pool.submit(stream.run)
-            self._running.add(future)
-            future.add_done_callback(self._running.discard)
+            self._running[future] = stream
+            future.add_done_callback(lambda done: self._running.pop(done, None))
             future.add_done_callback(_log_failure)
+
+    def drain(self, deadline: float) -> None:
+        """The server is stopping (triton_adapter.start_heartbeat calls this): open rows run until `deadline`
+        (time.monotonic); the rest then end with ServerStopping, their engine requests stopped, and so does any
+        request that comes later. Returns once none is open, or DRAIN_END_S later."""
+        while self._running and time.monotonic() < deadline:
+            wait(list(self._running), timeout=min(deadline - time.monotonic(), DRAIN_POLL_S))
+        self._server_stopping = True
+        open_rows = dict(self._running)  # atomic: the rows' threads remove theirs as they end
+        if not open_rows:
+            return
+        logger.warning("the server is stopping: ending %d open BLS requests", len(open_rows))
+        for stream in open_rows.values():
+            stream.end_for_server()
+        wait(list(open_rows), timeout=DRAIN_END_S)
 
     def _rows(self, inputs: dict[str, np.ndarray], requested: frozenset[str] | None) -> list[RowRequest]:
         encoded = self.preprocessor.encode(inputs, CLIENT_TENSORS)
@@ -167,7 +187,7 @@ class BlsOrchestrator:
         the stream to the server's own gRPC endpoint open while the server waits to exit."""
         self.engine.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
-        running = self._running.copy()  # atomic: the rows' threads discard from it as they end
+        running = list(self._running)  # atomic: the rows' threads remove theirs as they end
         if running:
             _, left = wait(running, timeout=SHUTDOWN_WAIT_S)
             if left:

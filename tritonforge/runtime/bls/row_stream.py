@@ -25,7 +25,7 @@ from ...facts.contract import (
     SEQUENCE_LENGTH,
     TEXT_OUTPUT,
 )
-from ...facts.errors import ResponseSendError
+from ...facts.errors import ResponseSendError, ServerStopping
 from ...facts.model_parameters import CANCELLATION_CHECK_PERIOD_MS
 from ..sending import Outbox, Senders
 from ..text.detokenization import IncrementalDetokenizer, TokenBytes
@@ -144,6 +144,13 @@ class RowStream:
             self.engine.stop(self.request_id)
         except Exception:  # noqa: BLE001 - the row still ends; only the engine's slot frees later
             logger.exception("could not stop engine request %s", self.request_id)
+
+    def end_for_server(self) -> None:
+        """The server's stop came with this row open (the orchestrator's drain): its engine call ends now with
+        ServerStopping, which `run` sends as the row's last response, and its engine request is stopped (NVIDIA's
+        engine reads no stop of ours)."""
+        self.engine.end(self.request_id, ServerStopping())
+        self._stop_engine()
 
     # --- the engine stream's reader ------------------------------------------------------------------------------
 

@@ -48,6 +48,7 @@ from ...facts.limits import EngineLimits
 from ...facts.model_parameters import CANCELLATION_CHECK_PERIOD_MS, EngineParameters, TransformersEngineParameters
 from ..sending import Outbox, Senders
 from ..triton_adapter import (
+    DRAIN_END_S,
     RequestRows,
     answer_error,
     is_decoupled,
@@ -64,7 +65,6 @@ from .stop_board import StopBoard
 logger = logging.getLogger(__name__)
 
 REQUIRED_OUTPUTS = frozenset({OUTPUT_IDS, SEQUENCE_LENGTH})
-DRAIN_END_S = 5.0  # how long `drain` waits for the engine to end the rows it was told to end
 SENDERS_CLOSE_S = 5.0  # how long shutdown waits for the sender threads to send what they hold
 # Rows waiting for a sender before the engine's thread waits for one (two 128-row steps' worth): a server that
 # takes responses slower than the engine makes them slows the engine instead of a queue without bound.

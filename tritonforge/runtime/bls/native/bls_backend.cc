@@ -62,12 +62,14 @@
 #include "../../text/native/streaming_text.h"
 #include "triton_backend_api.h"
 #include "backend_support.h"
+#include "server_stop.h"
 
 namespace {
 
 namespace text = tritonforge::text;
 namespace json = tritonforge::text::json;
 namespace backend = tritonforge::backend;
+namespace server_stop = tritonforge::server_stop;
 
 // --- names: facts/contract.py, facts/model_parameters.py, facts/errors.py -------------------------------------
 constexpr char kBackend[] = "tritonforge_bls";
@@ -161,7 +163,7 @@ constexpr int kSenderThreads = 2;  // a send is a few microseconds here: two kee
 // Messages the Python BLS answers with (facts/errors.py).
 constexpr char kUnavailablePrefix[] = "unavailable: ";  // errors.UNAVAILABLE_PREFIX
 constexpr char kInternalPrefix[] = "internal error: ";  // errors.INTERNAL_PREFIX
-constexpr char kServerStopping[] = "unavailable: the server is shutting down; the generation was stopped";
+using tritonforge::server_stop::kServerStopping;
 constexpr char kResponseNotSent[] = "a streamed response could not be sent; the generation was stopped";
 
 using backend::NowNs;
@@ -548,6 +550,7 @@ class InstanceState {
   InstanceState(const ModelState& model, std::string name)
       : model_(model), name_(std::move(name)), senders_(kSenderThreads) {
     watcher_ = std::thread([this] { Watch(); });
+    stop_watch_ = std::make_unique<server_stop::StopWatch>(name_, [this](double deadline) { Drain(deadline); });
   }
 
   ~InstanceState() {
@@ -556,6 +559,8 @@ class InstanceState {
       closing_ = true;
     }
     wake_.notify_all();
+    open_changed_.notify_all();
+    stop_watch_.reset();
     watcher_.join();
     senders_.Close();
     std::lock_guard<std::mutex> lock(mutex_);
@@ -585,11 +590,28 @@ class InstanceState {
   }
 
   void Closed(ClientRequest* request) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (open_.erase(request) > 0) open_rows_ -= request->rows_admitted();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (open_.erase(request) > 0) open_rows_ -= request->rows_admitted();
+    }
+    open_changed_.notify_all();
   }
 
  private:
+  // A launcher's stop (server_stop.h): open requests run until `deadline`; then the watcher ends the rest with
+  // kServerStopping, cancelling their engine requests (NVIDIA's engine reads no stop of ours), and refuses new
+  // ones, as when the model is no longer served.
+  void Drain(double deadline) {
+    const auto done = [this] { return closing_ || open_.empty(); };
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (open_changed_.wait_for(lock, server_stop::Span(deadline - server_stop::MonotonicSeconds()), done)) return;
+    Log(TRITONSERVER_LOG_WARN, __LINE__, name_ + ": the server is stopping: ending " + std::to_string(open_.size()) +
+                                             " open requests");
+    stopping_ = true;
+    wake_.notify_all();
+    open_changed_.wait_for(lock, server_stop::kDrainEnd, done);
+  }
+
   // The watcher: cancels for clients that went away; ends everything once the model is no longer served.
   void Watch() {
     bool seen_ready = false;
@@ -638,11 +660,13 @@ class InstanceState {
   std::atomic<uint64_t> next_id_{0};
   std::mutex mutex_;
   std::condition_variable wake_;
+  std::condition_variable open_changed_;  // a request closed, or the instance closes
   bool closing_ = false;
   bool stopping_ = false;
   int64_t open_rows_ = 0;
   std::set<ClientRequest*> open_;
   std::thread watcher_;
+  std::unique_ptr<server_stop::StopWatch> stop_watch_;  // calls Drain at a launcher's stop
 };
 
 void Senders::Serve() {

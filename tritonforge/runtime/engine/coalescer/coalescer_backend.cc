@@ -50,12 +50,14 @@
 #include "triton_backend_api.h"
 #include "backend_support.h"
 #include "coalescing.h"
+#include "server_stop.h"
 
 namespace {
 
 namespace json = tritonforge::text::json;
 namespace backend = tritonforge::backend;
 namespace coalescing = tritonforge::coalescing;
+namespace server_stop = tritonforge::server_stop;
 using backend::Error;
 using backend::NowNs;
 
@@ -66,6 +68,10 @@ constexpr char kBeamWidth[] = "beam_width";
 constexpr char kEngineModelParameter[] = "tensorrt_llm_model_name";
 constexpr char kMaxResponsesParameter[] = "max_responses_per_second";
 constexpr int kCheckPeriodMs = 100;  // model_parameters.CANCELLATION_CHECK_PERIOD_MS, as the engines poll
+// triton_adapter.ERROR_AFTER_RESPONSE_S: a stream's last response, when it is an error, leaves no sooner than this
+// after the response before it, time for that one to pass the ensemble's postprocessing (Triton 2.51 keeps an
+// ensemble request whose error overtook its last chunk there in flight for ever).
+constexpr std::chrono::seconds kErrorAfterResponse{1};
 
 void Log(TRITONSERVER_LogLevel level, int line, const std::string& message) {
   backend::Log(kBackend, level, __FILE__, line, message);
@@ -134,6 +140,10 @@ class Request {
   // The sender's: sends what waits; returns how many responses it sent.
   int64_t Flush();
   void CancelIfClientLeft();
+  // A launcher's stop whose deadline came with this request open: StopForServer sends nothing more of the engine's
+  // and cancels the engine request; EndForServer, a second later, ends the client's stream with kServerStopping.
+  void StopForServer();
+  void EndForServer();
 
   bool TryAddRef() {
     int current = refs_.load();
@@ -169,6 +179,8 @@ class Request {
   bool queued_ = false;        // in the sender's queue
   bool first_sent_ = false;
   bool final_sent_ = false;
+  bool server_stopped_ = false;  // StopForServer: the engine's responses are no longer the client's
+  bool client_end_ = false;      // EndForServer: the final response waits in pending_
 };
 
 // --- the instance: its sender thread and its open requests --------------------------------------------------------
@@ -178,9 +190,16 @@ class InstanceState {
     if (model_.max_responses_per_second > 0)
       pass_per_response_ = std::chrono::nanoseconds(static_cast<int64_t>(1e9 / model_.max_responses_per_second));
     sender_ = std::thread([this] { Serve(); });
+    stop_watch_ = std::make_unique<server_stop::StopWatch>(name_, [this](double deadline) { Drain(deadline); });
   }
 
   ~InstanceState() {
+    {
+      std::lock_guard<std::mutex> lock(open_mutex_);
+      closed_ = true;
+    }
+    open_changed_.notify_all();
+    stop_watch_.reset();
     {
       std::lock_guard<std::mutex> lock(mutex_);
       closing_ = true;
@@ -194,13 +213,21 @@ class InstanceState {
 
   const ModelState& model() const { return model_; }
 
+  // Whether the stop's deadline has passed: a request that comes now is refused.
+  bool ServerStopping() {
+    std::lock_guard<std::mutex> lock(open_mutex_);
+    return server_stopping_;
+  }
   void Opened(Request* request) {
     std::lock_guard<std::mutex> lock(open_mutex_);
     open_.insert(request);
   }
   void Closed(Request* request) {
-    std::lock_guard<std::mutex> lock(open_mutex_);
-    open_.erase(request);
+    {
+      std::lock_guard<std::mutex> lock(open_mutex_);
+      open_.erase(request);
+    }
+    open_changed_.notify_all();
   }
 
   // Queue `request` (which holds a reference for the queue) for the sender; a request whose first response
@@ -249,6 +276,32 @@ class InstanceState {
     }
   }
 
+  // A launcher's stop (server_stop.h): open requests run until `deadline`; then each is cut off from its engine
+  // request, which is cancelled (NVIDIA's engine reads no stop of ours), and a second later ends with
+  // kServerStopping; a request that comes after the deadline is refused with it.
+  void Drain(double deadline) {
+    const auto done = [this] { return closed_ || open_.empty(); };
+    std::unique_lock<std::mutex> lock(open_mutex_);
+    if (open_changed_.wait_for(lock, server_stop::Span(deadline - server_stop::MonotonicSeconds()), done)) return;
+    Log(TRITONSERVER_LOG_WARN, __LINE__, name_ + ": the server is stopping: ending " + std::to_string(open_.size()) +
+                                             " open requests");
+    server_stopping_ = true;
+    std::vector<Request*> open;
+    for (Request* request : open_)
+      if (request->TryAddRef()) open.push_back(request);
+    lock.unlock();
+    for (Request* request : open) request->StopForServer();
+    lock.lock();
+    open_changed_.wait_for(lock, kErrorAfterResponse, [this] { return closed_; });
+    lock.unlock();
+    for (Request* request : open) {
+      request->EndForServer();
+      request->DropRef();
+    }
+    lock.lock();
+    open_changed_.wait_for(lock, server_stop::kDrainEnd, done);
+  }
+
   // A client that went away (or a cancel through an ensemble of a Triton that passes it on) cancels the engine.
   void CheckCancellations() {
     std::vector<Request*> open;
@@ -272,8 +325,12 @@ class InstanceState {
   std::deque<Request*> ready_;
   bool closing_ = false;
   std::thread sender_;
-  std::mutex open_mutex_;
+  std::mutex open_mutex_;  // guards what follows
+  std::condition_variable open_changed_;  // a request closed, or the instance closes
   std::set<Request*> open_;
+  bool server_stopping_ = false;  // the stop's deadline passed
+  bool closed_ = false;  // the instance is being finalized
+  std::unique_ptr<server_stop::StopWatch> stop_watch_;  // calls Drain at a launcher's stop
 };
 
 // --- Request --------------------------------------------------------------------------------------------------------
@@ -359,6 +416,8 @@ TRITONSERVER_Error* Request::Start() {
   const bool streaming = ScalarInput<bool>(request_, kStreaming, false);
   const int32_t beam_width = ScalarInput<int32_t>(request_, kBeamWidth, 1);
   pending_ = coalescing::Pending(streaming && beam_width <= 1);
+  if (instance_->ServerStopping())
+    return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNAVAILABLE, server_stop::kServerStopping);
   if (TRITONSERVER_Error* error = NewEngineRequest()) return error;
   instance_->Opened(this);
   if (TRITONSERVER_Error* error = TRITONSERVER_ServerInferAsync(model_.server, engine_, nullptr)) return error;
@@ -407,7 +466,7 @@ void Request::OnEngineResponse(coalescing::Response response, bool final) {
   bool first = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (final_sent_) return;
+    if (final_sent_ || server_stopped_) return;
     // A response with no outputs (the engine's flags-only final, a stop request's answer) carries nothing to send.
     const bool empty = !response.failed && response.tensors.empty();
     if (!empty) pending_.Add(std::move(response));
@@ -432,7 +491,7 @@ int64_t Request::Flush() {
     queued_ = false;
     if (final_sent_) return 0;
     responses = pending_.Take();
-    final = engine_final_;
+    final = engine_final_ || client_end_;
     final_sent_ = final;
     first_sent_ = first_sent_ || !responses.empty();
   }
@@ -496,6 +555,33 @@ bool Request::Send(const coalescing::Response& response, uint32_t flags, bool fi
   }
   LogIfError(TRITONSERVER_InferenceRequestCancel(engine_), "cancel", __LINE__);
   return false;
+}
+
+void Request::StopForServer() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (final_sent_ || server_stopped_) return;
+    server_stopped_ = true;
+    pending_.Take();  // unsent: the stream's last response is then the one already sent, a second before the error
+  }
+  if (!cancel_sent_.exchange(true)) LogIfError(TRITONSERVER_InferenceRequestCancel(engine_), "cancel", __LINE__);
+}
+
+void Request::EndForServer() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (final_sent_ || client_end_) return;
+    coalescing::Response stopping;
+    stopping.failed = true;
+    stopping.error_code = TRITONSERVER_ERROR_UNAVAILABLE;
+    stopping.error_message = server_stop::kServerStopping;
+    pending_.Add(std::move(stopping));
+    client_end_ = true;
+    if (queued_) return;  // the sender takes it with the rest
+    queued_ = true;
+  }
+  AddRef();  // the queue's
+  instance_->Queue(this, true);  // ahead of the pacing
 }
 
 void Request::CancelIfClientLeft() {

@@ -21,7 +21,8 @@
 // A stop of `tritonforge serve` ends its streams as it ends the Python engines' (EngineService.drain, called
 // by triton_adapter.start_heartbeat; the files are tritonforge/facts/environment.py's): where the server's
 // environment names a heartbeat folder, the engine says there that it drains (`<pid>-<instance>.drains`) and
-// a thread of its own looks for the launcher's STOPPING file every second. Open requests get until the
+// a thread of its own looks for the launcher's STOPPING file every second (server_stop.h's StopWatch, which the
+// BLS and the coalescer share). Open requests get until the
 // deadline it holds (a time.monotonic(), written as Python writes a float) to finish; the engine then ends
 // those still running or waiting, and any that comes after, with "unavailable: the server is shutting down;
 // the generation was stopped" (errors.ServerStopping), and says it is drained (`.drained`) once none is open.
@@ -55,8 +56,11 @@
 #include <vector>
 
 #include "triton_backend_api.h"
+#include "server_stop.h"
 
 namespace {
+
+namespace server_stop = tritonforge::server_stop;
 
 using Clock = std::chrono::steady_clock;
 
@@ -70,88 +74,14 @@ void LogError(const char* what, TRITONSERVER_Error* error) {
   TRITONSERVER_ErrorDelete(error);
 }
 
-// What the Python engines answer and wait (tritonforge/facts/errors.py, runtime/triton_adapter.py,
-// runtime/engine/service.py), and the files `tritonforge serve` stops them with (facts/environment.py).
-constexpr char kServerStopping[] = "unavailable: the server is shutting down; the generation was stopped";
+// What the Python engines answer (tritonforge/facts/errors.py, runtime/triton_adapter.py); the stop's files and
+// clock are server_stop.h's.
 constexpr char kEngineShuttingDown[] = "unavailable: the engine is shutting down";  // errors.EngineShuttingDown
 constexpr std::chrono::seconds kErrorAfterResponse{1};  // triton_adapter.ERROR_AFTER_RESPONSE_S
-constexpr std::chrono::seconds kDrainEnd{5};  // service.DRAIN_END_S: how long the engine may take to end the rest
-constexpr std::chrono::seconds kHeartbeatPeriod{1};  // environment.HEARTBEAT_PERIOD_S: how often STOPPING is read
-constexpr char kHeartbeatDirEnv[] = "TRITONFORGE_HEARTBEAT_DIR";  // environment.HEARTBEAT_DIR_ENV
-constexpr char kStoppingFile[] = "stopping";  // environment.STOPPING_FILE
-constexpr char kDrainsSuffix[] = ".drains";  // environment.DRAINS_SUFFIX
-constexpr char kDrainedSuffix[] = ".drained";  // environment.DRAINED_SUFFIX
-
-// Python's time.monotonic() on Linux: the clock of the deadline in the STOPPING file.
-double MonotonicSeconds() {
-  timespec now{};
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
-}
-
-// Seconds as the engine's clock waits them: none for a negative or NaN span, a year at most.
-Clock::duration Span(double seconds) {
-  const double bounded = std::isnan(seconds) ? 0.0 : std::clamp(seconds, 0.0, 365.0 * 24 * 3600);
-  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(bounded));
-}
-
-// Python's float(text): whitespace around it, a sign, then inf, infinity or nan in any case, or a decimal
-// number (digits, single underscores between them, around an optional point, an optional exponent).
-std::optional<double> PythonFloat(std::string text) {
-  const char* space = " \t\n\v\f\r";
-  const size_t first = text.find_first_not_of(space);
-  if (first == std::string::npos) return std::nullopt;
-  text = text.substr(first, text.find_last_not_of(space) + 1 - first);
-  std::string plain;  // the number without its underscores, for strtod
-  size_t i = 0;
-  if (text[i] == '+' || text[i] == '-') plain += text[i++];
-  std::string word = text.substr(i);
-  for (char& c : word) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (word == "inf" || word == "infinity") return plain == "-" ? -HUGE_VAL : HUGE_VAL;
-  if (word == "nan") return std::nan("");
-  const auto is_digit = [&text](size_t at) { return at < text.size() && text[at] >= '0' && text[at] <= '9'; };
-  const auto digits = [&]() {  // a digit part: false where none starts here
-    if (!is_digit(i)) return false;
-    while (is_digit(i) || (i < text.size() && text[i] == '_' && is_digit(i + 1))) {
-      if (text[i] != '_') plain += text[i];
-      ++i;
-    }
-    return true;
-  };
-  const bool whole = digits();
-  bool fraction = false;
-  if (i < text.size() && text[i] == '.') {
-    plain += text[i++];
-    fraction = digits();
-  }
-  if (!whole && !fraction) return std::nullopt;
-  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
-    plain += text[i++];
-    if (i < text.size() && (text[i] == '+' || text[i] == '-')) plain += text[i++];
-    if (!digits()) return std::nullopt;
-  }
-  if (i != text.size()) return std::nullopt;
-  return std::strtod(plain.c_str(), nullptr);  // out of range: inf or 0, as Python's
-}
-
-// triton_adapter._deadline: the time.monotonic() by which a stopping server's open requests must end, or
-// nothing while the server is not stopping (no file, or no number in it: the launcher writes it whole).
-std::optional<double> StopDeadline(const std::string& path) {
-  std::ifstream file(path);
-  if (!file) return std::nullopt;
-  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  if (file.bad()) return std::nullopt;
-  return PythonFloat(std::move(text));
-}
-
-void Touch(const std::string& path) {
-  std::FILE* file = std::fopen(path.c_str(), "a");
-  if (file == nullptr) {
-    std::fprintf(stderr, "tritonforge_replay: cannot write %s: %s\n", path.c_str(), std::strerror(errno));
-    return;
-  }
-  std::fclose(file);
-}
+using server_stop::kDrainEnd;
+using server_stop::kServerStopping;
+using server_stop::MonotonicSeconds;
+using server_stop::Span;
 
 struct Settings {
   double step_ms = 8.5;
@@ -159,6 +89,8 @@ struct Settings {
   int sender_threads = 1;
   int stream_interval = 1;  // streamed tokens per response after the first
   bool exclude_input_in_output = true;
+  // false: a stop of the launcher's is not read, as by NVIDIA's engine (tests of the models around it)
+  bool reads_stop = true;
   std::vector<int32_t> tokens;
 };
 
@@ -256,22 +188,17 @@ bool Send(Stream* stream, const int32_t* ids, size_t count, bool final, TRITONSE
 
 class Engine {
  public:
-  // `drain_marker`: the path, less its suffix, of the files that say this engine drains and has drained at a
-  // server's stop (in the heartbeat folder); "" where no launcher asked for them.
-  Engine(Settings settings, std::string drain_marker)
-      : settings_(std::move(settings)), drain_marker_(std::move(drain_marker)) {
+  // `instance_name`: names the files that say, at a launcher's stop, that this engine drains and has drained.
+  Engine(Settings settings, const std::string& instance_name) : settings_(std::move(settings)) {
     const int threads = std::max(1, settings_.sender_threads);
     for (int i = 0; i < threads; ++i) {
       // Each thread runs its share of the batch, so together they run max_batch_size requests.
       const int share = settings_.max_batch_size / threads + (i < settings_.max_batch_size % threads ? 1 : 0);
       workers_.emplace_back([this, share] { Run(std::max(share, 1)); });
     }
-    if (!drain_marker_.empty()) {
-      std::remove((drain_marker_ + kDrainedSuffix).c_str());  // an earlier instance's, unloaded
-      Touch(drain_marker_ + kDrainsSuffix);
-      const std::string folder = drain_marker_.substr(0, drain_marker_.rfind('/') + 1);
-      watcher_ = std::thread([this, stopping_file = folder + kStoppingFile] { WatchForStop(stopping_file); });
-    }
+    if (settings_.reads_stop)
+      stop_watch_ =
+          std::make_unique<server_stop::StopWatch>(instance_name, [this](double deadline) { Drain(deadline); });
   }
 
   ~Engine() {
@@ -281,10 +208,9 @@ class Engine {
     }
     wake_.notify_all();
     open_changed_.notify_all();
-    if (watcher_.joinable()) watcher_.join();
     for (auto& worker : workers_) worker.join();
     for (Stream* stream : waiting_) End(stream, kEngineShuttingDown);
-    if (!drain_marker_.empty()) Touch(drain_marker_ + kDrainedSuffix);  // none is open now
+    stop_watch_.reset();  // after a drain it woke ends; none is open now
   }
 
   void Submit(Stream* stream) {
@@ -348,21 +274,6 @@ class Engine {
       Send(stream, ids.data(), ids.size(), true);
     }
     Close(stream);
-  }
-
-  // The thread that watches for the server's stop (triton_adapter.start_heartbeat's, for this engine): once
-  // the STOPPING file holds a deadline, drain, and say so.
-  void WatchForStop(const std::string& stopping_file) {
-    std::optional<double> deadline;
-    for (;;) {
-      deadline = StopDeadline(stopping_file);
-      std::unique_lock<std::mutex> lock(mutex_);
-      if (stopping_) return;
-      if (deadline) break;
-      open_changed_.wait_for(lock, kHeartbeatPeriod, [this] { return stopping_; });
-    }
-    Drain(*deadline);
-    Touch(drain_marker_ + kDrainedSuffix);
   }
 
   // EngineService.drain: open requests get until `deadline` (time.monotonic) to finish; then every stream still
@@ -443,14 +354,13 @@ class Engine {
   }
 
   Settings settings_;
-  const std::string drain_marker_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::condition_variable open_changed_;  // open_ fell, or the model unloads
   std::deque<Stream*> waiting_;
   std::unordered_multimap<std::string, Stream*> by_id_;
   std::vector<std::thread> workers_;
-  std::thread watcher_;  // WatchForStop, where a launcher asked for it
+  std::unique_ptr<server_stop::StopWatch> stop_watch_;  // calls Drain at a launcher's stop
   int open_ = 0;  // streams submitted and not yet ended
   bool stopping_ = false;  // the model unloads
   std::atomic<bool> server_stopping_{false};  // the stop's deadline passed (written under mutex_)
@@ -579,6 +489,7 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelIns
     const std::string threads = Parameter(config, "replay_sender_threads");
     settings.sender_threads = threads.empty() ? 1 : std::stoi(threads);
     settings.exclude_input_in_output = Parameter(config, "exclude_input_in_output") != "false";
+    settings.reads_stop = Parameter(config, "replay_reads_stop") != "false";
     const std::string interval = Parameter(config, "stream_interval");
     settings.stream_interval = interval.empty() ? 1 : std::stoi(interval);
   } catch (const std::exception&) {
@@ -595,17 +506,10 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelIns
     return InvalidArg("tritonforge_replay: replay_step_ms must be > 0, max_batch_size and stream_interval >= 1");
   std::fprintf(stderr, "tritonforge_replay: the REPLAY engine (benchmarking only): %d slots, %.3f ms a step, "
                "%d sender threads\n", settings.max_batch_size, settings.step_ms, settings.sender_threads);
-  // Where a launcher stops the server (environment.HEARTBEAT_DIR_ENV), the files that tell it this engine
-  // drains: named by the server's pid, as a Python stub's by its own, and the instance.
-  std::string drain_marker;
-  const char* heartbeat_dir = std::getenv(kHeartbeatDirEnv);
-  if (heartbeat_dir != nullptr && heartbeat_dir[0] != '\0') {
-    const char* name = nullptr;
-    error = TRITONBACKEND_ModelInstanceName(instance, &name);
-    if (error != nullptr) return error;
-    drain_marker = std::string(heartbeat_dir) + "/" + std::to_string(getpid()) + "-" + name;
-  }
-  return TRITONBACKEND_ModelInstanceSetState(instance, new Engine(std::move(settings), std::move(drain_marker)));
+  const char* name = nullptr;
+  error = TRITONBACKEND_ModelInstanceName(instance, &name);
+  if (error != nullptr) return error;
+  return TRITONBACKEND_ModelInstanceSetState(instance, new Engine(std::move(settings), name));
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance* instance) {

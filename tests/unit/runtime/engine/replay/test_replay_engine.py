@@ -171,23 +171,32 @@ def test_the_engine_stats_count_a_running_sequence_with_its_prompt(engine):
     assert (seen[0].kv_tokens, seen[0].scheduled, seen[0].waiting) == (4, 1, 0)
 
 
-def test_the_cpp_replay_engine_stops_with_the_files_times_and_messages_of_the_python_engines():
-    """replay_backend.cc keeps its own copies of what a server's stop is made of (the heartbeat folder's variable
-    and files, the poll period, the time the engine gets to end its streams and the wait before a last error
-    response) and of what it answers: each must be the Python value."""
-    from tritonforge.builder.native import REPLAY
-    from tritonforge.facts import environment
-    from tritonforge.facts.errors import EngineShuttingDown, ServerStopping, answered_kind
-    from tritonforge.runtime import triton_adapter
-    from tritonforge.runtime.engine import service
-
-    source = REPLAY.source.read_text()
+def _constants(path) -> tuple[dict[str, str], dict[str, float]]:
+    """A C++ source's string and seconds constants, by name."""
+    source = path.read_text()
     strings = dict(re.findall(r'constexpr char (k\w+)\[\] = "([^"]*)";', source))
     seconds = {name: float(value) for name, value in re.findall(r"constexpr std::chrono::seconds (k\w+)\{(\d+)\};",
                                                                  source)}
-    assert strings == {"kServerStopping": str(ServerStopping()), "kEngineShuttingDown": str(EngineShuttingDown()),
-                       "kHeartbeatDirEnv": environment.HEARTBEAT_DIR_ENV, "kStoppingFile": environment.STOPPING_FILE,
-                       "kDrainsSuffix": environment.DRAINS_SUFFIX, "kDrainedSuffix": environment.DRAINED_SUFFIX}
-    assert seconds == {"kErrorAfterResponse": triton_adapter.ERROR_AFTER_RESPONSE_S,
-                       "kDrainEnd": service.DRAIN_END_S, "kHeartbeatPeriod": environment.HEARTBEAT_PERIOD_S}
+    return strings, seconds
+
+
+def test_the_cpp_models_stop_with_the_files_times_and_messages_of_the_python_ones():
+    """server_stop.h (the C++ replay engine's, the BLS's and the coalescer's part in a server's stop) and the
+    replay engine keep their own copies of what a stop is made of (the heartbeat folder's variable and files, the
+    poll period, the time a model gets to end its streams, the wait before a last error response) and of what
+    they answer: each must be the Python value."""
+    from tritonforge.builder.native import COALESCER, INCLUDE_DIR, REPLAY
+    from tritonforge.facts import environment
+    from tritonforge.facts.errors import EngineShuttingDown, ServerStopping, answered_kind
+    from tritonforge.runtime import triton_adapter
+
+    strings, seconds = _constants(INCLUDE_DIR / "server_stop.h")
+    assert strings == {"kServerStopping": str(ServerStopping()), "kHeartbeatDirEnv": environment.HEARTBEAT_DIR_ENV,
+                       "kStoppingFile": environment.STOPPING_FILE, "kDrainsSuffix": environment.DRAINS_SUFFIX,
+                       "kDrainedSuffix": environment.DRAINED_SUFFIX}
+    assert seconds == {"kDrainEnd": triton_adapter.DRAIN_END_S, "kHeartbeatPeriod": environment.HEARTBEAT_PERIOD_S}
     assert answered_kind(strings["kServerStopping"]) is ErrorKind.UNAVAILABLE  # as a client reads the message
+    strings, seconds = _constants(REPLAY.source)
+    assert strings == {"kEngineShuttingDown": str(EngineShuttingDown())}
+    assert seconds == {"kErrorAfterResponse": triton_adapter.ERROR_AFTER_RESPONSE_S}
+    assert _constants(COALESCER.source)[1] == {"kErrorAfterResponse": triton_adapter.ERROR_AFTER_RESPONSE_S}
