@@ -1,9 +1,10 @@
 """`tritonforge serve` as a user runs it (a subprocess, a real tritonserver): what it says, what it refuses while
 it serves (a second serve on its ports, `tune` of its repository), how it stops (SIGTERM or Ctrl-C under open
 ensemble, BLS and OpenAI streams: one line, within the exit timeout it announces, the server exiting by itself,
-clients told the server stopped, nothing left), and what a run killed with SIGKILL leaves (no stub, and for
-the next start, which says so in one line, its folders and shared memory). The supervisor gives up on a server
-that cannot come back."""
+clients told the server stopped, nothing left), and what a run killed with SIGKILL leaves (nothing, once its
+reaper has cleaned up; with the reaper killed too, what the next start removes, saying so in one line). Models
+around an engine that reads no stop end its streams at the deadline. The supervisor gives up on a server that
+cannot come back."""
 
 from __future__ import annotations
 
@@ -466,6 +467,8 @@ def test_a_stop_under_ensemble_bls_and_openai_streams_ends_within_its_exit_timeo
 
 
 STUB_EXIT_S = 30  # a stub's watcher acts on its server's end at once; the rest absorbs a loaded machine
+# Once the server's processes are gone: the reaper's cleanup (its imports, the removals) and its exit
+REAPER_DONE_S = 10
 
 
 @pytest.fixture(scope="module")
@@ -476,32 +479,66 @@ def transformers_repository(tiny_models, tmp_path_factory) -> Path:
                               max_input_len=64, max_seq_len=1024, max_batch_size=2 * STREAMS, serving=lean_serving()))
 
 
-def test_serve_killed_with_sigkill_under_streams_leaves_no_stub_and_the_next_start_sweeps_the_rest_in_one_line(
+def reaper_pid(serve: Serve) -> int:
+    """The process that cleans up after a kill of `serve` (serve/reaper.py)."""
+    return next(pid for pid in child_pids(serve.process.pid)
+                if b"tritonforge.serve.reaper" in Path(f"/proc/{pid}/cmdline").read_bytes())
+
+
+def kill_under_streams(serve: Serve, *, with_reaper: bool) -> tuple[dict, list[dict], list[Path]]:
+    """`kill -9` of `serve` while the engine answers streams (and of its reaper too, with `with_reaper`): its
+    server dies with it and so does every stub (the engine's was seen holding 429 MB five minutes later, its
+    metrics thread stuck with the GIL in a call to the dead server), and the clients are told the server stopped
+    their streams. Returns what the run had made, the streams' outcomes and the stubs' regions."""
+    first_chunk = threading.Barrier(2 * STREAMS + 1)
+    outcomes = open_streams(serve.url, first_chunk)
+    first_chunk.wait(timeout=READY_WITHIN_S)
+    left = serve.leftovers()
+    stub_regions = sorted(SHARED_MEMORY_DIR.glob(f"tritonforge_pid{serve.process.pid}_*"))
+    assert stub_regions, "the stubs' regions do not name the process that started their server"
+    assert "tensorrt_llm" in left["stubs"].values(), left["stubs"]
+    reaper = reaper_pid(serve)
+    if with_reaper:
+        os.kill(reaper, signal.SIGKILL)
+    serve.process.kill()
+    serve.process.wait()
+    assert _gone(left["server"], STUB_EXIT_S), "tritonserver outlived the `serve` that started it"
+    alive = [(pid, model) for pid, model in left["stubs"].items() if not _gone(pid, STUB_EXIT_S)]
+    assert not alive, f"stubs outlived their server: {alive}"
+    assert all(outcome["ended"].wait(CLIENTS_END_S) for outcome in outcomes), outcomes
+    assert all("stopped the stream" in (outcome["error"] or "") for outcome in outcomes), outcomes
+    left["reaper"] = reaper
+    return left, outcomes, stub_regions
+
+
+def test_serve_killed_with_sigkill_under_streams_leaves_nothing_a_few_seconds_later(
+        transformers_repository, tmp_path, monkeypatch):
+    """After `kill -9` of serve, its reaper removes the run's work folder, shared memory and Python backend folder
+    once the server's processes are gone, and ends: nothing of the run is left."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # work folders of this test's own: no other start sweeps them
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    killed = Serve(transformers_repository)
+    try:
+        left, _, stub_regions = kill_under_streams(killed, with_reaper=False)
+        assert _gone(left["reaper"], REAPER_DONE_S), "the reaper did not end"
+        assert not left["work_dir"].exists(), "the killed run's work folder is left"
+        assert not [region for region in stub_regions if region.exists()], "and its shared memory"
+        assert not left["python_env"].exists(), "and its Python backend folder"
+    finally:
+        killed.stop()
+
+
+def test_what_a_kill_of_serve_and_its_reaper_leaves_the_next_start_removes_saying_so_in_one_line(
         transformers_repository, repository, tmp_path, monkeypatch, caplog):
-    """`kill -9` of serve while the engine answers streams: its server dies with it and so does every stub (the
-    engine's was seen holding 429 MB five minutes later, its metrics thread stuck with the GIL in a call to the
-    dead server), the clients are told the server stopped their streams, and the next start removes the run's work
-    folder, shared memory and Python backend folder, saying so in one line."""
+    """`kill -9` of serve and of its reaper (say, the whole machine's processes of a user): the next start
+    removes the run's work folder, shared memory and Python backend folder, saying so in one line."""
     # Work folders in a temporary folder of this test's own: a server started meanwhile by another test process
     # sweeps the shared one, and could remove the dead run's folder before this test looks for it.
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
     killed = Serve(transformers_repository)
     try:
-        first_chunk = threading.Barrier(2 * STREAMS + 1)
-        outcomes = open_streams(killed.url, first_chunk)
-        first_chunk.wait(timeout=READY_WITHIN_S)
-        left = killed.leftovers()
-        stub_regions = sorted(SHARED_MEMORY_DIR.glob(f"tritonforge_pid{killed.process.pid}_*"))
-        assert stub_regions, "the stubs' regions do not name the process that started their server"
-        assert "tensorrt_llm" in left["stubs"].values(), left["stubs"]
-        killed.process.kill()
-        killed.process.wait()
-        assert _gone(left["server"], STUB_EXIT_S), "tritonserver outlived the `serve` that started it"
-        alive = [(pid, model) for pid, model in left["stubs"].items() if not _gone(pid, STUB_EXIT_S)]
-        assert not alive, f"stubs outlived their server: {alive}"
-        assert all(outcome["ended"].wait(CLIENTS_END_S) for outcome in outcomes), outcomes
-        assert all("stopped the stream" in (outcome["error"] or "") for outcome in outcomes), outcomes
+        left, _, stub_regions = kill_under_streams(killed, with_reaper=True)
         assert left["work_dir"].exists() and left["python_env"].exists()  # left: nobody was there to clean up
         with caplog.at_level(logging.WARNING, logger="tritonforge.serve.server"):
             with TritonServer(repository, extra_args=only_models(ENGINE_MODEL)):  # any start sweeps: the quickest

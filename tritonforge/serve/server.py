@@ -82,6 +82,8 @@ OWNER_RECORD = "owner.json"  # in a work folder: the pids it belongs to
 # A shared-memory prefix names the process that started the server, so that a sweep can tell a dead run's.
 _SHM_PREFIX = re.compile(r"tritonforge_pid(\d+)_[0-9a-f]+_")
 _PR_SET_PDEATHSIG = 1
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # where `tritonforge` imports from, for the reaper
+REAPER_EXIT_S = 5.0  # how long a stop waits for the reaper, which has nothing to do then, to end
 # The Python backend of Triton < 2.61 (25.09; python_backend PR #408) can wedge a load for good: a stub that
 # misses its 1 s health check while its model initializes (a starved CPU is enough) is waited for with a plain
 # waitpid, and that stub, still alive, waits for its parent. A server thread in waitpid this long while
@@ -248,16 +250,10 @@ def sweep_leftovers(temporary_dir: Path | None = None, shared_memory_dir: Path |
         except (OSError, ValueError, KeyError, TypeError):
             continue  # not ours to judge
         if pids and not any(_pid_alive(pid) for pid in pids):
-            for pid in _stubs_of_run(folder, record.get("shm_prefix")):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-                    ended.append(pid)
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
+            folder_removed, stubs_ended = _remove_run(folder, record)
+            removed += folder_removed
+            ended += stubs_ended
             runs.add(pids[0])
-            env = Path(record["python_env"]) if record.get("python_env") else None
-            if python_env.remove(env):
-                removed.append(env)
     regions = 0
     for region in Path(shared_memory_dir or SHARED_MEMORY_DIR).glob("tritonforge_pid*"):
         match = _SHM_PREFIX.match(region.name)
@@ -275,6 +271,35 @@ def sweep_leftovers(temporary_dir: Path | None = None, shared_memory_dir: Path |
         logger.warning("removed what killed tritonforge servers (started by pid %s) left: %s%s",
                        ", ".join(map(str, sorted(runs))), left, stubs)
     return removed
+
+
+def _remove_run(folder: Path, record: dict) -> tuple[list[Path], list[int]]:
+    """Remove what a run whose processes are all gone left: the stubs still running from its work folder, the
+    folder, and the Python backend's folder its record names. Returns what was removed and the stubs ended."""
+    ended = []
+    for pid in _stubs_of_run(folder, record.get("shm_prefix")):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            ended.append(pid)
+    shutil.rmtree(folder, ignore_errors=True)
+    removed = [folder]
+    env = Path(record["python_env"]) if record.get("python_env") else None
+    if python_env.remove(env):
+        removed.append(env)
+    return removed, ended
+
+
+def remove_killed_run(folder: Path, shared_memory_dir: Path | None = None) -> None:
+    """Remove all that a run left whose launcher was killed and whose server's process group is gone (the
+    reaper's part, serve/reaper.py): `_remove_run`'s, and the shared memory of its stubs (the record's prefix)."""
+    try:
+        record = json.loads((folder / OWNER_RECORD).read_text())
+    except (OSError, ValueError):
+        return  # removed meanwhile, or not ours to judge
+    _remove_run(folder, record)
+    if record.get("shm_prefix"):
+        for region in Path(shared_memory_dir or SHARED_MEMORY_DIR).glob(f"{record['shm_prefix']}*"):
+            region.unlink(missing_ok=True)
 
 
 def _count(number: int, thing: str) -> str:
@@ -444,6 +469,8 @@ class TritonServer:
         self.heartbeat_dir: Path | None = None  # where the stubs write their heartbeats (triton_adapter)
         self.python_env: Path | None = None  # the Python backend's folder in /tmp, where known (python_env.py)
         self._python_env_claim: python_env.PythonEnvClaim | None = None
+        self._reaper: subprocess.Popen | None = None  # cleans up after a kill of this process (_start_reaper)
+        self._reaper_pipe: int | None = None
 
     @property
     def http_url(self) -> str:
@@ -573,6 +600,7 @@ class TritonServer:
             self._remove_work_dir()
             raise
         self._record_owner()
+        self._start_reaper()
         if self.world_size == 1:  # under mpirun each rank's stubs have their own tritonserver for parent
             _write_whole(self.heartbeat_dir / SERVER_PID_FILE, str(self._process.pid))
         try:
@@ -586,6 +614,39 @@ class TritonServer:
             raise
         self._settle_python_env()
         return self
+
+    def _start_reaper(self) -> None:
+        """The process that cleans up after this launcher if it is killed with the server running (serve/reaper.py):
+        in a session of its own (a Ctrl-C to the terminal's group does not reach it), it waits on a pipe that only
+        this process holds open, and ends once `stop` closes it."""
+        self._end_reaper()  # a restarted server's: its run was stopped
+        read, write = os.pipe()
+        try:
+            self._reaper = subprocess.Popen(
+                [sys.executable, "-m", "tritonforge.serve.reaper", str(self._work_dir), str(self._process.pid)],
+                stdin=read, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(_PACKAGE_ROOT),
+                                                                               os.environ.get("PYTHONPATH")]))})
+        except OSError as error:
+            os.close(write)
+            logger.warning("no process to clean up after a kill of this one (%s): the next start will", error)
+            return
+        finally:
+            os.close(read)
+        self._reaper_pipe = write
+
+    def _end_reaper(self) -> None:
+        """Let the reaper go (it finds the run stopped, or cleans up what is left of it) and wait for it."""
+        if self._reaper_pipe is not None:
+            os.close(self._reaper_pipe)
+            self._reaper_pipe = None
+        if self._reaper is not None:
+            try:
+                self._reaper.wait(timeout=REAPER_EXIT_S)
+            except subprocess.TimeoutExpired:
+                self._reaper.kill()
+                self._reaper.wait()
+            self._reaper = None
 
     def _settle_python_env(self) -> None:
         """Which python_env folder is the server's, now that it is ready (or failed); recorded for a sweep."""
@@ -733,6 +794,7 @@ class TritonServer:
         self._remove_shared_memory()
         python_env.remove(self.python_env)  # a server that exited by itself removed it already
         self.python_env = None
+        self._end_reaper()
         return self._process.returncode
 
     def _drain(self, drained_by: float, deadline: float) -> None:
