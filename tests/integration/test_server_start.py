@@ -91,31 +91,32 @@ class _Seen(logging.Handler):
 
 
 def test_a_start_waits_while_another_holds_the_start_lock_then_serves(tmp_path, monkeypatch, caplog):
+    """The start runs in the test's own thread (the server dies with the thread that started it, PR_SET_PDEATHSIG);
+    another thread holds the lock, as another process would, until the start says it waits."""
     lock_path = tmp_path / "starts.lock"
     monkeypatch.setenv(SERVER_START_LOCK_ENV, str(lock_path))
     caplog.set_level(logging.INFO, logger="tritonforge.serve.server")
     waiting = _Seen("waiting for another server's start to end")
     logging.getLogger("tritonforge.serve.server").addHandler(waiting)
     server = TritonServer(repository(tmp_path, "pass", failures=0), ready_timeout_s=60)
-    errors = []
+    held = open(lock_path, "a")  # noqa: SIM115 - closed by the other thread: that releases the lock
+    fcntl.flock(held, fcntl.LOCK_EX)
+    launched_while_held = []
 
-    def start():
-        try:
-            server.start()
-        except Exception as error:  # reported by the test below
-            errors.append(error)
+    def release_once_waited_for() -> None:
+        if waiting.event.wait(60):
+            launched_while_held.append(server.pid)
+        held.close()
 
-    starting = threading.Thread(target=start)
+    releaser = threading.Thread(target=release_once_waited_for)
+    releaser.start()
     try:
-        with open(lock_path, "a") as held:  # the start of another process
-            fcntl.flock(held, fcntl.LOCK_EX)
-            starting.start()
-            assert waiting.event.wait(60)
-            assert server.pid is None  # nothing launched while the other start holds the lock
-        starting.join(120)
-        assert not starting.is_alive() and not errors
+        server.start()
+        releaser.join(60)
+        assert waiting.event.is_set() and launched_while_held == [None]  # nothing launched while the lock was held
         assert server.is_running()
     finally:
         logging.getLogger("tritonforge.serve.server").removeHandler(waiting)
-        starting.join(120)
+        releaser.join(60)
+        held.close()
         server.stop()

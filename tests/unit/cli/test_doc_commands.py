@@ -154,6 +154,8 @@ def gpu_sh_flags(gateway: bool = False) -> tuple[frozenset[str], str]:
 
 # Other GPU scripts that take flags of their own (tested as `$1`) and hand the rest to one bench script.
 FORWARDING_SCRIPTS = {"bench/gpu_text_backends.sh": "bench/pipeline.py"}
+# GPU scripts that take positional arguments and hand the rest to bench/gpu.sh (each run of it).
+GPU_SH_WRAPPERS = {"bench/gpu_coalescer.sh"}
 
 
 @functools.cache
@@ -195,6 +197,11 @@ def _check(words: list[str]) -> list[str]:
         if script == GPU_SH:
             own, forwarded = gpu_sh_flags(GPU_SH_GATEWAY in rest)
             return [f"{script}: no {flag} (nor {forwarded})" for flag in _flags(rest)
+                    if flag not in own | script_flags(forwarded)]
+        if script in GPU_SH_WRAPPERS:
+            assert f"bash {GPU_SH} " in (SOURCE_ROOT / script).read_text(), f"{script}: does not run {GPU_SH}"
+            own, forwarded = gpu_sh_flags(False)
+            return [f"{script}: no {flag} (nor {GPU_SH}, {forwarded})" for flag in _flags(rest)
                     if flag not in own | script_flags(forwarded)]
         if script in FORWARDING_SCRIPTS:
             forwarded = FORWARDING_SCRIPTS[script]
@@ -313,5 +320,8 @@ def test_gpu_sh_accepts_its_own_flags_and_the_pipeline_scripts():
     assert {"--step-ms", "--unordered"} <= own and forwarded == "bench/pipeline.py"
     assert problems("bash bench/gpu.sh out --unordered --stream-interval 3 --name x") == []
     assert problems("bash bench/gpu.sh out --gateway --gateway-model ensemble") == []
+    assert problems('bash bench/gpu_coalescer.sh out 2.125 --stream-interval 3') == []
+    assert problems('bash bench/gpu_coalescer.sh out 2.125 --streams 3') == [
+        "bench/gpu_coalescer.sh: no --streams (nor bench/gpu.sh, bench/pipeline.py)"]
     assert problems("bash bench/gpu.sh out --gateway --paths bls") == [
         "bench/gpu.sh: no --paths (nor bench/gateway.py)"]
