@@ -15,7 +15,7 @@ from ..gateway.serving import DEFAULT_MODEL as OPENAI_DEFAULT_MODEL
 from ..gateway.serving import SERVED_MODEL_NAME
 from ..gateway.tool_calls import PARSERS
 from .liveness import DEFAULT_WEDGED_AFTER_S
-from .server import DEFAULT_EXIT_TIMEOUT_S, STOP_RESERVE_S
+from .server import DEFAULT_EXIT_TIMEOUT_S, STOP_RESERVE_MIN_S, STOP_RESERVE_S
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,9 +40,10 @@ class ServeOptions:
                                             f"hermes", parse=str, choices=tuple(PARSERS))
     reasoning_parser: str | None = setting(None, REASONING_PARSER_HELP, parse=str, choices=REASONING_PARSERS)
     exit_timeout_s: float = setting(DEFAULT_EXIT_TIMEOUT_S, f"a stop (Ctrl-C, SIGTERM) ends within this: open streams "
-                                                            f"get all of it but the last {STOP_RESERVE_S:g} s (at most "
-                                                            f"half of it) to finish, the server then ends the rest and "
-                                                            f"exits", parse=positive_seconds)
+                                                            f"get all of it but the last {STOP_RESERVE_S:g} s (half of "
+                                                            f"it, at least {STOP_RESERVE_MIN_S:g} s while open streams "
+                                                            f"keep a fifth) to finish, the server then ends the rest "
+                                                            f"and exits", parse=positive_seconds)
     log_file: Path | None = setting(None, "tritonserver's log, kept after exit (default: a temporary file removed "
                                           "at exit)", parse=Path)
     open_apis: bool = setting(False, "leave model-config, statistics, ... unrestricted (perf_analyzer reads them)")

@@ -68,12 +68,15 @@ HTTP_MAX_INPUT_BYTES = 8 * 1024 * 1024  # a prompt of max_input_len tokens is fa
 # its regions with a prefix of its own, and removes what is left under that prefix once it has exited.
 SHARED_MEMORY_DIR = Path("/dev/shm")
 USAGE_TEXT_INDENTS = ("  --", "\t")  # the lines of tritonserver's --help text
-# A stop ends within the exit timeout. Open requests get all of it but a reserve, at most half of it, kept for
-# the engine to end those still open (about a second: its last response waits `ERROR_AFTER_RESPONSE_S`), the
-# server to unload its models and exit: 3 to 5 s on the 2-core CPU machine under ten streams. Kubernetes sets the
-# timeout from the pod's grace period (deploy/helm/tritonforge).
+# A stop ends within the exit timeout. Open requests get all of it but a reserve kept for the models to end those
+# still open (about a second: a last response that is an error waits `ERROR_AFTER_RESPONSE_S`), the server to
+# unload its models and exit: 3 to 5 s on the 2-core CPU machine under ten streams. The reserve is half the
+# timeout, at most STOP_RESERVE_S and at least STOP_RESERVE_MIN_S while that leaves open requests a fifth of it:
+# a short timeout (6 s: 3 s of reserve) ended in a kill. Kubernetes sets the timeout from the pod's grace period
+# (deploy/helm/tritonforge).
 DEFAULT_EXIT_TIMEOUT_S = 20.0
 STOP_RESERVE_S = 10.0
+STOP_RESERVE_MIN_S = 5.0
 # After the time open requests get at a stop, how long the engine may take to end the rest (its
 # EngineService.drain waits 5 s) and to say so (a heartbeat later).
 DRAIN_END_S = 5 + 2 * HEARTBEAT_PERIOD_S
@@ -759,7 +762,7 @@ class TritonServer:
     def stop_reserve_s(self) -> float:
         """The end of the exit timeout that open requests do not get: for the engine to end those still open,
         and for the server to unload its models and exit."""
-        return min(STOP_RESERVE_S, self.exit_timeout_s / 2)
+        return min(STOP_RESERVE_S, max(self.exit_timeout_s / 2, min(STOP_RESERVE_MIN_S, self.exit_timeout_s * 4 / 5)))
 
     @property
     def drain_s(self) -> float:

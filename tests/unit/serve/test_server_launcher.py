@@ -45,11 +45,12 @@ def test_the_command_serves_the_repository_on_the_given_ports_and_stops_on_load_
     assert option(command, "--exit-timeout-secs") == str(int(server.stop_reserve_s))
 
 
-@pytest.mark.parametrize("exit_timeout_s, drain_s, reserve_s", [(20, 10, 10), (55, 45, 10), (8, 4, 4)])
+@pytest.mark.parametrize("exit_timeout_s, drain_s, reserve_s",
+                         [(20, 10, 10), (55, 45, 10), (8, 3, 5), (6, 1.2, 4.8), (12, 6, 6)])
 def test_a_stop_gives_open_requests_all_of_its_exit_timeout_but_a_reserve_for_ending_and_unloading(
         tmp_path, exit_timeout_s, drain_s, reserve_s):
     server = TritonServer(tmp_path / "repo", exit_timeout_s=exit_timeout_s)
-    assert (server.drain_s, server.stop_reserve_s) == (drain_s, reserve_s)
+    assert (server.drain_s, server.stop_reserve_s) == pytest.approx((drain_s, reserve_s))
     assert TritonServer(tmp_path / "repo", exit_timeout_s=exit_timeout_s, drain_timeout_s=1).drain_s == 1
 
 
