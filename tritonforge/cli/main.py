@@ -1,4 +1,4 @@
-"""`tritonforge`: build | serve | openai | eval | generate | probe | bench | tune | demo | make-tiny-model.
+"""`tritonforge`: build | serve | openai | eval | generate | probe | bench | tune | demo | make-model | make-tiny-model.
 
 Every mistake a user can make here ends in one line on stderr that names the problem and what to do, with exit
 status 2 for a usage error (a bad flag, path or port) and 1 for a runtime one (no server answers, a tool is
@@ -13,7 +13,7 @@ import sys
 from ..builder.trtllm import EngineMismatch, TensorRTLLMMissing
 from ..gateway import GatewayFailed
 from ..tools.accuracy_gate import AccuracyGateFailed
-from . import accuracy, bench, build, demo, gateway, generate, make_tiny_model, probe, serve, tune
+from . import accuracy, bench, build, demo, gateway, generate, make_model, make_tiny_model, probe, serve, tune
 from .arguments import RepositoryInUse, ToolMissing
 
 
@@ -53,7 +53,7 @@ def _version() -> str:
 
 
 # The commands, in the order --help lists them; each module adds its parser and the function it runs.
-COMMANDS = (build, serve, generate, probe, bench, tune, make_tiny_model, accuracy, gateway, demo)
+COMMANDS = (build, serve, generate, probe, bench, tune, make_model, make_tiny_model, accuracy, gateway, demo)
 
 
 def make_parser() -> argparse.ArgumentParser:
