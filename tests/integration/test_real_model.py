@@ -1,10 +1,14 @@
 """A real model, SmolLM2-135M-Instruct from the package registry (tools/real_model.py), served by a real
 tritonserver: its greedy answers through the ensemble, the C++ BLS, the Python BLS, the engine directly and the
-OpenAI gateway equal transformers' own greedy generation on the same chat, and a real sentence comes back.
-One server per text backend for the module (the model's load takes the time)."""
+OpenAI gateway equal transformers' own greedy generation on the same chat, and a real sentence comes back; a
+forced tool call takes the city the question names, a json_schema answer validates and says Paris, a stop phrase
+ends the stream before it. One server per text backend for the module (the model's load takes the time)."""
 
 from __future__ import annotations
 
+import json
+
+import jsonschema
 import numpy as np
 import pytest
 import torch
@@ -89,17 +93,58 @@ def test_the_engine_directly_generates_transformers_tokens(served, reference, ch
         assert not errors and generated == new[:len(generated)] and len(generated) >= len(new) - 1, ENGINE_MODEL
 
 
-def test_the_openai_gateway_answers_the_chat_transformers_does(served, reference):
+@pytest.fixture(scope="module")
+def openai_client(served):
+    """The real `openai` client, through the gateway in front of the served model."""
     openai = pytest.importorskip("openai", reason="needs the openai client (the test extra)")
     from tritonforge.gateway.options import GatewayThread
     from tritonforge.serve.server import free_port
 
     gateway = GatewayThread(served.grpc_url, port=free_port(), served_model_name="smollm2").start()
+    yield openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="none", max_retries=0)
+    gateway.stop()
+
+
+def test_the_openai_gateway_answers_the_chat_transformers_does(openai_client, reference):
+    for question in CHATS:
+        answer = openai_client.chat.completions.create(model="smollm2", max_tokens=MAX_TOKENS, temperature=0,
+                                                       messages=[{"role": "user", "content": question}])
+        assert answer.choices[0].message.content == reference[question][2]
+
+
+WEATHER = {"type": "object", "additionalProperties": False, "required": ["city"],
+           "properties": {"city": {"enum": ["Paris", "Oslo", "Lima"]}}}
+
+
+def test_a_forced_tool_call_takes_the_city_the_question_names(openai_client):
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                               "parameters": WEATHER}}]
+    answer = openai_client.chat.completions.create(
+        model="smollm2", max_tokens=MAX_TOKENS, temperature=0, tools=tools,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        messages=[{"role": "user", "content": "What is the weather in Oslo?"}])
+    (call,) = answer.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Oslo"}
+
+
+def test_a_json_schema_response_format_answers_json_that_validates(openai_client):
+    schema = {"type": "object", "additionalProperties": False, "required": ["capital"],
+              "properties": {"capital": {"type": "string", "maxLength": 20}}}
+    answer = openai_client.chat.completions.create(
+        model="smollm2", max_tokens=MAX_TOKENS, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}},
+        messages=[{"role": "user", "content": "What is the capital of France? Answer in JSON."}])
+    value = json.loads(answer.choices[0].message.content)
+    jsonschema.validate(value, schema)
+    assert "Paris" in value["capital"]
+
+
+def test_a_stop_phrase_ends_the_streamed_answer_before_it(served):
+    client = GrpcClient(served.grpc_url, model=BLS_MODEL)
     try:
-        client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="none")
-        for question in CHATS:
-            answer = client.chat.completions.create(model="smollm2", max_tokens=MAX_TOKENS, temperature=0,
-                                                    messages=[{"role": "user", "content": question}])
-            assert answer.choices[0].message.content == reference[question][2]
+        request = chat(CHATS[0])
+        request.parameters["stop_words"] = ["Paris"]
+        streamed = "".join(client.stream(request))
+        assert streamed.strip().startswith("The capital of France is") and "Paris" not in streamed
     finally:
-        gateway.stop()
+        client.close()
