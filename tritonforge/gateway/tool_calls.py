@@ -259,7 +259,7 @@ def calls_from_guided_output(text: str, tools: list[Tool], choice: ToolChoice) -
     """The calls in what `tool_guide(tools, choice)` made the model write; none where the text is not whole JSON
     (cut by max_tokens) or nothing was guided."""
     try:
-        value = json.loads(text)
+        value = json.loads(text, strict=False)  # raw control characters in strings: the grammar lets them through
     except ValueError:
         return []
     if choice.mode == NAMED:
@@ -412,9 +412,10 @@ class JsonScanner:
 
 
 def _loads(text: str):
-    """The JSON value of `text`, None where it is not JSON."""
+    """The JSON value of `text`, None where it is not JSON (raw control characters in its strings accepted, as a
+    model writes them: the call's arguments are written again, escaped)."""
     try:
-        return json.loads(text)
+        return json.loads(text, strict=False)
     except ValueError:
         return None
 

@@ -280,6 +280,20 @@ def test_guided_output_of_required_tools_is_one_call_per_item_in_order():
 
 
 @pytest.mark.parametrize("tool_choice, text", [
+    ({"type": "function", "function": {"name": "get_weather"}}, '{"city": "Os\x0clo\x1a"}'),
+    ("required", '[{"name": "get_weather", "arguments": {"city": "Os\x0clo\x1a"}}]'),
+])
+def test_guided_output_with_raw_control_characters_in_a_string_is_still_a_call_with_escaped_arguments(
+        tool_choice, text):
+    """The grammar lets a model write U+000C or U+001A raw inside a JSON string, which a strict JSON parser refuses:
+    the call still reaches the client as a call, its arguments written again with the characters escaped."""
+    tools, choice = read_tools(TOOLS, tool_choice)
+    [call] = calls_from_guided_output(text, tools, choice)
+    assert call.name == "get_weather" and call.arguments == '{"city":"Os\\flo\\u001a"}'
+    assert json.loads(call.arguments) == {"city": "Os\x0clo\x1a"}
+
+
+@pytest.mark.parametrize("tool_choice, text", [
     ({"type": "function", "function": {"name": "get_weather"}}, '{"city": "Par'),
     ("required", '[{"name": "get_time", "arguments": {}}, {"name": "get_w'),
     ("auto", '{"city": "Paris"}'),
