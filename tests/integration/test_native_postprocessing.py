@@ -37,9 +37,11 @@ ROW_REQUESTS = 40  # token-row requests sent to the postprocessing model at once
 
 def _build(model_dir, output, text_backend: str):
     # response_lanes=0: the engine's thread sends each token as its own response. With sender threads, tokens
-    # that wait for a send are merged into one response (runtime/sending.py), so chunk bounds would follow timing.
+    # that wait for a send are merged into one response (runtime/sending.py), and so does the coalescer under load
+    # (coalescer=False: the ensemble calls the engine directly), so chunk bounds would follow timing.
     return build(BuildOptions(model=model_dir, output=output, max_input_len=MAX_INPUT_LEN, max_seq_len=MAX_SEQ_LEN,
-                              max_batch_size=4, response_lanes=0, text_backend=text_backend, serving=lean_serving()),
+                              max_batch_size=4, response_lanes=0, text_backend=text_backend,
+                              serving=lean_serving(coalescer=False)),
                  progress=lambda _: None)
 
 
