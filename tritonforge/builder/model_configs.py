@@ -34,10 +34,6 @@ from ..facts.model_parameters import (
 )
 from ..facts.settings import setting
 
-# "tensorrtllm-pytorch" serves the checkpoint through TensorRT-LLM's LLM API
-# (tritonforge/runtime/engine/llmapi/engine.py);
-# "replay" is for benchmarking only: it streams pre-set tokens (tritonforge/runtime/engine/replay/engine.py).
-ENGINES = ("transformers", "tensorrtllm", "tensorrtllm-pytorch", "replay")
 FRONTENDS = ("ensemble", "bls")
 # The Triton release our tests run (pytriton 0.7.0); configs for another target may use newer fields.
 TESTED_TRITON = (2, 51)
