@@ -41,6 +41,17 @@ inline void LogIfError(const char* backend, TRITONSERVER_Error* raw, const char*
   }
 }
 
+// Answers `request` with `error` as its one, final response and releases it: a request that never reached the
+// backend's own work (the instance's state could not be read, its work could not be made).
+inline void AnswerAndRelease(const char* backend, TRITONBACKEND_Request* request, TRITONSERVER_Error* error) {
+  TRITONBACKEND_Response* response = nullptr;
+  if (!Error(TRITONBACKEND_ResponseNew(&response, request)))
+    LogIfError(backend, TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, error), "send",
+               __FILE__, __LINE__);
+  LogIfError(backend, TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL), "release", __FILE__,
+             __LINE__);
+}
+
 // A response allocator's pair for the models a backend calls in-process: their outputs land in plain CPU memory
 // the backend owns until it deletes the response.
 inline TRITONSERVER_Error* AllocateCpu(TRITONSERVER_ResponseAllocator*, const char*, size_t byte_size,

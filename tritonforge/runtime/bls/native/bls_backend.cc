@@ -1463,11 +1463,7 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
   for (uint32_t i = 0; i < count; ++i) {
     const uint64_t start_ns = NowNs();
     if (failed) {
-      TRITONBACKEND_Response* response = nullptr;
-      if (!Error(TRITONBACKEND_ResponseNew(&response, requests[i])))
-        LogIfError(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, failed.get()), "send",
-                   __LINE__);
-      LogIfError(TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL), "release", __LINE__);
+      backend::AnswerAndRelease(kBackend, requests[i], failed.get());
       continue;
     }
     auto* request = new ClientRequest(state, requests[i]);

@@ -680,11 +680,7 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
   for (uint32_t i = 0; i < count; ++i) {
     const uint64_t start_ns = NowNs();
     if (failed) {
-      TRITONBACKEND_Response* response = nullptr;
-      if (!Error(TRITONBACKEND_ResponseNew(&response, requests[i])))
-        LogIfError(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, failed.get()), "send",
-                   __LINE__);
-      LogIfError(TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL), "release", __LINE__);
+      backend::AnswerAndRelease(kBackend, requests[i], failed.get());
       continue;
     }
     Request* request = nullptr;
@@ -696,11 +692,7 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
       error.reset(TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, exception.what()));
     }
     if (request == nullptr) {
-      TRITONBACKEND_Response* response = nullptr;
-      if (!Error(TRITONBACKEND_ResponseNew(&response, requests[i])))
-        LogIfError(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, error.get()), "send",
-                   __LINE__);
-      LogIfError(TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL), "release", __LINE__);
+      backend::AnswerAndRelease(kBackend, requests[i], error.get());
       continue;
     }
     if (error) request->FailNow(error.get());
