@@ -40,8 +40,12 @@ class Pod:
             self.process = subprocess.Popen(self.container["command"], env=self.env, stdout=log,
                                             stderr=subprocess.STDOUT, cwd=self.log_path.parent)
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
+    def log(self, since: int = 0) -> str:
+        """The container's output from byte `since` on (`log_size()` taken earlier), its last 4000 characters."""
+        return self.log_path.read_bytes()[since:].decode(errors="replace")[-4000:]
+
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size
 
     def probe(self, name: str) -> bool:
         """One run of a probe, with the kubelet's rules: httpGet succeeds on 200-399 within timeoutSeconds
