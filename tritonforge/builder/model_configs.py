@@ -172,8 +172,8 @@ def engine_config(serving: ServingConfig, *, backend: str, parameters: dict[str,
     """The engine step: `tensorrtllm` (the real backend) or `python` (our transformers engine)."""
     config = mc.ModelConfig(name=ENGINE_MODEL, backend=backend, max_batch_size=serving.max_batch_size)
     config.model_transaction_policy.decoupled = serving.decoupled
-    _add_tensors(config.input, contract.ENGINE_INPUTS, is_input=True)
-    _add_tensors(config.output, contract.ENGINE_OUTPUTS, is_input=False)
+    _add_tensors(config.input, contract.engine_inputs(messages=serving.messages_input), is_input=True)
+    _add_tensors(config.output, contract.engine_outputs(messages=serving.messages_input), is_input=False)
     config.dynamic_batching.max_queue_delay_microseconds = serving.max_queue_delay_microseconds
     if serving.max_queue_size:
         config.dynamic_batching.default_queue_policy.max_queue_size = serving.max_queue_size
@@ -247,7 +247,7 @@ def bls_config(serving: ServingConfig, limits: EngineLimits, tokenizer_dir: str,
     # Non-decoupled, it answers one response per request through its response sender (Triton >= 23.10).
     config.model_transaction_policy.decoupled = serving.decoupled
     _add_tensors(config.input, contract.bls_inputs(messages=serving.messages_input), is_input=True)
-    _add_tensors(config.output, contract.CLIENT_OUTPUTS, is_input=False)
+    _add_tensors(config.output, contract.bls_outputs(messages=serving.messages_input), is_input=False)
     _cpu_instances(config, serving.bls_instances)
     _set_parameters(config, BlsParameters(
         tokenizer_dir=tokenizer_dir, tensorrt_llm_model_name=ENGINE_MODEL, max_concurrency=serving.bls_max_concurrency,

@@ -94,24 +94,26 @@ def tensors_page() -> str:
          contract.client_inputs(messages=True), contract.CLIENT_OUTPUTS, (to_step, from_step)),
         ("`tensorrt_llm_bls`: the same contract in one decoupled model", contract.BLS_MODEL,
          "The ensemble's inputs, with NVIDIA's scalar reshapes, plus speculative decoding's two.",
-         contract.bls_inputs(messages=True), contract.CLIENT_OUTPUTS, None),
+         contract.bls_inputs(messages=True), contract.bls_outputs(messages=True), None),
         ("`preprocessing`: the tokenizer", contract.PREPROCESSING_MODEL, "",
          contract.preprocessing_inputs(messages=True), contract.PREPROCESSING_OUTPUTS, None),
         ("`tensorrt_llm`: the engine step", contract.ENGINE_MODEL,
          "The same tensors on NVIDIA's `tensorrtllm` backend and on the Python engines.",
-         contract.ENGINE_INPUTS, contract.ENGINE_OUTPUTS, None),
+         contract.engine_inputs(messages=True), contract.engine_outputs(messages=True), None),
         ("`postprocessing`: the detokenizer", contract.POSTPROCESSING_MODEL, "",
          contract.POSTPROCESSING_INPUTS, contract.POSTPROCESSING_OUTPUTS, None),
     ]
     text = [GENERATED.format(source="tritonforge/facts/contract.py and tritonforge/facts/tensor_meanings.py"),
             "# Tensors\n\n",
             "Every input and output of every model, as its `config.pbtxt` declares it: NVIDIA's `inflight_batcher_llm` "
-            "lists as released with TensorRT-LLM 1.1.0, plus our `messages`. Dims are per request: every model has "
+            "lists as released with TensorRT-LLM 1.1.0, plus ours (`messages`, `stream_interval`, the per-token log "
+            "probabilities). Dims are per request: every model has "
             "`max_batch_size > 0`, so a request carries a batch dimension in front of them (a `[1]` input travels "
             "as `[B, 1]`). `→ []` marks an input reshaped to a per-request scalar; *ragged* one that allows a "
             "ragged batch.\n\n",
             f"This is the default build. `{wiring}` wires the ensemble exactly as NVIDIA's: it leaves out `messages` "
-            "and `MESSAGES`, and `text_input` is then required.\n"]
+            "and `MESSAGES`, and the tensors marked *ours* of the BLS and the engine, and `text_input` is then "
+            "required.\n"]
     for title, _model, intro, inputs, outputs, routes in sections:
         text.append(f"\n## {title}\n\n")
         if intro:
@@ -126,8 +128,9 @@ def tensors_page() -> str:
 def contract_tensor_names() -> set[str]:
     """Every tensor name the contract declares, for any model and wiring."""
     lists = [contract.client_inputs(messages=True), contract.CLIENT_OUTPUTS, contract.bls_inputs(messages=True),
-             contract.preprocessing_inputs(messages=True), contract.PREPROCESSING_OUTPUTS, contract.ENGINE_INPUTS,
-             contract.ENGINE_OUTPUTS, contract.POSTPROCESSING_INPUTS, contract.POSTPROCESSING_OUTPUTS]
+             contract.bls_outputs(messages=True), contract.preprocessing_inputs(messages=True),
+             contract.PREPROCESSING_OUTPUTS, contract.engine_inputs(messages=True),
+             contract.engine_outputs(messages=True), contract.POSTPROCESSING_INPUTS, contract.POSTPROCESSING_OUTPUTS]
     return {tensor.name for tensors in lists for tensor in tensors}
 
 

@@ -109,6 +109,10 @@ NUM_DRAFT_TOKENS = "num_draft_tokens"
 USE_DRAFT_LOGITS = "use_draft_logits"
 # Ours, the BLS's: engine responses per streamed response after the first.
 STREAM_INTERVAL = "stream_interval"
+# Ours, the BLS's and the engine's: each generated token's log probability with this many of the likeliest
+# tokens beside it (0 to MAX_TOP_LOG_PROBS), what OpenAI's `logprobs` / `top_logprobs` ask.
+NUM_TOP_LOG_PROBS = "num_top_log_probs"
+MAX_TOP_LOG_PROBS = 20  # OpenAI's limit on top_logprobs
 # The client's output: the text.
 TEXT_OUTPUT = "text_output"
 # The engine's outputs that pass through the ensemble and the BLS to the client.
@@ -130,6 +134,15 @@ TOTAL_ACCEPTED_DRAFT_TOKENS = "total_accepted_draft_tokens"
 TOTAL_DRAFT_TOKENS = "total_draft_tokens"
 NUM_INPUT_TOKENS = "num_input_tokens"
 NUM_OUTPUT_TOKENS = "num_output_tokens"
+# Ours, with num_top_log_probs: the likeliest tokens at each generated token's step (the engine's and the
+# BLS's), and the BLS's per response: the tokens it adds, each one's bytes and log probability, and the bytes of
+# the likeliest beside each (a token's bytes may be part of a character: they are what its text is made of).
+TOP_LOG_PROBS = "top_log_probs"
+TOP_TOKEN_IDS = "top_token_ids"
+TOKEN_IDS = "token_ids"
+TOKEN_BYTES = "token_bytes"
+TOKEN_LOG_PROBS = "token_log_probs"
+TOP_TOKEN_BYTES = "top_token_bytes"
 # tensorrt_llm's inputs and outputs (those named as the client's are above: end_id, temperature, ...).
 INPUT_IDS = "input_ids"
 ENCODER_INPUT_FEATURES = "encoder_input_features"
@@ -289,6 +302,20 @@ BLS_EXTRA_INPUTS = [
 ]
 # Ours: fewer, larger streamed chunks for a client that asks (the OpenAI gateway), left out of NVIDIA's wiring.
 STREAM_INTERVAL_INPUT = _opt(STREAM_INTERVAL, I32, (1,))
+# Ours, left out of NVIDIA's wiring: per-token log probabilities with their top alternatives (the gateway's
+# `logprobs`). The engine answers them as it answers `output_log_probs`, [beams, tokens, k]; the BLS, per
+# response, for the tokens that response adds.
+BLS_LOG_PROB_INPUT = _opt(NUM_TOP_LOG_PROBS, I32, (1,))
+BLS_LOG_PROB_OUTPUTS = [
+    Tensor(TOKEN_IDS, I32, (-1,)),
+    Tensor(TOKEN_BYTES, S, (-1,)),
+    Tensor(TOKEN_LOG_PROBS, F32, (-1,)),
+    Tensor(TOP_TOKEN_IDS, I32, (-1, -1)),
+    Tensor(TOP_TOKEN_BYTES, S, (-1, -1)),
+    Tensor(TOP_LOG_PROBS, F32, (-1, -1)),
+]
+ENGINE_LOG_PROB_INPUT = _opt(NUM_TOP_LOG_PROBS, I32, (1,), scalar=True)
+ENGINE_LOG_PROB_OUTPUTS = [Tensor(TOP_TOKEN_IDS, I32, (-1, -1, -1)), Tensor(TOP_LOG_PROBS, F32, (-1, -1, -1))]
 
 # --- preprocessing ---------------------------------------------------------------------------------------------
 PREPROCESSING_INPUTS = [
@@ -472,7 +499,21 @@ def bls_inputs(*, messages: bool) -> list[Tensor]:
     `messages` our stream interval."""
     inputs = [Tensor(t.name, t.dtype, t.dims, t.optional, scalar=t.name in BLS_SCALAR_INPUTS, ragged=t.ragged)
               for t in client_inputs(messages=messages)]
-    return [*inputs, *BLS_EXTRA_INPUTS, *([STREAM_INTERVAL_INPUT] if messages else [])]
+    return [*inputs, *BLS_EXTRA_INPUTS, *([STREAM_INTERVAL_INPUT, BLS_LOG_PROB_INPUT] if messages else [])]
+
+
+def bls_outputs(*, messages: bool) -> list[Tensor]:
+    """The BLS's outputs: the ensemble's, and with `messages` the per-token log probabilities."""
+    return [*CLIENT_OUTPUTS, *(BLS_LOG_PROB_OUTPUTS if messages else [])]
+
+
+def engine_inputs(*, messages: bool) -> list[Tensor]:
+    """The engine's inputs: NVIDIA's, and with `messages` (our wiring) the top log probabilities' count."""
+    return [*ENGINE_INPUTS, *([ENGINE_LOG_PROB_INPUT] if messages else [])]
+
+
+def engine_outputs(*, messages: bool) -> list[Tensor]:
+    return [*ENGINE_OUTPUTS, *(ENGINE_LOG_PROB_OUTPUTS if messages else [])]
 
 
 def preprocessing_inputs(*, messages: bool) -> list[Tensor]:

@@ -179,7 +179,7 @@ def request_fields() -> frozenset[str]:
     from . import contract
 
     tensors = [*contract.client_inputs(messages=True), *contract.bls_inputs(messages=True),
-               *contract.preprocessing_inputs(messages=True), *contract.ENGINE_INPUTS,
+               *contract.preprocessing_inputs(messages=True), *contract.engine_inputs(messages=True),
                *contract.POSTPROCESSING_INPUTS]
     return frozenset({tensor.name for tensor in tensors} | set(contract.PREPROCESSING_FROM_CLIENT)
                      | set(contract.CLIENT_NAME) | set(contract.CLIENT_NAME.values()) | {"outputs"})

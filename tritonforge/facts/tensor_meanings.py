@@ -59,10 +59,19 @@ MEANINGS: dict[str, str] = {
     contract.USE_DRAFT_LOGITS: "BLS: pass the draft model's logits to the target model",
     contract.STREAM_INTERVAL: "ours, BLS: engine responses merged into each streamed response after the first "
                               "(default 1): fewer, larger chunks",
+    contract.NUM_TOP_LOG_PROBS: "ours, BLS and engine: return each generated token's log probability with this many "
+                                "of the likeliest tokens at its step (0 to 20)",
     # --- what clients get back
     contract.TEXT_OUTPUT: "the generated text, one string per sequence (a flat array: output[0].decode())",
     contract.CUM_LOG_PROBS: "the cumulative log probability of each beam",
     contract.OUTPUT_LOG_PROBS: "the log probability of each generated token, per beam",
+    contract.TOKEN_IDS: "ours, BLS (num_top_log_probs): the tokens this response adds",
+    contract.TOKEN_BYTES: "ours, BLS (num_top_log_probs): each added token's bytes (part of a character, at times)",
+    contract.TOKEN_LOG_PROBS: "ours, BLS (num_top_log_probs): each added token's log probability",
+    contract.TOP_TOKEN_IDS: "ours (num_top_log_probs): the likeliest tokens at each generated token's step, "
+                            "likeliest first; the engine's per beam",
+    contract.TOP_TOKEN_BYTES: "ours, BLS (num_top_log_probs): the bytes of each of top_token_ids",
+    contract.TOP_LOG_PROBS: "ours (num_top_log_probs): the log probability of each of top_token_ids",
     contract.CONTEXT_LOGITS: "the prompt's logits, [prompt tokens, vocabulary]",
     contract.GENERATION_LOGITS: "the generated tokens' logits, [beams, tokens, vocabulary]",
     contract.BATCH_INDEX: "the row of a batched request this response answers",

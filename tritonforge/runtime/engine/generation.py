@@ -7,15 +7,29 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from ...facts.contract import BEAM_WIDTH, INPUT_IDS, NUM_RETURN_SEQUENCES, REQUEST_OUTPUT_LEN
+from ...facts.contract import (
+    BEAM_WIDTH,
+    INPUT_IDS,
+    MAX_TOP_LOG_PROBS,
+    NUM_RETURN_SEQUENCES,
+    NUM_TOP_LOG_PROBS,
+    REQUEST_OUTPUT_LEN,
+)
 from ...facts.errors import QueueFullError, RequestError, UnsupportedError
 from ...facts.limits import EngineLimits
 from .guided import GuidedDecoding
 from .sampling import SamplingParams
+
+
+class TopTokens(NamedTuple):
+    """The likeliest tokens at one generated token's step, likeliest first, with their log probabilities."""
+
+    ids: list[int]
+    log_probs: list[float]
 
 
 class TokenSink(Protocol):
@@ -29,8 +43,9 @@ class TokenSink(Protocol):
     def scheduled(self) -> None:
         """The engine took the request from its queue and starts its prefill."""
 
-    def tokens(self, token_ids: list[int], log_probs: list[float]) -> None:
-        """New tokens of a streaming request that goes on."""
+    def tokens(self, token_ids: list[int], log_probs: list[float], top: list[TopTokens] | None = None) -> None:
+        """New tokens of a streaming request that goes on (`top`: the likeliest at each one's step, for a request
+        with `num_top_log_probs`)."""
 
     def finish(self, result: GenerationResult | None, error: Exception | None) -> None:
         """Called exactly once: the whole result, or the error that ended the request."""
@@ -51,6 +66,7 @@ class GenerationRequest:
     bad_sequences: list[list[int]] = field(default_factory=list)
     stream: bool = False
     return_log_probs: bool = False
+    num_top_log_probs: int = 0  # the likeliest tokens returned beside each generated token (implies log probs)
     embedding_bias: np.ndarray | None = None  # [vocab] added to the logits of every step
     guided_decoding: GuidedDecoding | None = None  # the grammar the answer must follow
     grammar: object = None  # the engine's compiled `guided_decoding`, set by its `validate`
@@ -61,6 +77,7 @@ class GenerationResult:
     token_ids: list[int]  # generated tokens only; the end id is not included
     log_probs: list[float]
     finish_reason: str  # "length" | "end_id" | "stop_words" | "cancelled"
+    top: list[TopTokens] | None = None  # with `num_top_log_probs`: one per generated token
 
 
 @dataclass(frozen=True)
@@ -148,6 +165,8 @@ def check_limits(request: GenerationRequest, limits: EngineLimits, *, vocab_size
                                                  f"{limits.max_seq_len}")
     if any(not 0 <= token < vocab_size for token in request.prompt_ids):
         raise RequestError(INPUT_IDS, f"token ids must be in [0, {vocab_size})")
+    if not 0 <= request.num_top_log_probs <= MAX_TOP_LOG_PROBS:
+        raise RequestError(NUM_TOP_LOG_PROBS, f"must be in [0, {MAX_TOP_LOG_PROBS}], got {request.num_top_log_probs}")
     if limits.max_queue_size and pending >= limits.max_queue_size:
         raise QueueFullError(limits.max_queue_size)
 

@@ -92,6 +92,7 @@ class EngineRow:
     stream: bool
     exclude_input: bool
     return_log_probs: bool
+    num_top_log_probs: int  # ours: the likeliest tokens beside each generated one (0: none)
     return_perf_metrics: bool
     return_num_input_tokens: bool
     return_num_output_tokens: bool
@@ -130,7 +131,8 @@ def parse_engine_request(inputs: dict[str, np.ndarray], *, default_exclude_input
         raise RequestError(contract.MAX_TOKENS, "is required")
     check_features(inputs)
     columns = {name: _column(inputs, name, batch) for name in (
-        contract.END_ID, contract.BEAM_WIDTH, contract.NUM_RETURN_SEQUENCES, *FLAG_INPUTS, *SAMPLING_INPUTS)}
+        contract.END_ID, contract.BEAM_WIDTH, contract.NUM_RETURN_SEQUENCES, contract.NUM_TOP_LOG_PROBS, *FLAG_INPUTS,
+        *SAMPLING_INPUTS)}
     guides = _guides(inputs, batch)
 
     def value(name, row, default):
@@ -157,6 +159,7 @@ def parse_engine_request(inputs: dict[str, np.ndarray], *, default_exclude_input
             stream=bool(value(contract.STREAMING, row, False)),
             exclude_input=bool(value(contract.EXCLUDE_INPUT_IN_OUTPUT, row, default_exclude_input)),
             return_log_probs=bool(value(contract.RETURN_LOG_PROBS, row, False)),
+            num_top_log_probs=int(value(contract.NUM_TOP_LOG_PROBS, row, 0)),
             return_perf_metrics=bool(value(contract.RETURN_PERF_METRICS, row, False)),
             return_num_input_tokens=bool(value(contract.RETURN_NUM_INPUT_TOKENS, row, False)),
             return_num_output_tokens=bool(value(contract.RETURN_NUM_OUTPUT_TOKENS, row, False)),

@@ -18,6 +18,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -40,6 +41,8 @@ from ...facts.contract import (
     SEQUENCE_LENGTH,
     STOP,
     STREAM,
+    TOP_LOG_PROBS,
+    TOP_TOKEN_IDS,
     TOTAL_ACCEPTED_DRAFT_TOKENS,
     TOTAL_DRAFT_TOKENS,
 )
@@ -58,7 +61,7 @@ from ..triton_adapter import (
     send_final,
     start_heartbeat,
 )
-from .generation import GenerationRequest, GenerationResult
+from .generation import GenerationRequest, GenerationResult, TopTokens
 from .requests import EngineRow, is_stop_request, parse_engine_request
 from .stop_board import StopBoard
 
@@ -141,17 +144,46 @@ def checkpoint_bos_token_id(model_path: str) -> int | None:
     return bos if isinstance(bos, int) else None
 
 
-def streamed_responses(token_ids: list[int], log_probs: list[float],
-                       bos_token_id: int | None) -> list[tuple[list[int], list[float]]]:
+class TokenRun(NamedTuple):
+    """Generated tokens on their way to one response: their ids, log probs and, with `num_top_log_probs`, the
+    likeliest tokens at each one's step (None otherwise)."""
+
+    ids: list[int]
+    log_probs: list[float]
+    top: list[TopTokens] | None = None
+
+    def part(self, start: int, stop: int | None = None) -> TokenRun:
+        return TokenRun(self.ids[start:stop], self.log_probs[start:stop],
+                        None if self.top is None else self.top[start:stop])
+
+
+def joined(runs: list[TokenRun]) -> TokenRun:
+    """Runs of one row, in order, as one."""
+    return TokenRun([token for run in runs for token in run.ids], [value for run in runs for value in run.log_probs],
+                    None if not runs or runs[0].top is None else [top for run in runs for top in run.top])
+
+
+def streamed_responses(tokens: TokenRun, bos_token_id: int | None) -> list[TokenRun]:
     """A row's streamed tokens of one send, as the responses that carry them: a BOS heading more tokens goes
     alone. Postprocessing decodes each response by itself and reads one that starts with BOS as a whole text
     (an echoed prompt, whose SentencePiece prefix space `TokenBytes.decode_sequence` drops); a generated BOS
     heading a longer chunk would take the next word's space with it. Alone, it decodes to nothing."""
     lead = 0
-    while lead < len(token_ids) - 1 and token_ids[lead] == bos_token_id:
+    while lead < len(tokens.ids) - 1 and tokens.ids[lead] == bos_token_id:
         lead += 1
-    heads = [(token_ids[index:index + 1], log_probs[index:index + 1]) for index in range(lead)]
-    return [*heads, (token_ids[lead:], log_probs[lead:])]
+    return [*(tokens.part(index, index + 1) for index in range(lead)), tokens.part(lead)]
+
+
+def top_log_prob_outputs(top: list[TopTokens], count: int) -> dict[str, np.ndarray]:
+    """`top_token_ids` and `top_log_probs`, [1 beam, tokens, count]: a step that had fewer tokens to choose
+    from (a grammar's, a prompt token's) pads with id -1 and log prob -inf."""
+    ids = np.full((1, len(top), count), -1, dtype=np.int32)
+    log_probs = np.full((1, len(top), count), -np.inf, dtype=np.float32)
+    for index, step in enumerate(top):
+        known = min(count, len(step.ids))
+        ids[0, index, :known] = step.ids[:known]
+        log_probs[0, index, :known] = step.log_probs[:known]
+    return {TOP_TOKEN_IDS: ids, TOP_LOG_PROBS: log_probs}
 
 
 def _now_ns() -> int:
@@ -182,14 +214,14 @@ class _RowSink:
         self.row = row
         self.batch_index = batch_index
         # Streamed tokens wait here while the row's send waits for a sender, and join it.
-        self.outbox: Outbox[tuple[list[int], list[float]]] = Outbox(senders, self._send_tokens,
-                                                                     interval=stream_interval)
+        self.outbox: Outbox[TokenRun] = Outbox(senders, self._send_tokens, interval=stream_interval)
         self.streamed = 0  # tokens sent in streamed responses (the sender holding the row)
         self.delivered = 0  # tokens the engine gave this row (the engine's thread)
         self.arrival_ns = _now_ns()
         self.scheduled_ns = self.first_token_ns = self.last_token_ns = 0
 
-    def _response(self, token_ids: list[int], log_probs: list[float]):
+    def _response(self, tokens: TokenRun):
+        token_ids, log_probs = tokens.ids, tokens.log_probs
         outputs = {
             OUTPUT_IDS: np.array([[token_ids]], dtype=np.int32).reshape(1, 1, len(token_ids)),
             SEQUENCE_LENGTH: np.array([[len(token_ids)]], dtype=np.int32),
@@ -197,6 +229,8 @@ class _RowSink:
         if self.row.return_log_probs:
             outputs[CUM_LOG_PROBS] = np.array([[sum(log_probs)]], dtype=np.float32)
             outputs[OUTPUT_LOG_PROBS] = np.array(log_probs, dtype=np.float32).reshape(1, 1, len(log_probs))
+        if self.row.num_top_log_probs:
+            outputs.update(top_log_prob_outputs(tokens.top or [], self.row.num_top_log_probs))
         if self.state.rows > 1:
             outputs[BATCH_INDEX] = np.array([[self.batch_index]], dtype=np.int32)
         if self.row.return_num_input_tokens:
@@ -227,25 +261,24 @@ class _RowSink:
     def scheduled(self) -> None:
         self.scheduled_ns = _now_ns()
 
-    def tokens(self, token_ids: list[int], log_probs: list[float]) -> None:
+    def tokens(self, token_ids: list[int], log_probs: list[float], top: list[TopTokens] | None = None) -> None:
         """New tokens of a streaming row: sent at once when they are its first, else once `stream_interval`
         of them wait (the rest go out with `finish`). Tokens that come while the row's send waits for a sender
         join that send: a server slower than the engine gets fewer, longer responses instead of a backlog, and
         an idle one gets every token as it comes."""
         self._token_times()
         self.delivered += len(token_ids)
-        self.outbox.add((token_ids, log_probs), size=len(token_ids))
+        self.outbox.add(TokenRun(token_ids, log_probs, top), size=len(token_ids))
 
-    def _send_tokens(self, pieces: list[tuple[list[int], list[float]]]) -> bool:
+    def _send_tokens(self, pieces: list[TokenRun]) -> bool:
         """Every token that waited, in streamed responses none flagged final; False at the first not sent."""
-        token_ids = [token for ids, _ in pieces for token in ids]
-        log_probs = [value for _, values in pieces for value in values]
-        self.streamed += len(token_ids)
-        return self._send_streamed(streamed_responses(token_ids, log_probs, self.bos_token_id))
+        tokens = joined(pieces)
+        self.streamed += len(tokens.ids)
+        return self._send_streamed(streamed_responses(tokens, self.bos_token_id))
 
-    def _send_streamed(self, responses: list[tuple[list[int], list[float]]]) -> bool:
-        return all(self.state.send(self._response(token_ids, log_probs), row_done=False)
-                   for token_ids, log_probs in responses)  # all() stops at the first that was not sent
+    def _send_streamed(self, responses: list[TokenRun]) -> bool:
+        return all(self.state.send(self._response(tokens), row_done=False)
+                   for tokens in responses)  # all() stops at the first that was not sent
 
     def finish(self, result: GenerationResult | None, error: Exception | None) -> None:
         """The row's end: its last response, after every one sent before it (which may have taken tokens
@@ -263,18 +296,19 @@ class _RowSink:
         if error is not None:
             self.state.send(self.state.error_response(error), row_done=True)
             return
+        generated = TokenRun(result.token_ids, result.log_probs, result.top)
         if self.row.stream:  # the tokens not yet streamed (none after an end id), the last flagged final
-            *heads, (tokens, log_probs) = streamed_responses(result.token_ids[self.streamed:],
-                                                             result.log_probs[self.streamed:], self.bos_token_id)
+            *heads, tokens = streamed_responses(generated.part(self.streamed), self.bos_token_id)
             if not self._send_streamed(heads):
                 self.state.send(self.state.error_response(ResponseSendError()), row_done=True)
                 return
         elif self.row.exclude_input:
-            tokens, log_probs = result.token_ids, result.log_probs
-        else:
-            tokens = self.row.prompt_ids + result.token_ids
-            log_probs = [0.0] * len(self.row.prompt_ids) + result.log_probs
-        self.state.send(self._response(tokens, log_probs), row_done=True)
+            tokens = generated
+        else:  # the prompt's tokens have no log probs of their own here: 0, as the tensorrtllm backend's
+            prompt = len(self.row.prompt_ids)
+            tokens = TokenRun(self.row.prompt_ids + result.token_ids, [0.0] * prompt + result.log_probs,
+                              None if result.top is None else [TopTokens([], [])] * prompt + result.top)
+        self.state.send(self._response(tokens), row_done=True)
 
     def cancelled(self) -> bool:
         """The client went away, or a response could not be sent: either way the engine stops the row, and
@@ -362,7 +396,8 @@ class EngineService:
                     request_id=request.request_id(), prompt_ids=row.prompt_ids,
                     max_new_tokens=row.max_new_tokens, end_id=row.end_id, sampling=row.sampling,
                     stop_sequences=row.stop_sequences, bad_sequences=row.bad_sequences, stream=row.stream,
-                    return_log_probs=row.return_log_probs, embedding_bias=row.embedding_bias,
+                    return_log_probs=row.return_log_probs or row.num_top_log_probs > 0,
+                    num_top_log_probs=row.num_top_log_probs, embedding_bias=row.embedding_bias,
                     guided_decoding=row.guided_decoding,
                     sink=_RowSink(state, row, index, self.server_stopping, self.senders,
                                   self.settings.stream_interval, self.settings.bos_token_id,

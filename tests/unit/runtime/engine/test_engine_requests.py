@@ -16,7 +16,8 @@ from tritonforge.runtime.engine.requests import (
 
 # Inputs the parser reads itself, besides the sampling and flag inputs.
 PARSED = {"input_ids", "input_lengths", "request_output_len", "end_id", "stop", "beam_width", "num_return_sequences",
-          "stop_words_list", "bad_words_list", "embedding_bias", "guided_decoding_guide_type", "guided_decoding_guide"}
+          "stop_words_list", "bad_words_list", "embedding_bias", "guided_decoding_guide_type", "guided_decoding_guide",
+          "num_top_log_probs"}
 
 
 def request(**extra):
@@ -28,7 +29,7 @@ def request(**extra):
 
 def test_every_engine_input_is_parsed_ignored_or_refused_when_used():
     handled = PARSED | set(SAMPLING_INPUTS) | set(FLAG_INPUTS) | IGNORED_INPUTS | set(FEATURE_INPUTS)
-    assert {tensor.name for tensor in contract.ENGINE_INPUTS} == handled
+    assert {tensor.name for tensor in contract.engine_inputs(messages=True)} == handled
 
 
 def test_top_p_zero_is_unset_as_in_the_backend():

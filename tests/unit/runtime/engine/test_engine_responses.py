@@ -199,7 +199,7 @@ def row_sink(sender: Sender, *, senders=None, stream: bool = True, exclude_input
              return_perf_metrics: bool = False, stream_interval: int = 1, bos_token_id: int | None = None) -> _RowSink:
     """One row's sink, asking for log probs; its sends run on `senders` (held, or at once by default)."""
     row = SimpleNamespace(stream=stream, exclude_input=exclude_input, prompt_ids=PROMPT, return_log_probs=True,
-                          return_num_input_tokens=False, return_num_output_tokens=False,
+                          num_top_log_probs=0, return_num_input_tokens=False, return_num_output_tokens=False,
                           return_perf_metrics=return_perf_metrics)
     state = RequestRows(PB_UTILS_STAND_IN, sender, 1, None, check_period_s=1.0)
     senders = senders if senders is not None else Senders(0, depth=1, name="test-send")

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from tritonforge.runtime.engine.service import streamed_responses
+from tritonforge.runtime.engine.service import TokenRun, streamed_responses
 from tritonforge.runtime.text.detokenization import (
     BYTE_LEVEL,
     OTHER,
@@ -127,8 +127,8 @@ def test_a_stream_with_generated_bos_tokens_decodes_response_by_response_to_its_
     rng = random.Random(7)
     for _ in range(200):
         completion = [words[0], *(rng.choice([*words, bos, bos]) for _ in range(12))]
-        responses = [ids for chunk in random_chunks(rng, completion)
-                     for ids, _ in streamed_responses(chunk, [0.0] * len(chunk), bos)]
+        responses = [run.ids for chunk in random_chunks(rng, completion)
+                     for run in streamed_responses(TokenRun(chunk, [0.0] * len(chunk)), bos)]
         assert "".join(table.decode_text(ids) for ids in responses) == table.decode_text(completion)
 
 

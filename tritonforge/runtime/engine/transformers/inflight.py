@@ -27,6 +27,7 @@ import contextlib
 import heapq
 import inspect
 import logging
+import math
 import os
 from typing import NamedTuple, Protocol
 
@@ -35,10 +36,10 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
-from ....facts.contract import GUIDED_DECODING_GUIDE_TYPE
+from ....facts.contract import GUIDED_DECODING_GUIDE_TYPE, MAX_TOP_LOG_PROBS
 from ....facts.errors import EngineShuttingDown, UnsupportedError
 from ....facts.limits import EngineLimits
-from ..generation import EngineStats, EngineThread, GenerationRequest, GenerationResult, check_limits
+from ..generation import EngineStats, EngineThread, GenerationRequest, GenerationResult, TopTokens, check_limits
 from ..sampling import SlotSampler
 from .decode_graphs import DecodeGraphs, StaticInputs, graph_bucket
 from .grammar import GrammarMasks, Grammars
@@ -172,7 +173,7 @@ def check_cache_layers(model) -> None:
 class _Sequence:
     """A running request and its state."""
 
-    __slots__ = ("request", "slot", "tokens", "generated", "log_probs", "finish_reason", "matcher")
+    __slots__ = ("request", "slot", "tokens", "generated", "log_probs", "top", "finish_reason", "matcher")
 
     def __init__(self, request: GenerationRequest, slot: int, matcher=None):
         self.request = request
@@ -180,6 +181,7 @@ class _Sequence:
         self.tokens = list(request.prompt_ids)
         self.generated: list[int] = []
         self.log_probs: list[float] = []
+        self.top: list[TopTokens] | None = [] if request.num_top_log_probs else None
         self.finish_reason: str | None = None
         self.matcher = matcher  # a guided request's xgrammar matcher, advanced by every token it accepts
 
@@ -194,6 +196,7 @@ class StepFlags(NamedTuple):
     biased: bool
     log_probs: bool
     guided: bool
+    top_log_probs: bool  # the likeliest tokens of each row's step too (MAX_TOP_LOG_PROBS of them)
 
 
 class _Features:
@@ -201,6 +204,7 @@ class _Features:
 
     def __init__(self):
         self.sampling = self.top_k = self.top_p = self.penalised = self.biased = self.log_probs = self.guided = 0
+        self.top_log_probs = 0
 
     def add(self, request: GenerationRequest, sign: int) -> None:
         params = request.sampling
@@ -212,10 +216,11 @@ class _Features:
         self.biased += sign * (request.embedding_bias is not None)
         self.log_probs += sign * request.return_log_probs
         self.guided += sign * (request.grammar is not None)
+        self.top_log_probs += sign * (request.num_top_log_probs > 0)
 
     def flags(self) -> StepFlags:
         return StepFlags(self.sampling > 0, self.top_k > 0, self.top_p > 0, self.penalised > 0, self.biased > 0,
-                         self.log_probs > 0, self.guided > 0)
+                         self.log_probs > 0, self.guided > 0, self.top_log_probs > 0)
 
 
 class InflightBatchingEngine(EngineThread):
@@ -433,7 +438,7 @@ class InflightBatchingEngine(EngineThread):
                 self._fill_masks(live)
             steps = torch.zeros(len(group), dtype=torch.long, device=self.device)
             chosen = self._choose(logits, rows, steps, features.flags(), banned=banned)
-            self._accept_rows(live, chosen, features.log_probs > 0)
+            self._accept_rows(live, chosen, features.flags())
         self._retire_finished()
 
     def _decode_step(self) -> None:
@@ -448,7 +453,7 @@ class InflightBatchingEngine(EngineThread):
             chosen = self._graph_step(length, flags, banned) if self._graphs is not None else None
             if chosen is None:
                 chosen = self._eager_step(rows, length, flags, banned)
-            self._accept_rows(live, chosen, flags.log_probs, decoded=True)
+            self._accept_rows(live, chosen, flags, decoded=True)
             self._decode_steps += 1
         self._retire_finished()
 
@@ -523,7 +528,8 @@ class InflightBatchingEngine(EngineThread):
     def _choose(self, logits: torch.Tensor, rows, steps: torch.Tensor, flags: StepFlags, *, banned,
                 ban: torch.Tensor | None = None, record: bool = True) -> torch.Tensor:
         """Process and sample logits [n, vocab] of slots `rows`: the tokens [n], or with log probs [2, n]
-        (float64: token ids are exact). A guided row's grammar masks its logits after the request's own
+        (float64: token ids are exact), and with the top log probs [2 + 2k, n]: then the k likeliest tokens'
+        log probs, then their ids. A guided row's grammar masks its logits after the request's own
         processing (bias, penalties, bans) and before temperature, top-k and top-p."""
         logits = self._sampler.process(logits.float(), rows, biased=flags.biased, penalised=flags.penalised,
                                        banned=banned, ban=ban)
@@ -534,25 +540,40 @@ class InflightBatchingEngine(EngineThread):
         if flags.penalised and record:
             self._sampler.record(rows, tokens)
         if flags.log_probs:
-            log_probs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
-            return torch.stack((tokens.double(), log_probs.double()))
+            all_log_probs = torch.log_softmax(logits, dim=-1)
+            log_probs = all_log_probs.gather(1, tokens[:, None])[:, 0]
+            chosen = torch.stack((tokens.double(), log_probs.double()))
+            if flags.top_log_probs:
+                top = torch.topk(all_log_probs, min(MAX_TOP_LOG_PROBS, all_log_probs.shape[-1]), dim=-1)
+                chosen = torch.cat((chosen, top.values.T.double(), top.indices.T.double()))
+            return chosen
         return tokens
 
-    def _accept_rows(self, live: list[tuple[int, _Sequence]], chosen: torch.Tensor, log_probs: bool, *,
+    def _accept_rows(self, live: list[tuple[int, _Sequence]], chosen: torch.Tensor, flags: StepFlags, *,
                      decoded: bool = False) -> None:
         """Bring the step's tokens to the host (its one sync) and give each live row its token. `decoded`: a
         decode step, which wrote a column into every occupied slot's cache."""
-        if log_probs:
-            tokens, chosen_log_probs = chosen.tolist()
+        chosen_log_probs = columns = None
+        if flags.log_probs:
+            columns = chosen.T.tolist() if flags.top_log_probs else None
+            tokens, chosen_log_probs = chosen[:2].tolist()
         else:
-            tokens, chosen_log_probs = chosen.tolist(), None
+            tokens = chosen.tolist()
         if decoded:
             self._state[1] += self._occupied
         for row, sequence in live:
             log_prob = chosen_log_probs[row] if sequence.request.return_log_probs else 0.0
-            self._accept(sequence, int(tokens[row]), log_prob)
+            top = None
+            if sequence.top is not None:
+                count = sequence.request.num_top_log_probs
+                width = (len(columns[row]) - 2) // 2
+                top_values, top_ids = columns[row][2:2 + count], columns[row][2 + width:2 + width + count]
+                # A step of a grammar may allow fewer tokens than asked: those it bans are not alternatives.
+                top = TopTokens([int(token) for token, value in zip(top_ids, top_values) if value != -math.inf],
+                                [value for value in top_values if value != -math.inf])
+            self._accept(sequence, int(tokens[row]), log_prob, top)
 
-    def _accept(self, sequence: _Sequence, token: int, log_prob: float) -> None:
+    def _accept(self, sequence: _Sequence, token: int, log_prob: float, top: TopTokens | None = None) -> None:
         request = sequence.request
         matcher = sequence.matcher
         # The grammar allowed the token, unless the request's own bans (min_tokens' end id, bad words) took every
@@ -566,6 +587,8 @@ class InflightBatchingEngine(EngineThread):
         sequence.tokens.append(token)
         sequence.generated.append(token)
         sequence.log_probs.append(log_prob)
+        if sequence.top is not None:
+            sequence.top.append(top)
         self._state[0, sequence.slot] = token
         self._state[2, sequence.slot] += 1
         if request.stop_sequences and _ends_with_any(sequence.tokens, request.stop_sequences):
@@ -573,14 +596,15 @@ class InflightBatchingEngine(EngineThread):
         elif len(sequence.generated) >= request.max_new_tokens:
             sequence.finish_reason = "length"
         elif request.stream:  # a token that ends the request goes out with `finish`, flagged final
-            request.sink.tokens([token], [log_prob])
+            request.sink.tokens([token], [log_prob], None if top is None else [top])
 
     def _retire_finished(self) -> None:
         for sequence in self._slots:
             if sequence is not None and sequence.finish_reason is not None:
                 self._release(sequence)
                 sequence.request.sink.finish(
-                    GenerationResult(sequence.generated, sequence.log_probs, sequence.finish_reason), None)
+                    GenerationResult(sequence.generated, sequence.log_probs, sequence.finish_reason, sequence.top),
+                    None)
 
     def _release(self, sequence: _Sequence) -> None:
         """Free the sequence's slot: nothing moves on the device."""

@@ -17,7 +17,7 @@ class Sink:
     def scheduled(self):
         pass
 
-    def tokens(self, ids, log_probs):
+    def tokens(self, ids, log_probs, top=None):
         self.streamed += ids
         self.started.set()
 

@@ -65,6 +65,28 @@ def test_greedy_equals_generate_with_requests_joining_midway(setup):
         assert len(sink.final_tokens) == (1 if sink.result.finish_reason == "length" else 0)
 
 
+def test_log_probs_and_the_likeliest_tokens_equal_the_models_own_forward_pass(setup):
+    """Greedy, with 5 top log probs, beside a request without them in the same batch: each generated token's log
+    probability and the likeliest 5 at its step are the log-softmax of the model's own logits for that step."""
+    tokenizer, model, engine = setup
+    plain = submit(engine, tokenizer, "The engine", Sink())
+    sink = submit(engine, tokenizer, "Hello world, the server", Sink(), return_log_probs=True, num_top_log_probs=5,
+                  max_new_tokens=12)
+    assert sink.done.wait(WAIT_S) and plain.done.wait(WAIT_S) and sink.error is None
+    prompt = tokenizer("Hello world, the server").input_ids
+    generated = sink.result.token_ids
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + generated])).logits[0, len(prompt) - 1:-1].float()
+    expected = torch.log_softmax(logits, dim=-1)
+    assert len(sink.result.top) == len(generated) == 12
+    for step, (token, log_prob, top) in enumerate(zip(generated, sink.result.log_probs, sink.result.top)):
+        assert log_prob == pytest.approx(expected[step, token].item(), abs=1e-4)
+        values, ids = torch.topk(expected[step], 5)
+        assert top.ids == ids.tolist() and top.ids[0] == token  # greedy: the likeliest is the one chosen
+        assert top.log_probs == pytest.approx(values.tolist(), abs=1e-4)
+    assert plain.result.top is None
+
+
 def test_same_seed_samples_the_same_tokens(setup):
     tokenizer, _, engine = setup
     params = SamplingParams(top_k=50, temperature=1.0, seed=42)

@@ -135,7 +135,7 @@ class _UnsentRanks:
 
 
 class _FailingSink(Sink):
-    def tokens(self, ids, log_probs):
+    def tokens(self, ids, log_probs, top=None):
         raise RuntimeError("out of memory")
 
 
