@@ -37,6 +37,7 @@ from ...facts.contract import (
     ENGINE_PASSTHROUGH_OUTPUTS,
     EXCLUDE_INPUT_IN_OUTPUT,
     NUM_OUTPUT_TOKENS,
+    NUM_TOP_LOG_PROBS,
     OUTPUT_IDS,
     OUTPUT_LOG_PROBS,
     RETURN_LOG_PROBS,
@@ -48,6 +49,8 @@ from ...facts.contract import (
     STREAM_INTERVAL,
     STREAMING,
     TEXT_INPUT,
+    TOP_LOG_PROBS,
+    TOP_TOKEN_IDS,
 )
 from ...facts.errors import RequestError, ServerStopping
 from ...facts.limits import EngineLimits
@@ -58,10 +61,12 @@ from ..text.tokenization import decode_utf8
 from ..triton_adapter import DRAIN_END_S, RequestRows, answer_error, request_inputs, requested_outputs
 from .engine_stream import EngineStream
 from .row_stream import CANCEL_CHECK_PERIOD_S, RowRequest, RowStream
+from .token_log import requested_top_log_probs
 
 logger = logging.getLogger(__name__)
 
 ENGINE_OUTPUTS = [OUTPUT_IDS, SEQUENCE_LENGTH, CUM_LOG_PROBS, OUTPUT_LOG_PROBS]
+TOP_LOG_PROB_OUTPUTS = [TOP_TOKEN_IDS, TOP_LOG_PROBS]
 # The engine's statistics outputs, passed on to the client as the engine sent them last.
 ENGINE_STATISTICS = [t.name for t in ENGINE_PASSTHROUGH_OUTPUTS
                      if t.name not in {CUM_LOG_PROBS, OUTPUT_LOG_PROBS, BATCH_INDEX, SEQUENCE_INDEX,
@@ -154,12 +159,14 @@ class BlsOrchestrator:
         intervals = _stream_intervals(inputs, batch)
         exclude_input = _flag(inputs, EXCLUDE_INPUT_IN_OUTPUT, default=True)
         return_log_probs, count_tokens = _flag(inputs, RETURN_LOG_PROBS), _flag(inputs, RETURN_NUM_OUTPUT_TOKENS)
+        top = requested_top_log_probs(inputs)
         statistics = [name for name in ENGINE_STATISTICS if requested is None or name in requested]
-        return [RowRequest(row=row, batch=batch, engine_inputs=self._engine_inputs(inputs, encoded, row),
-                           engine_outputs=[*ENGINE_OUTPUTS, *statistics], prompt_ids=encoded.prompt_ids[row],
+        engine_outputs = [*ENGINE_OUTPUTS, *statistics, *(TOP_LOG_PROB_OUTPUTS if top else [])]
+        return [RowRequest(row=row, batch=batch, engine_inputs=self._engine_inputs(inputs, encoded, row, top),
+                           engine_outputs=engine_outputs, prompt_ids=encoded.prompt_ids[row],
                            stop_phrases=stop_phrases[row], stream=stream, exclude_input=exclude_input,
                            return_log_probs=return_log_probs, count_tokens=count_tokens, statistics=statistics,
-                           stream_interval=intervals[row])
+                           stream_interval=intervals[row], num_top_log_probs=top)
                 for row in range(batch)]
 
     def _stop_phrases(self, inputs: dict[str, np.ndarray], batch: int) -> list[list[str]]:
@@ -169,7 +176,7 @@ class BlsOrchestrator:
         rows = value.reshape(value.shape[0], -1)
         return [[decode_utf8(STOP_WORDS, item) for item in rows[row]] for row in range(batch)]
 
-    def _engine_inputs(self, inputs: dict[str, np.ndarray], encoded: EncodedRequest, row: int
+    def _engine_inputs(self, inputs: dict[str, np.ndarray], encoded: EncodedRequest, row: int, top: int | None
                        ) -> dict[str, np.ndarray]:
         tensors = {**encoded.engine_inputs(row), STREAMING: np.array([[self.settings.decoupled]]),
                    EXCLUDE_INPUT_IN_OUTPUT: np.array([[True]])}
@@ -179,6 +186,10 @@ class BlsOrchestrator:
                 if value.ndim == 1:  # an input NVIDIA's BLS config reshapes to a scalar: [B] → [B, 1]
                     value = value.reshape(-1, 1)
                 tensors[engine_name] = value[row:row + 1] if value.shape[0] > 1 else value
+        if top is not None:  # the token log: every token's log prob, and `top` alternatives where asked
+            tensors[RETURN_LOG_PROBS] = np.array([[True]])
+            if top:
+                tensors[NUM_TOP_LOG_PROBS] = np.array([[top]], dtype=np.int32)
         return tensors
 
     def shutdown(self) -> None:

@@ -32,6 +32,7 @@ from ..text.detokenization import IncrementalDetokenizer, TokenBytes
 from ..text.stop_phrases import StopPhraseFilter
 from ..triton_adapter import RequestRows
 from .engine_stream import EngineStream
+from .token_log import TokenLog
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class RowRequest:
     count_tokens: bool  # return_num_output_tokens
     statistics: list[str]  # the engine's statistics outputs passed on to the client, as it sent them last
     stream_interval: int = 1  # engine responses per streamed response after the first
+    num_top_log_probs: int | None = None  # each token's log prob and this many alternatives per response (None: no)
 
 
 class _Chunk(NamedTuple):
@@ -63,6 +65,7 @@ class _Chunk(NamedTuple):
     tokens: int  # generated tokens not reported before (num_output_tokens)
     log_probs: list[float] | None  # every log prob so far (return_log_probs)
     statistics: dict[str, np.ndarray]
+    token_mark: int  # the tokens of the token log up to here go out with this chunk (num_top_log_probs)
 
 
 class RowStream:
@@ -99,6 +102,8 @@ class RowStream:
         self._stop_filter = StopPhraseFilter(request.stop_phrases)
         self._pieces: list[str] = []  # a whole answer's text
         self._log_probs: list[float] = []
+        self._tokens = None if request.num_top_log_probs is None else TokenLog(request.num_top_log_probs, token_bytes)
+        self._tokens_sent = 0  # the token log's tokens sent so far (the sender's)
         self._statistics: dict[str, np.ndarray] = {}
         self._unreported = 0  # generated tokens not yet reported in a response
         self._responses = 0  # engine responses since the last chunk
@@ -163,7 +168,10 @@ class RowStream:
         self._count(tensors, length)
         if self._engine_stopped:  # after a stop phrase or a cancel: counted, never shown
             return
-        self._emit(self._stop_filter.push(self._detokenizer.push(ids.reshape(-1)[:length].tolist())))
+        tokens = ids.reshape(-1)[:length].tolist()
+        if self._tokens is not None:
+            self._tokens.extend(tokens, tensors)
+        self._emit(self._stop_filter.push(self._detokenizer.push(tokens)))
         if self.outbox.failed:  # the client missed a chunk: end with an error, not a stream with a gap
             raise ResponseSendError()
         if self._stop_filter.stopped:
@@ -187,7 +195,8 @@ class RowStream:
             return
         log_probs = list(self._log_probs) if self.request.return_log_probs else None
         # Sized in engine responses: the stream interval's unit.
-        self.outbox.add(_Chunk(text, self._unreported, log_probs, dict(self._statistics)), size=self._responses)
+        self.outbox.add(_Chunk(text, self._unreported, log_probs, dict(self._statistics),
+                               len(self._tokens) if self._tokens is not None else 0), size=self._responses)
         self._unreported = self._responses = 0
 
     # --- a sender ------------------------------------------------------------------------------------------------
@@ -196,7 +205,8 @@ class RowStream:
         """The streamed text that waited for this send, as one response."""
         latest = chunks[-1]
         return self.completion.send(self._response("".join(chunk.text for chunk in chunks), latest.log_probs,
-                                                   latest.statistics, sum(chunk.tokens for chunk in chunks)))
+                                                   latest.statistics, sum(chunk.tokens for chunk in chunks),
+                                                   latest.token_mark))
 
     def _send_last(self, rest: list[_Chunk]) -> None:
         """The row's last response, after every chunk before it: the rest of the text, or the error."""
@@ -219,21 +229,31 @@ class RowStream:
                 self.request.prompt_ids).decode("utf-8", errors="replace")
             return self._response(prompt + "".join(self._pieces) + tail,
                                   self._log_probs if self.request.return_log_probs else None, self._statistics, tokens)
-        if tail or (self.request.count_tokens and tokens):
+        unsent_tokens = self._tokens is not None and len(self._tokens) > self._tokens_sent
+        if tail or (self.request.count_tokens and tokens) or unsent_tokens:
             return self._response(tail, None, self._statistics, tokens)
         return None
 
-    def _response(self, text: str, log_probs: list[float] | None, statistics: dict[str, np.ndarray], tokens: int):
+    def _response(self, text: str, log_probs: list[float] | None, statistics: dict[str, np.ndarray], tokens: int,
+                  token_mark: int | None = None):
+        """A response of this row; with a token log, the tokens past those sent up to `token_mark` (None: all)."""
+        response_tokens = None
+        if self._tokens is not None:
+            end = len(self._tokens) if token_mark is None else token_mark
+            response_tokens = self._tokens.outputs(self._tokens_sent, end)
+            self._tokens_sent = end
         return client_response(self.completion, text, row=self.request.row, batch=self.request.batch,
                                log_probs=log_probs, statistics=statistics,
-                               new_tokens=tokens if self.request.count_tokens else None)
+                               new_tokens=tokens if self.request.count_tokens else None, tokens=response_tokens)
 
 
 def client_response(completion: RequestRows, text: str, *, row: int, batch: int, log_probs: list[float] | None,
-                    statistics: dict[str, np.ndarray], new_tokens: int | None):
+                    statistics: dict[str, np.ndarray], new_tokens: int | None,
+                    tokens: dict[str, np.ndarray] | None = None):
     """One response to the client, shaped as NVIDIA's BLS answers: `text_output` flat (one string),
-    `batch_index` only for a batched request, the engine's statistics as it sent them last."""
-    outputs = {TEXT_OUTPUT: np.array([text.encode("utf-8")], dtype=object), **statistics}
+    `batch_index` only for a batched request, the engine's statistics as it sent them last; ours, the tokens
+    it adds (`TokenLog.outputs`) for a request with `num_top_log_probs`."""
+    outputs = {TEXT_OUTPUT: np.array([text.encode("utf-8")], dtype=object), **statistics, **(tokens or {})}
     if batch > 1:
         outputs[BATCH_INDEX] = np.array([[row]], dtype=np.int32)
     if new_tokens is not None:

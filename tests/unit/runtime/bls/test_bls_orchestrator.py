@@ -14,11 +14,14 @@ from tests.unit.runtime.engine.test_engine_thread_faults import WAIT_S, Request,
 from tritonforge.facts.contract import (
     CUM_LOG_PROBS,
     EXCLUDE_INPUT_IN_OUTPUT,
+    NUM_TOP_LOG_PROBS,
     OUTPUT_IDS,
     OUTPUT_LOG_PROBS,
     REQUEST_OUTPUT_LEN,
     SEQUENCE_LENGTH,
     STREAMING,
+    TOP_LOG_PROBS,
+    TOP_TOKEN_IDS,
 )
 from tritonforge.facts.errors import EngineCallError, EngineStreamError
 from tritonforge.facts.limits import EngineLimits
@@ -35,12 +38,18 @@ UNTIL_STOPPED = object()  # a script's step: one token every TOKEN_PERIOD_S unti
 UNSTOPPED_TOKENS = 2000
 
 
-def engine_response(ids: list[int]) -> dict[str, np.ndarray]:
-    """One streamed engine response, as the engine stream hands it over."""
+def engine_response(ids: list[int], top: int = 0) -> dict[str, np.ndarray]:
+    """One streamed engine response, as the engine stream hands it over; with `top`, the likeliest tokens at each
+    step: the token itself, then the ids after it, each less likely by 1."""
     count = len(ids)
-    return {OUTPUT_IDS: np.array(ids, np.int32).reshape(1, 1, count), SEQUENCE_LENGTH: np.array([[count]], np.int32),
-            OUTPUT_LOG_PROBS: np.full((1, 1, count), LOG_PROB, np.float32),
-            CUM_LOG_PROBS: np.array([[LOG_PROB * count]], np.float32)}
+    response = {OUTPUT_IDS: np.array(ids, np.int32).reshape(1, 1, count),
+                SEQUENCE_LENGTH: np.array([[count]], np.int32),
+                OUTPUT_LOG_PROBS: np.full((1, 1, count), LOG_PROB, np.float32),
+                CUM_LOG_PROBS: np.array([[LOG_PROB * count]], np.float32)}
+    if top:
+        response[TOP_TOKEN_IDS] = np.array([[[token + rank for rank in range(top)] for token in ids]], np.int32)
+        response[TOP_LOG_PROBS] = np.array([[[LOG_PROB - rank for rank in range(top)] for _ in ids]], np.float32)
+    return response
 
 
 class FakeEngineStream:
@@ -93,7 +102,8 @@ class FakeEngineStream:
                 if self._closed.is_set():
                     engine_call.end(EngineStreamError("the stream to the engine model closed"))
                     return
-                if engine_call.deliver(engine_response(ids), final=False):
+                top = int(self.requests[request_id].get(NUM_TOP_LOG_PROBS, np.zeros(1)).reshape(-1)[0])
+                if engine_call.deliver(engine_response(ids, top), final=False):
                     return  # the BLS's handler raised: the call is over
         engine_call.deliver({}, final=True)
 
@@ -178,6 +188,42 @@ def test_streamed_chunks_are_whole_characters_when_a_character_spans_responses(m
     assert all("\ufffd" not in chunk for chunk in chunks)
     assert sum(response["num_output_tokens"].item() for response in outputs(sender)) == len(ids)
     assert [flags for _, flags in sender.sent] == [0] * (len(sender.sent) - 1) + [FINAL]
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+def test_each_response_carries_the_tokens_it_adds_with_their_bytes_log_probs_and_alternatives(
+        make_bls, tokenizer, stream):
+    """num_top_log_probs: the responses' tokens are the engine's, each once, in order; the text so far is always
+    the start of the tokens' bytes so far (a token that ends mid-character waits for the response whose text
+    holds that character), and at the end the two are equal."""
+    ids = token_ids(tokenizer, "naïve 你好 🚀 done")
+    table = TokenBytes(tokenizer)
+    paced = [step for token in ids for step in ([token], Pause())]  # mostly a response per token, streamed
+    bls, engine = make_bls(lambda inputs: paced)
+    sender = answer(bls, client_inputs(stream=stream, num_top_log_probs=[[2]]))
+    (engine_inputs,) = engine.requests.values()
+    assert engine_inputs["return_log_probs"].item() and engine_inputs[NUM_TOP_LOG_PROBS].item() == 2
+    responses = outputs(sender)
+    text, token_bytes, sent = "", b"", []
+    for response in responses:
+        text += response["text_output"][0].decode()
+        token_bytes += b"".join(response["token_bytes"].reshape(-1))
+        assert token_bytes.startswith(text.encode())
+        sent += response["token_ids"].reshape(-1).tolist()
+        count = response["token_ids"].size
+        assert response["token_log_probs"].shape == (1, count) and np.all(response["token_log_probs"] == LOG_PROB)
+        assert response["top_token_ids"].shape == response["top_log_probs"].shape == (1, count, 2)
+        assert [[table.token_bytes(int(token)) for token in row] for row in response["top_token_ids"][0]] == \
+            response["top_token_bytes"][0].tolist()
+        assert np.all(response["top_token_ids"][0, :, 0] == response["token_ids"][0])
+    assert sent == ids and token_bytes == text.encode() == table.decode(ids)
+    assert stream or len(responses) == 1
+
+
+def test_a_top_log_probs_count_past_20_is_refused_naming_it(make_bls):
+    bls, engine = make_bls(lambda inputs: [[5]])
+    sender = answer(bls, client_inputs(num_top_log_probs=[[21]]))
+    assert "num_top_log_probs: must be in [0, 20], got 21" in final_error(sender).message and not engine.requests
 
 
 def _not_whole(data: bytes) -> bool:
