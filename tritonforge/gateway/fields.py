@@ -185,12 +185,22 @@ SECTIONS = (
                      does="Chat's `response_format`: `text`, `json_object`, or `json_schema` with its name and "
                           "schema beside the type."),
     )),
+    Section(title="Log probabilities", fields=(
+        RequestField(name="logprobs", endpoints=(CHAT,), example=True, served=True,
+                     does="Each generated token's log probability in the choice's `logprobs.content` (streamed: "
+                          "in the chunk whose text holds the token), with its UTF-8 `bytes`; through the BLS "
+                          "(`--model tensorrt_llm_bls`, the default), else 400."),
+        RequestField(name="top_logprobs", endpoints=(CHAT,), example=5, served=True, with_fields={"logprobs": True},
+                     does="0 to 20: the likeliest tokens at each generated token's step, likeliest first; 400 "
+                          "without `logprobs` true."),
+        RequestField(name="logprobs", endpoints=(COMPLETIONS,), example=2, served=True,
+                     does="0 to 20: each generated token's log probability, and this many likeliest tokens at its "
+                          "step, in OpenAI's completions form (`tokens`, `token_logprobs`, `top_logprobs`, "
+                          "`text_offset`)."),
+    )),
     Section(title="What the engines cannot give", fields=(
-        RequestField(name="logprobs", endpoints=COMPLETIONS_AND_CHAT, example=True, served=False,
-                     does="400 unless empty (`false`, 0, `null`): OpenAI gives a log probability per token, and "
-                          "the engines return no token ids with the streamed text."),
-        RequestField(name="top_logprobs", endpoints=(CHAT, RESPONSES), example=5, served=False,
-                     does="400 unless 0: the engines return no alternatives to the chosen token."),
+        RequestField(name="top_logprobs", endpoints=(RESPONSES,), example=5, served=False,
+                     does="400 unless 0: a response carries no log probabilities (ask chat completions)."),
         RequestField(name="logit_bias", endpoints=COMPLETIONS_AND_CHAT, example={"1000": -100}, served=False,
                      does="400 unless empty: the engines take no per-token bias."),
         RequestField(name="echo", endpoints=(COMPLETIONS,), example=True, served=False,
@@ -202,7 +212,8 @@ SECTIONS = (
         RequestField(name="function_call", endpoints=(CHAT,), example="auto", served=False,
                      does="Deprecated by OpenAI: 400 unless empty; send `tool_choice`."),
         RequestField(name="include", endpoints=(RESPONSES,), example=[LOGPROBS_INCLUDE], served=False,
-                     does=f"Ignored, but `{LOGPROBS_INCLUDE}` is 400: no log probabilities are generated."),
+                     does=f"Ignored, but `{LOGPROBS_INCLUDE}` is 400: a response carries no log probabilities "
+                          f"(ask chat completions)."),
     )),
     Section(title="Stored state (Responses)", fields=(
         RequestField(name="previous_response_id", endpoints=(RESPONSES,), example="resp_1", served=False,

@@ -2,8 +2,9 @@
 
 Reading: a body (JSON) becomes an `OpenAIRequest`, checked against OpenAI's types and ranges; every refusal
 is one `OpenAIError`, HTTP 400, whose message and `param` name the field. Tools and `response_format` are read
-by `tool_calls`, which turns them into the grammar the engine enforces. What the engines cannot give
-(`logprobs`, `top_logprobs`, `echo`, `best_of` > 1, `logit_bias`, `suffix`) is refused; unknown fields are
+by `tool_calls`, which turns them into the grammar the engine enforces; `logprobs` (and chat's `top_logprobs`)
+are answered through `logprobs`. What the engines cannot give (`echo`, `best_of` > 1, `logit_bias`, `suffix`)
+is refused; unknown fields are
 accepted and ignored, as vLLM does. Writing: the whole answer, the streamed chunks as server-sent events, the
 usage chunk, the error object. Nothing here knows Triton.
 """
@@ -16,8 +17,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from ..facts.contract import MAX_TOP_LOG_PROBS
 from ..runtime.text.tokenization import RESERVED_TEMPLATE_ARGUMENTS
 from .errors import OpenAIError
+from .logprobs import TokenLogProb, choice_logprobs
 from .tool_calls import Guide, Tool, ToolCall, ToolChoice, read_response_format, read_tools, tool_guide
 
 COMPLETIONS, CHAT = "completions", "chat"  # the two generating endpoints, as `kind` names them
@@ -34,9 +37,7 @@ MAX_STOP_STRINGS = 4  # OpenAI's limit
 # so one request could otherwise take the engine's whole batch.
 MAX_CHOICES = 16
 # Fields that ask for what the engines cannot give; sent empty (None, False, 0, {}, []) they ask for nothing.
-# The engines return no alternatives to the chosen token, nor a token id per streamed text (which `logprobs`
-# names each log probability by).
-UNSUPPORTED_FIELDS = ("logprobs", "top_logprobs", "logit_bias", "functions", "function_call", "suffix")
+UNSUPPORTED_FIELDS = ("logit_bias", "functions", "function_call", "suffix")
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
 DONE_EVENT = "data: [DONE]\n\n"  # the last event of every stream, a failed one's included
 
@@ -61,6 +62,7 @@ class OpenAIRequest:
     stop: list[str] | None
     stream: bool
     include_usage: bool  # a streamed answer ends with a chunk of the usage
+    logprobs: int | None = None  # each token's log probability with this many alternatives (None: not asked)
 
     @property
     def parses_tool_calls(self) -> bool:
@@ -109,11 +111,32 @@ def read_request(body, kind: str, served_model_name: str | None = None) -> OpenA
             raise OpenAIError(400, f"'chat_template_kwargs' must be an object without "
                                    f"{', '.join(sorted(RESERVED_TEMPLATE_ARGUMENTS))}", "chat_template_kwargs")
     options = body.get("stream_options") or {}
+    logprobs = _chat_logprobs(body) if kind == CHAT else _completion_logprobs(body)
     return OpenAIRequest(kind=kind, prompts=prompts, messages=messages, tools=tools, tool_choice=choice,
                          template_kwargs=template_kwargs, guide=guide, n=n,
                          max_tokens=max_tokens or DEFAULT_MAX_TOKENS[kind], sampling=_sampling(body),
                          stop=_stop(body.get("stop")), stream=bool(body.get("stream", False)),
-                         include_usage=bool(isinstance(options, dict) and options.get("include_usage")))
+                         include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
+                         logprobs=logprobs)
+
+
+def _completion_logprobs(body: dict) -> int | None:
+    """A completion's `logprobs`: the alternatives asked for each token (0 to 20); None (or false): not asked."""
+    if body.get("logprobs") is False:
+        return None
+    return _number(body, "logprobs", int, 0, MAX_TOP_LOG_PROBS)
+
+
+def _chat_logprobs(body: dict) -> int | None:
+    """A chat's `logprobs` (true or false) and `top_logprobs` (0 to 20, which needs `logprobs` true): the
+    alternatives asked for each token, None when log probabilities are not."""
+    logprobs = body.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise OpenAIError(400, "'logprobs' must be true or false", "logprobs")
+    top = _number(body, "top_logprobs", int, 0, MAX_TOP_LOG_PROBS)
+    if top and not logprobs:
+        raise OpenAIError(400, "'top_logprobs' needs 'logprobs' to be true", "top_logprobs")
+    return (top or 0) if logprobs else None
 
 
 def _check_model(model, served_model_name: str | None) -> None:
@@ -242,6 +265,7 @@ class Generation:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     chunks: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogProb] | None = None  # every token's, as they came (None: not asked)
     tool_calls: list[ToolCall] = field(default_factory=list)
     content: str | None = None  # the text left besides reasoning and tool calls, once read; else the chunks
     reasoning: str | None = None  # the thinking a reasoning parser set apart
@@ -300,13 +324,14 @@ def sse_event(payload: dict) -> str:
 
 
 def stream_chunk(kind: str, ident: str, created: int, model: str, text: str, finish: str | None,
-                 role: bool = False, index: int = 0) -> dict:
-    """One chunk of a streamed answer; `role`: the first chunk of a chat's choice, which says who speaks."""
+                 role: bool = False, index: int = 0, logprobs: dict | None = None) -> dict:
+    """One chunk of a streamed answer; `role`: the first chunk of a chat's choice, which says who speaks;
+    `logprobs`: those of the tokens it adds (`logprobs.choice_logprobs`)."""
     if kind == COMPLETIONS:
-        choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
     else:
         delta = {"role": "assistant", "content": text} if role else ({"content": text} if text else {})
-        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
     return {"id": ident, "object": object_name(kind, True), "created": created, "model": model,
             "choices": [choice]}
 
@@ -353,8 +378,9 @@ def whole_response(kind: str, ident: str, created: int, model: str, generations:
     """The answer of a request that was not streamed, a choice per generation, with its usage."""
     choices = []
     for generation in generations:
+        logprobs = None if generation.logprobs is None else choice_logprobs(kind == CHAT, generation.logprobs)
         if kind == COMPLETIONS:
-            choice = {"index": generation.index, "text": generation.text, "logprobs": None,
+            choice = {"index": generation.index, "text": generation.text, "logprobs": logprobs,
                       "finish_reason": generation.finish_reason}
         else:
             message = {"role": "assistant", "content": generation.text}
@@ -362,7 +388,7 @@ def whole_response(kind: str, ident: str, created: int, model: str, generations:
                 message["reasoning_content"] = generation.reasoning
             if generation.tool_calls:
                 message["tool_calls"] = [call.as_openai() for call in generation.tool_calls]
-            choice = {"index": generation.index, "message": message, "logprobs": None,
+            choice = {"index": generation.index, "message": message, "logprobs": logprobs,
                       "finish_reason": generation.finish_reason}
         choices.append(choice)
     return {"id": ident, "object": object_name(kind, False), "created": created, "model": model,

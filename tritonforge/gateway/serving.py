@@ -40,6 +40,7 @@ from ..facts.contract import (
     MIN_TOKENS,
     NUM_INPUT_TOKENS,
     NUM_OUTPUT_TOKENS,
+    NUM_TOP_LOG_PROBS,
     PRESENCE_PENALTY,
     REPETITION_PENALTY,
     RETURN_NUM_INPUT_TOKENS,
@@ -53,6 +54,7 @@ from ..facts.contract import (
     TOP_P,
 )
 from ..facts.errors import ERROR_CODES, ErrorKind
+from .logprobs import LOG_PROB_OUTPUTS, choice_logprobs, read_token_log_probs, token_text
 from .metrics import GatewayMetrics
 from .protocol import (
     CHAT,
@@ -138,6 +140,8 @@ def choice_requests(request: OpenAIRequest, stream_interval: int | None = None
     if request.guide is not None:
         base[GUIDED_DECODING_GUIDE_TYPE] = request.guide.guide_type
         base[GUIDED_DECODING_GUIDE] = request.guide.guide
+    if request.logprobs is not None:
+        base[NUM_TOP_LOG_PROBS] = request.logprobs
     base[RETURN_NUM_INPUT_TOKENS] = True
     base[RETURN_NUM_OUTPUT_TOKENS] = True
     prompts = request.prompts if request.prompts is not None else [None]
@@ -149,8 +153,9 @@ def choice_requests(request: OpenAIRequest, stream_interval: int | None = None
             generate = GenerateRequest(text_input=prompt, messages=request.chat() if prompt is None else None,
                                        max_tokens=request.max_tokens, parameters=parameters,
                                        stream_interval=stream_interval)
-            choices.append((Generation(max_tokens=request.max_tokens, index=index, prompt_index=prompt_index),
-                            generate))
+            generation = Generation(max_tokens=request.max_tokens, index=index, prompt_index=prompt_index,
+                                    logprobs=None if request.logprobs is None else [])
+            choices.append((generation, generate))
     return choices
 
 
@@ -192,13 +197,17 @@ class TritonBackend:
         self.client = AsyncGrpcClient(url, model)
 
     async def generate(self, request: GenerateRequest, generation: Generation) -> AsyncIterator[str]:
-        """Yield text chunks as they come; fill `generation`'s token counts."""
+        """Yield text chunks as they come; fill `generation`'s token counts, and its log probabilities where it
+        asks for them (each response's before its text is yielded)."""
         assembler = TextAssembler()
+        wanted = GATEWAY_OUTPUTS if generation.logprobs is None else (*GATEWAY_OUTPUTS, *LOG_PROB_OUTPUTS)
         # Closed at once when the caller stops reading (a client that went away), not whenever it is collected:
         # closing an unfinished stream is what stops the engine's generation.
-        async with aclosing(self.client.responses(request, outputs=GATEWAY_OUTPUTS)) as responses:
+        async with aclosing(self.client.responses(request, outputs=wanted)) as responses:
             async for result in responses:
-                outputs = response_outputs(result, GATEWAY_OUTPUTS)
+                outputs = response_outputs(result, wanted)
+                if generation.logprobs is not None:
+                    generation.logprobs.extend(read_token_log_probs(result.as_numpy))
                 if NUM_INPUT_TOKENS in outputs:
                     generation.prompt_tokens = max(generation.prompt_tokens, first_int32(outputs[NUM_INPUT_TOKENS]))
                 if NUM_OUTPUT_TOKENS in outputs:
@@ -249,7 +258,11 @@ class OpenAIServing:
     def read(self, kind: str, body, endpoint: str) -> OpenAIRequest:
         """The request a decoded body sent to the `kind` endpoint makes; a refusal is counted, then raised."""
         try:
-            return read_request(body, kind, self.served_model_name)
+            request = read_request(body, kind, self.served_model_name)
+            if request.logprobs is not None and self.model != BLS_MODEL:
+                raise OpenAIError(400, f"'logprobs' needs the gateway in front of {BLS_MODEL} (it calls "
+                                       f"{self.model}, which returns no token per text)", "logprobs")
+            return request
         except OpenAIError as error:
             self.metrics.request_done(endpoint, error.status, started=False)
             raise
@@ -321,7 +334,8 @@ class _Reply:
     @property
     def plain(self) -> bool:
         """One choice of text alone: streamed on the shortest path, an event per chunk and nothing else."""
-        return len(self.chunks) == 1 and not self.request.parses_tool_calls and not self.reasoning_parser
+        return (len(self.chunks) == 1 and not self.request.parses_tool_calls and not self.reasoning_parser
+                and self.request.logprobs is None)
 
     def done(self, status: int) -> None:
         self.metrics.request_done(self.endpoint, status, self.generations if status == 200 else None)
@@ -447,28 +461,33 @@ class _Reply:
         if self.request.include_usage:
             yield usage_chunk(*self.head, self.generations)
 
-    async def _merged(self) -> AsyncIterator[tuple[int, str | None]]:
-        """(choice, text) as each choice's text comes, (choice, None) when a choice ends; a choice's error is
-        raised. Each choice is read by a task of its own, cancelled (closing its stream) when this closes."""
+    async def _merged(self) -> AsyncIterator[tuple[int, str | None, int]]:
+        """(choice, text, tokens) as each choice's text comes, with how many of the choice's log probabilities
+        came up to that text; (choice, None, tokens) when a choice ends; a choice's error is raised. Each choice
+        is read by a task of its own, cancelled (closing its stream) when this closes."""
         queue: asyncio.Queue = asyncio.Queue()
+
+        def tokens(index: int) -> int:
+            logprobs = self.generations[index].logprobs
+            return 0 if logprobs is None else len(logprobs)
 
         async def pump(index: int, chunks) -> None:
             try:
-                async for text in chunks:
-                    queue.put_nowait((index, text, None))
-                queue.put_nowait((index, None, None))
+                async for text in chunks:  # the stream waits at its yield: the count is of this text's tokens
+                    queue.put_nowait((index, text, tokens(index), None))
+                queue.put_nowait((index, None, tokens(index), None))
             except Exception as error:  # noqa: BLE001 - raised by the reader below: a choice never ends in silence
-                queue.put_nowait((index, None, error))
+                queue.put_nowait((index, None, 0, error))
 
         tasks = [asyncio.ensure_future(pump(index, chunks)) for index, chunks in enumerate(self.chunks)]
         try:
             running = len(tasks)
             while running:
-                index, text, error = await queue.get()
+                index, text, count, error = await queue.get()
                 if error is not None:
                     raise error
                 running -= text is None
-                yield index, text
+                yield index, text, count
         finally:
             for task in tasks:
                 task.cancel()
@@ -482,10 +501,10 @@ class _Reply:
             for reader in readers:
                 yield stream_chunk(*self.head, "", None, role=True, index=reader.generation.index)
         items = merged if first is None else _prepend(first, merged)
-        async for index, text in items:
+        async for index, text, tokens in items:
             if text is not None:
                 self.timer.chunk()
-            for event in readers[index].push(text):
+            for event in readers[index].push(text, tokens):
                 yield event
         if self.request.include_usage:
             yield usage_chunk(*self.head, self.generations)
@@ -508,14 +527,17 @@ class _ChoiceStream:
         self.parser = (reply.tool_parser.streaming()
                        if reply.request.parses_tool_calls and not reply.forced_calls else None)
         self.content: list[str] = []  # the text past the reasoning: a forced call's, read whole at the end
+        self.tokens_sent = 0  # the choice's log probabilities sent so far
+        self.text_sent = 0  # the characters of text sent so far (a completion's `text_offset` counts from them)
 
-    def push(self, text: str | None) -> list[dict]:
-        """The events of a text (None: the choice's end)."""
+    def push(self, text: str | None, tokens: int = 0) -> list[dict]:
+        """The events of a text (None: the choice's end); `tokens`: how many of the choice's log probabilities
+        came up to it, those not yet sent going out with its first chunk of text (or the choice's last)."""
         generation = self.generation
         if text is not None:
             generation.chunks.append(text)
             reasoning, content = self.reasoning.push(text) if self.reasoning else ("", text)
-            return [*self._reasoning(reasoning), *self._content(content)]
+            return self._with_logprobs([*self._reasoning(reasoning), *self._content(content)], tokens)
         reasoning, content = self.reasoning.finish() if self.reasoning else ("", "")
         events = [*self._reasoning(reasoning), *self._content(content)]
         if self.reply.forced_calls:
@@ -524,7 +546,20 @@ class _ChoiceStream:
             events += self._events("" if calls else whole, calls)
         elif self.parser:
             events += self._events(*self.parser.finish())
-        return [*events, stream_chunk(*self.head, "", generation.finish_reason, index=generation.index)]
+        last = stream_chunk(*self.head, "", generation.finish_reason, index=generation.index)
+        return self._with_logprobs([*events, last], tokens)
+
+    def _with_logprobs(self, events: list[dict], tokens: int) -> list[dict]:
+        """The events, the first of which carries the log probabilities not yet sent, up to `tokens`."""
+        logprobs = self.generation.logprobs
+        if logprobs is None or not events or tokens <= self.tokens_sent:
+            return events
+        entries = logprobs[self.tokens_sent:tokens]
+        self.tokens_sent = tokens
+        choice = events[0]["choices"][0]
+        choice["logprobs"] = choice_logprobs(self.reply.request.kind == CHAT, entries, self.text_sent)
+        self.text_sent += sum(len(token_text(entry.token)) for entry in entries)
+        return events
 
     def _reasoning(self, text: str) -> list[dict]:
         if not text:

@@ -6,7 +6,8 @@ prompt over `max_num_tokens` without chunked prefill is refused), `SamplingParam
 used), `GuidedDecodingParams` (tensorrt_llm/sampling_params.py: one guide of json, regex, grammar, json_object,
 structural_tag), `KvCacheConfig` (free_gpu_memory_fraction in [0, 1]), the result (`RequestOutput`: async iteration in
 the loop that created it, `finished`, `outputs[i].token_ids` growing, `logprobs` as one dict per token of
-token id → object with `.logprob` as the PyTorch backend gives them, `finish_reason`, `abort()`).
+token id → object with `.logprob` as the PyTorch backend gives them, the top `SamplingParams.logprobs` candidates
+(here the sampled token, then the ids after it), `finish_reason`, `abort()`).
 
 What it generates: `double_tokens(prompt, n, ...)`, one token every STEP_S, `stream_interval` tokens per
 streamed output; a guide constrains nothing here. As the real LLM: `guided_decoding_backend` without a tokenizer
@@ -131,8 +132,10 @@ class RequestOutput:
                 completion.finish_reason = "cancelled"
                 break
             completion.token_ids.append(token)
-            if params.logprobs:
-                completion.logprobs.append({token: Logprob(-0.1 * (step + 1))})
+            if params.logprobs:  # the top `logprobs` candidates: here the sampled token, then the ids after it
+                chosen = -0.1 * (step + 1)
+                completion.logprobs.append({(token + rank) % self._llm.vocab_size: Logprob(chosen - rank, rank + 1)
+                                            for rank in range(params.logprobs)})
             since_last += 1
             if token == params.end_id and step + 1 >= (params.min_tokens or 0):
                 completion.finish_reason = "stop"

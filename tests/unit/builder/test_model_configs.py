@@ -39,7 +39,8 @@ def test_the_ensemble_calls_the_engine_through_the_coalescer_unless_told_not_to_
 
 
 def test_the_coalescer_takes_the_engines_tensors_with_the_shapes_the_engine_expects_before_its_reshape():
-    engine = configs.engine_config(configs.ServingConfig(), backend="python", parameters={})
+    # NVIDIA's tensors: the ensemble wires no others (the per-token log probabilities are the BLS's alone).
+    engine = configs.engine_config(configs.ServingConfig(messages_input=False), backend="python", parameters={})
     coalescer = configs.coalescer_config(configs.ServingConfig(coalescer_max_responses_per_second=5000),
                                          "tritonforge_coalescer")
     assert [(i.name, list(i.dims)) for i in coalescer.input] == [(i.name, list(i.dims)) for i in engine.input]

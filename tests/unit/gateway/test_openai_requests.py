@@ -177,10 +177,32 @@ def test_an_unsupported_field_sent_empty_asks_for_nothing_and_is_served(name):
     assert parse_request({**PROMPT, name: empty}, "completions")[0].text_input == "Hello"
 
 
-@pytest.mark.parametrize(("name", "value"), [("top_logprobs", 5), ("suffix", "!"), ("logprobs", True),
-                                             ("functions", [{"name": "f"}])])
+@pytest.mark.parametrize(("name", "value"), [("suffix", "!"), ("functions", [{"name": "f"}])])
 def test_an_unsupported_field_that_asks_for_something_is_refused_naming_it(name, value):
     assert refused({**PROMPT, name: value}).param == name
+
+
+@pytest.mark.parametrize(("body", "kind", "asked"), [
+    ({"logprobs": 3}, "completions", 3), ({"logprobs": 0}, "completions", 0),
+    ({"logprobs": False}, "completions", None),
+    ({"logprobs": True}, "chat", 0), ({"logprobs": True, "top_logprobs": 20}, "chat", 20),
+    ({"logprobs": False}, "chat", None), ({"top_logprobs": 0}, "chat", None)])
+def test_log_probabilities_ask_the_bls_for_each_token_and_that_many_alternatives(body, kind, asked):
+    base = PROMPT if kind == "completions" else CHAT
+    generate, _, _ = parse_request({**base, **body}, kind)
+    assert generate.parameters.get("num_top_log_probs") == asked
+
+
+@pytest.mark.parametrize(("body", "kind", "param", "message"), [
+    ({"logprobs": True}, "completions", "logprobs", "'logprobs' must be an integer"),
+    ({"logprobs": 21}, "completions", "logprobs", "'logprobs' must be in [0, 20], got 21"),
+    ({"logprobs": 2}, "chat", "logprobs", "'logprobs' must be true or false"),
+    ({"top_logprobs": 3}, "chat", "top_logprobs", "'top_logprobs' needs 'logprobs' to be true"),
+    ({"logprobs": True, "top_logprobs": 21}, "chat", "top_logprobs", "'top_logprobs' must be in [0, 20], got 21")])
+def test_a_bad_log_probability_field_is_refused_naming_it(body, kind, param, message):
+    base = PROMPT if kind == "completions" else CHAT
+    error = refused({**base, **body}, kind)
+    assert (error.param, str(error)) == (param, message)
 
 
 def test_a_message_without_a_role_is_400_naming_messages():

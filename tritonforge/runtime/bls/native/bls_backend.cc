@@ -8,11 +8,15 @@
 // | top_k, temperature, seed, ...       | to `tensorrt_llm`, as the ensemble wires them (per row)               |
 // | stream, exclude_input_in_output     | the BLS's: the engine always streams, without the prompt              |
 // | stream_interval (ours)              | engine responses per streamed response after the first (default 1)   |
+// | num_top_log_probs (ours)            | each token's log prob and this many alternatives, per response        |
 // | output                              |                                                                       |
 // | text_output BYTES [1]               | whole UTF-8 characters; stop phrases never shown                      |
 // | cum_log_probs, output_log_probs,    | as the Python BLS: log probs so far, tokens since the last response,  |
 // |   num_output_tokens, batch_index,   |   the row of a batched request, and the engine's statistics as it    |
 // |   the engine's statistics           |   sent them last                                                      |
+// | token_ids, token_bytes,             | ours, with num_top_log_probs: the tokens each response adds, their   |
+// |   token_log_probs, top_token_ids,   |   bytes and log probs, and the likeliest tokens at each one's step   |
+// |   top_token_bytes, top_log_probs    |   (runtime/bls/token_log.py)                                          |
 //
 // A request's life: Execute copies its inputs and calls the `preprocessing` model in-process (TRITONSERVER_Server
 // InferAsync); its answer starts one engine request per row on `tensorrt_llm`, decoupled and streaming. Each
@@ -43,6 +47,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
@@ -83,12 +88,20 @@ constexpr char kExcludeInput[] = "exclude_input_in_output";
 constexpr char kReturnLogProbs[] = "return_log_probs";
 constexpr char kReturnNumOutputTokens[] = "return_num_output_tokens";
 constexpr char kStreamInterval[] = "stream_interval";
+constexpr char kNumTopLogProbs[] = "num_top_log_probs";
+constexpr int32_t kMaxTopLogProbs = 20;  // contract.MAX_TOP_LOG_PROBS
 // The client's outputs.
 constexpr char kTextOutput[] = "text_output";
 constexpr char kCumLogProbs[] = "cum_log_probs";
 constexpr char kOutputLogProbs[] = "output_log_probs";
 constexpr char kBatchIndex[] = "batch_index";
 constexpr char kNumOutputTokens[] = "num_output_tokens";
+constexpr char kTokenIds[] = "token_ids";
+constexpr char kTokenBytes[] = "token_bytes";
+constexpr char kTokenLogProbs[] = "token_log_probs";
+constexpr char kTopTokenIds[] = "top_token_ids";
+constexpr char kTopTokenBytes[] = "top_token_bytes";
+constexpr char kTopLogProbs[] = "top_log_probs";
 // preprocessing's outputs.
 constexpr char kInputId[] = "INPUT_ID";
 constexpr char kRequestInputLen[] = "REQUEST_INPUT_LEN";
@@ -382,6 +395,18 @@ struct Chunk {
   std::vector<float> log_probs;  // every log prob so far
   std::map<std::string, TensorPtr> statistics;
   int64_t size = 0;  // engine responses it covers: the stream interval's unit
+  size_t token_mark = 0;  // the token log's tokens up to here go out with this chunk (num_top_log_probs)
+};
+
+// A row's generated tokens with their log probs and likeliest alternatives (token_log.TokenLog), appended by the
+// engine's response thread and read by a sender, both under the row's lock.
+struct TokenLog {
+  int32_t top = 0;  // alternatives per token
+  std::vector<int32_t> ids;
+  std::vector<float> log_probs;
+  std::vector<int32_t> top_ids;  // `top` per token
+  std::vector<float> top_log_probs;
+  size_t sent = 0;  // tokens sent so far (the sender holding the row)
 };
 
 struct Row {
@@ -404,6 +429,7 @@ struct Row {
   std::unique_ptr<text::StopPhraseFilter> stop_filter;
   std::string pieces;  // a whole answer's text
   std::vector<float> log_probs;
+  std::unique_ptr<TokenLog> token_log;  // with num_top_log_probs
   std::map<std::string, TensorPtr> statistics_last;
   int64_t unreported = 0;  // generated tokens not yet reported in a response
   int64_t responses = 0;  // engine responses since the last chunk
@@ -499,6 +525,10 @@ class ClientRequest {
   void Preprocessed();
   bool BuildRows(const std::map<std::string, Tensor>& encoded, Failure* failure);
   bool EngineInputs(const std::map<std::string, Tensor>& encoded, Row* row, Failure* failure);
+  bool ReadTopLogProbs(Failure* failure);
+  bool LogTokensLocked(Row* row, const std::map<std::string, Tensor>& tensors, const int32_t* ids, size_t count,
+                       Failure* failure);
+  void TokenLogOutputs(Row* row, size_t end, std::vector<TensorPtr>* outputs) const;
   void StartEngine(Row* row);
   void OnEngineResponse(Row* row, TRITONSERVER_InferenceResponse* response);
   void CountLocked(Row* row, const std::map<std::string, Tensor>& tensors, int64_t length);
@@ -530,6 +560,7 @@ class ClientRequest {
   std::string id_;
   // Set before preprocessing answers, read-only after.
   bool stream_ = false, exclude_input_ = true, return_log_probs_ = false, count_tokens_ = false;
+  int32_t top_log_probs_ = -1;  // num_top_log_probs; -1: not asked
   std::vector<Tensor> preprocessing_inputs_;
   TRITONSERVER_InferenceRequest* preprocessing_ = nullptr;
   std::map<std::string, Tensor> encoded_;  // preprocessing's answer (its response thread)
@@ -865,6 +896,8 @@ bool ClientRequest::BuildRows(const std::map<std::string, Tensor>& encoded, Fail
     }
   }
 
+  if (!ReadTopLogProbs(failure)) return false;
+
   std::vector<std::vector<std::string>> phrases(static_cast<size_t>(batch));
   if (const Tensor* tensor = Input(kStopWords)) {  // valid UTF-8: preprocessing checked each phrase
     std::vector<std::string_view> elements;
@@ -889,6 +922,11 @@ bool ClientRequest::BuildRows(const std::map<std::string, Tensor>& encoded, Fail
     row->statistics = statistics;
     row->engine_outputs = {kOutputIds, kSequenceLength, kCumLogProbs, kOutputLogProbs};
     row->engine_outputs.insert(row->engine_outputs.end(), statistics.begin(), statistics.end());
+    if (top_log_probs_ >= 0) {
+      row->token_log = std::make_unique<TokenLog>();
+      row->token_log->top = top_log_probs_;
+      if (top_log_probs_ > 0) row->engine_outputs.insert(row->engine_outputs.end(), {kTopTokenIds, kTopLogProbs});
+    }
     row->detokenizer = std::make_unique<text::IncrementalDetokenizer>(*model_.table);
     row->stop_filter = std::make_unique<text::StopPhraseFilter>(std::move(phrases[static_cast<size_t>(index)]));
     if (!EngineInputs(encoded, row.get(), failure)) {
@@ -966,7 +1004,107 @@ bool ClientRequest::EngineInputs(const std::map<std::string, Tensor>& encoded, R
     one.name = pair.to;
     inputs.push_back(std::move(one));
   }
+  if (top_log_probs_ >= 0) {  // the token log: every token's log prob, and the alternatives where asked
+    inputs.erase(std::remove_if(inputs.begin(), inputs.end(),
+                                [](const Tensor& tensor) { return tensor.name == kReturnLogProbs; }),
+                 inputs.end());
+    const bool on = true;
+    inputs.push_back(Scalar(kReturnLogProbs, TRITONSERVER_TYPE_BOOL, &on, 1));
+    if (top_log_probs_ > 0) inputs.push_back(Int32(kNumTopLogProbs, {1, 1}, {top_log_probs_}));
+  }
   return true;
+}
+
+// num_top_log_probs (token_log.requested_top_log_probs): one value for every row, in [0, kMaxTopLogProbs].
+bool ClientRequest::ReadTopLogProbs(Failure* failure) {
+  const Tensor* tensor = Input(kNumTopLogProbs);
+  if (tensor == nullptr || tensor->Elements() == 0) return true;
+  const std::vector<int32_t> values = tensor->Values<int32_t>();
+  const std::set<int32_t> distinct(values.begin(), values.end());
+  if (distinct.size() != 1) {
+    std::string listed;
+    for (int32_t value : distinct) listed += (listed.empty() ? "" : ", ") + std::to_string(value);
+    *failure = Failure::Field(kNumTopLogProbs, "must be one value for every row, got [" + listed + "]");
+    return false;
+  }
+  const int32_t count = *distinct.begin();
+  if (count < 0 || count > kMaxTopLogProbs) {
+    *failure = Failure::Field(kNumTopLogProbs, "must be in [0, " + std::to_string(kMaxTopLogProbs) + "], got " +
+                                                   std::to_string(count));
+    return false;
+  }
+  top_log_probs_ = count;
+  return true;
+}
+
+// One engine response's tokens into the row's token log (TokenLog.extend).
+bool ClientRequest::LogTokensLocked(Row* row, const std::map<std::string, Tensor>& tensors, const int32_t* ids,
+                                    size_t count, Failure* failure) {
+  TokenLog& log = *row->token_log;
+  auto log_probs = tensors.find(kOutputLogProbs);
+  if (log_probs == tensors.end()) {
+    *failure = Failure::Internal("the engine sent no output_log_probs (asked for num_top_log_probs)");
+    return false;
+  }
+  if (log.top > 0) {
+    auto top_ids = tensors.find(kTopTokenIds), top_log_probs = tensors.find(kTopLogProbs);
+    if (top_ids == tensors.end() || top_log_probs == tensors.end() || top_ids->second.shape.empty()) {
+      *failure = Failure::Field(kNumTopLogProbs, "this engine returns no likeliest tokens beside the chosen one; "
+                                                 "ask for 0");
+      return false;
+    }
+    const size_t width = static_cast<size_t>(top_ids->second.shape.back());
+    const std::vector<int32_t> all_ids = top_ids->second.Values<int32_t>();
+    const std::vector<float> all_values = top_log_probs->second.Values<float>();
+    const size_t take = std::min<size_t>(static_cast<size_t>(log.top), width);
+    if (all_ids.size() < count * width || all_values.size() < count * width) {
+      *failure = Failure::Internal("the engine sent fewer top_token_ids than tokens");
+      return false;
+    }
+    for (size_t token = 0; token < count; ++token) {
+      for (size_t rank = 0; rank < static_cast<size_t>(log.top); ++rank) {
+        log.top_ids.push_back(rank < take ? all_ids[token * width + rank] : -1);
+        log.top_log_probs.push_back(rank < take ? all_values[token * width + rank] : -INFINITY);
+      }
+    }
+  }
+  const std::vector<float> values = log_probs->second.Values<float>();
+  for (size_t token = 0; token < count; ++token) log.log_probs.push_back(token < values.size() ? values[token] : 0.0f);
+  log.ids.insert(log.ids.end(), ids, ids + count);
+  return true;
+}
+
+// The client's tensors for the token log's tokens past those sent, up to `end` (TokenLog.outputs); the caller
+// holds the row's lock and is the sender holding the row.
+void ClientRequest::TokenLogOutputs(Row* row, size_t end, std::vector<TensorPtr>* outputs) const {
+  TokenLog& log = *row->token_log;
+  const size_t start = std::min(log.sent, end), count = end - start, top = static_cast<size_t>(log.top);
+  const int64_t tokens = static_cast<int64_t>(count), width = static_cast<int64_t>(top);
+  std::vector<int32_t> ids(log.ids.begin() + start, log.ids.begin() + end);
+  std::vector<int32_t> top_ids(log.top_ids.begin() + start * top, log.top_ids.begin() + end * top);
+  std::vector<float> log_probs(log.log_probs.begin() + start, log.log_probs.begin() + end);
+  std::vector<float> top_log_probs(log.top_log_probs.begin() + start * top, log.top_log_probs.begin() + end * top);
+  log.sent = end;
+  auto bytes_of = [this](const std::vector<int32_t>& tokens_of, const char* name, std::vector<int64_t> shape) {
+    Tensor tensor{name, TRITONSERVER_TYPE_BYTES, std::move(shape), ""};
+    for (int32_t token : tokens_of) {
+      std::string one;
+      model_.table->AppendDecode(&token, 1, &one);  // an id outside the vocabulary (padding): no bytes
+      text::AppendBytesElement(one, &tensor.data);
+    }
+    return std::make_shared<const Tensor>(std::move(tensor));
+  };
+  auto floats = [](const char* name, std::vector<int64_t> shape, const std::vector<float>& values) {
+    return std::make_shared<const Tensor>(Tensor{name, TRITONSERVER_TYPE_FP32, std::move(shape),
+                                                 std::string(reinterpret_cast<const char*>(values.data()),
+                                                             values.size() * sizeof(float))});
+  };
+  outputs->push_back(std::make_shared<const Tensor>(Int32(kTokenIds, {1, tokens}, ids)));
+  outputs->push_back(bytes_of(ids, kTokenBytes, {1, tokens}));
+  outputs->push_back(floats(kTokenLogProbs, {1, tokens}, log_probs));
+  outputs->push_back(std::make_shared<const Tensor>(Int32(kTopTokenIds, {1, tokens, width}, top_ids)));
+  outputs->push_back(bytes_of(top_ids, kTopTokenBytes, {1, tokens, width}));
+  outputs->push_back(floats(kTopLogProbs, {1, tokens, width}, top_log_probs));
 }
 
 void ClientRequest::StartEngine(Row* row) {
@@ -1035,25 +1173,30 @@ void ClientRequest::OnEngineResponse(Row* row, TRITONSERVER_InferenceResponse* r
     const Failure failure = Failure::Internal("the engine sent output_ids without sequence_length");
     return EndRow(row, &failure);
   }
-  if (return_log_probs_ && tensors.find(kOutputLogProbs) == tensors.end()) {
+  if ((return_log_probs_ || top_log_probs_ >= 0) && tensors.find(kOutputLogProbs) == tensors.end()) {
     const Failure failure = Failure::Internal("the engine sent no output_log_probs");
     return EndRow(row, &failure);
   }
   const int64_t length = lengths->second.Values<int32_t>()[0];
   const std::vector<int32_t> all = ids->second.Values<int32_t>();
   const size_t take = static_cast<size_t>(std::clamp<int64_t>(length, 0, static_cast<int64_t>(all.size())));
-  bool schedule = false, failed = false;
+  bool schedule = false, failed = false, unlogged = false;
+  Failure log_failure;
   {
     std::lock_guard<std::mutex> lock(row->mutex);
     if (row->ended) return;
     CountLocked(row, tensors, length);
     if (row->engine_stopped) return;  // after a stop phrase or a cancel: counted, never shown
-    std::string decoded;
-    row->detokenizer->Push(all.data(), take, &decoded);
-    EmitLocked(row, row->stop_filter->Push(decoded), &schedule);
-    failed = row->failed;  // the client missed a chunk: end with an error, not a stream with a gap
-    if (!failed && row->stop_filter->stopped()) CancelLocked(row);
+    unlogged = row->token_log != nullptr && !LogTokensLocked(row, tensors, all.data(), take, &log_failure);
+    if (!unlogged) {
+      std::string decoded;
+      row->detokenizer->Push(all.data(), take, &decoded);
+      EmitLocked(row, row->stop_filter->Push(decoded), &schedule);
+      failed = row->failed;  // the client missed a chunk: end with an error, not a stream with a gap
+      if (!failed && row->stop_filter->stopped()) CancelLocked(row);
+    }
   }
+  if (unlogged) return EndRow(row, &log_failure);
   if (schedule) instance_->senders().Schedule(row);
   if (failed) {
     const Failure failure{TRITONSERVER_ERROR_INTERNAL, kResponseNotSent};
@@ -1089,6 +1232,7 @@ void ClientRequest::EmitLocked(Row* row, std::string text, bool* schedule) {
   if (return_log_probs_) chunk.log_probs = row->log_probs;
   chunk.statistics = row->statistics_last;
   chunk.size = row->responses;
+  if (row->token_log != nullptr) chunk.token_mark = row->token_log->ids.size();
   row->unreported = 0;
   row->responses = 0;
   row->pending_size += chunk.size;
@@ -1216,8 +1360,12 @@ bool ClientRequest::SendChunks(Row* row, const std::vector<Chunk>& chunks) {
     tokens += chunk.tokens;
   }
   const Chunk& latest = chunks.back();
-  const auto outputs = ResponseOutputs(row, text, latest.has_log_probs ? &latest.log_probs : nullptr,
-                                       latest.statistics, tokens);
+  auto outputs = ResponseOutputs(row, text, latest.has_log_probs ? &latest.log_probs : nullptr,
+                                 latest.statistics, tokens);
+  if (row->token_log != nullptr) {
+    std::lock_guard<std::mutex> lock(row->mutex);
+    TokenLogOutputs(row, latest.token_mark, &outputs);
+  }
   return Send(&outputs, nullptr, false);
 }
 
@@ -1229,8 +1377,11 @@ void ClientRequest::RunLast(Row* row, std::vector<Chunk> rest) {
   int64_t tokens = 0;
   std::vector<float> log_probs;
   std::map<std::string, TensorPtr> statistics;
+  std::vector<TensorPtr> token_outputs;  // the token log's tokens not yet sent
   {
     std::lock_guard<std::mutex> lock(row->mutex);
+    if (row->token_log != nullptr && row->token_log->ids.size() > row->token_log->sent)
+      TokenLogOutputs(row, row->token_log->ids.size(), &token_outputs);
     has_error = row->has_error;
     failed = row->failed;
     error = row->error;
@@ -1252,10 +1403,12 @@ void ClientRequest::RunLast(Row* row, std::vector<Chunk> rest) {
       std::string whole;
       if (!exclude_input_) model_.table->AppendDecodeText(row->prompt_ids.data(), row->prompt_ids.size(), &whole);
       whole += text;
-      const auto outputs = ResponseOutputs(row, whole, return_log_probs_ ? &log_probs : nullptr, statistics, tokens);
+      auto outputs = ResponseOutputs(row, whole, return_log_probs_ ? &log_probs : nullptr, statistics, tokens);
+      outputs.insert(outputs.end(), token_outputs.begin(), token_outputs.end());
       Send(&outputs, nullptr, true);
-    } else if (!text.empty() || (count_tokens_ && tokens != 0)) {
-      const auto outputs = ResponseOutputs(row, text, nullptr, statistics, tokens);
+    } else if (!text.empty() || (count_tokens_ && tokens != 0) || !token_outputs.empty()) {
+      auto outputs = ResponseOutputs(row, text, nullptr, statistics, tokens);
+      outputs.insert(outputs.end(), token_outputs.begin(), token_outputs.end());
       Send(&outputs, nullptr, true);
     } else {
       Send(nullptr, nullptr, true);  // the final flag alone, if this is the request's last row

@@ -47,7 +47,7 @@ from ....facts.contract import BAD_WORDS_LIST, GUIDED_DECODING_GUIDE_TYPE
 from ....facts.errors import EngineShuttingDown, UnsupportedError
 from ....facts.limits import EngineLimits
 from ....facts.model_parameters import PyTorchEngineParameters
-from ..generation import EngineStats, GenerationRequest, GenerationResult, check_limits
+from ..generation import EngineStats, GenerationRequest, GenerationResult, TopTokens, check_limits
 from ..guided import EBNF_GRAMMAR, JSON, JSON_SCHEMA, REGEX, STRUCTURAL_TAG, GuidedDecoding
 
 logger = logging.getLogger(__name__)
@@ -148,8 +148,9 @@ def sampling_arguments(request: GenerationRequest) -> dict:
         import torch
 
         arguments["embedding_bias"] = torch.from_numpy(request.embedding_bias)
-    if request.return_log_probs:
-        arguments["logprobs"] = 1
+    if request.return_log_probs or request.num_top_log_probs:
+        # The LLM API's `logprobs`: per token, the top N candidates and the sampled one (at least 1: the latter).
+        arguments["logprobs"] = max(1, request.num_top_log_probs)
     return arguments
 
 
@@ -174,6 +175,19 @@ def _log_probs(tokens: list[int], logprobs) -> list[float]:
     return values + [0.0] * (len(tokens) - len(values))
 
 
+def _top_tokens(tokens: list[int], logprobs, count: int) -> list[TopTokens]:
+    """The `count` likeliest candidates at each token's step, from the LLM API's per-token dicts of
+    {token id: Logprob}, which hold the top N and the sampled token."""
+    top = []
+    for index in range(len(tokens)):
+        entry = logprobs[index] if index < len(logprobs) else None
+        candidates = sorted(entry.items(), key=lambda item: -float(item[1].logprob))[:count] \
+            if isinstance(entry, dict) else []
+        top.append(TopTokens([int(token) for token, _ in candidates],
+                             [float(value.logprob) for _, value in candidates]))
+    return top
+
+
 def _stop_match(tokens: list[int], sequences: list[list[int]]) -> int | None:
     """Where the earliest stop sequence found in `tokens` ends (its tokens kept), or None."""
     ends = [end for sequence in sequences if sequence
@@ -189,6 +203,7 @@ class _Running:
     seen: int = 0  # tokens of the LLM's output taken so far (an end id among them)
     tokens: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+    top: list[TopTokens] = field(default_factory=list)  # with num_top_log_probs
     done: bool = False
 
     def end(self, reason: str | None, error: Exception | None = None) -> None:
@@ -200,7 +215,8 @@ class _Running:
         if error is not None:
             self.request.sink.finish(None, error)
         else:
-            self.request.sink.finish(GenerationResult(self.tokens, self.log_probs, reason), None)
+            top = self.top if self.request.num_top_log_probs else None
+            self.request.sink.finish(GenerationResult(self.tokens, self.log_probs, reason, top), None)
 
     def abort(self) -> None:
         if self.result is not None:
@@ -364,18 +380,22 @@ class LlmApiEngine:
         """One output of the LLM: record its new tokens; stream them unless they end the request."""
         completion = output.outputs[0]
         new = list(completion.token_ids[running.seen:])
-        new_log_probs = _log_probs(new, list(completion.logprobs or [])[running.seen:])
-        running.seen += len(new)
+        candidates = list(completion.logprobs or [])[running.seen:]
+        new_log_probs = _log_probs(new, candidates)
         request = running.request
+        new_top = _top_tokens(new, candidates, request.num_top_log_probs) if request.num_top_log_probs else None
+        running.seen += len(new)
         if request.end_id is not None and new and new[-1] == request.end_id:
             new, new_log_probs = new[:-1], new_log_probs[:-1]  # the end id is not an output token
+            new_top = None if new_top is None else new_top[:-1]
         running.tokens += new
         running.log_probs += new_log_probs
+        running.top += new_top or []
         stop_end = _stop_match(running.tokens, request.stop_sequences)
         if stop_end is not None:  # the first match: an earlier one would have ended the request already
-            del running.tokens[stop_end:], running.log_probs[stop_end:]
+            del running.tokens[stop_end:], running.log_probs[stop_end:], running.top[stop_end:]
             running.abort()
             running.end("stop_words")
             return
         if request.stream and not output.finished and new:
-            request.sink.tokens(new, new_log_probs)
+            request.sink.tokens(new, new_log_probs, new_top)

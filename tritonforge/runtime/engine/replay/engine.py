@@ -26,7 +26,7 @@ import os
 import tempfile
 import time
 
-from ....facts.contract import GUIDED_DECODING_GUIDE_TYPE
+from ....facts.contract import GUIDED_DECODING_GUIDE_TYPE, NUM_TOP_LOG_PROBS
 from ....facts.errors import EngineShuttingDown, UnsupportedError
 from ....facts.limits import EngineLimits
 from ..generation import EngineStats, EngineThread, GenerationRequest, GenerationResult, check_limits
@@ -114,6 +114,9 @@ class ReplayEngine(EngineThread):
         if request.guided_decoding is not None:  # its tokens are a recording: no grammar could hold them
             raise UnsupportedError(GUIDED_DECODING_GUIDE_TYPE, "guided decoding is not supported by the replay "
                                                                "engine, which streams recorded tokens")
+        if request.num_top_log_probs:  # a recording has no distribution to take alternatives from
+            raise UnsupportedError(NUM_TOP_LOG_PROBS, "the replay engine streams recorded tokens and has no likeliest "
+                                                      "tokens beside them; ask for 0")
 
     def _loop(self) -> None:
         next_step = time.monotonic()

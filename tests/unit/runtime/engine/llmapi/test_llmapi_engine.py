@@ -68,7 +68,7 @@ class Sink:
     def scheduled(self):
         self.was_scheduled = True
 
-    def tokens(self, ids, log_probs):
+    def tokens(self, ids, log_probs, top=None):
         self.chunks.append(list(ids))
 
     def finish(self, result, error):
@@ -193,6 +193,15 @@ def test_log_probs_are_one_per_token(api, engine):
     sink = run(engine, return_log_probs=True, max_new_tokens=3)
     assert sink.result.log_probs == pytest.approx([-0.1, -0.2, -0.3])
     assert api.LLM.instances[-1].requests[-1][1].logprobs == 1
+
+
+def test_the_likeliest_tokens_come_from_the_llms_candidates_likeliest_first(api, engine):
+    sink = run(engine, return_log_probs=True, num_top_log_probs=3, max_new_tokens=3)
+    assert api.LLM.instances[-1].requests[-1][1].logprobs == 3
+    assert [top.ids[0] for top in sink.result.top] == sink.result.token_ids
+    for top, chosen in zip(sink.result.top, sink.result.log_probs):
+        assert len(top.ids) == 3 and top.log_probs == pytest.approx([chosen, chosen - 1, chosen - 2])
+    assert run(engine, return_log_probs=True, max_new_tokens=2).result.top is None
 
 
 def test_embedding_bias_goes_to_the_llm_as_a_tensor(api, engine):

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from tritonforge.facts.errors import ErrorKind, RequestError
+from tritonforge.facts.errors import ErrorKind, RequestError, UnsupportedError
 from tritonforge.facts.limits import EngineLimits
 from tritonforge.runtime.engine.generation import GenerationRequest
 from tritonforge.runtime.engine.replay.engine import ReplayEngine
@@ -109,6 +109,15 @@ def test_engine_limits_are_enforced(engine, prompt, max_new_tokens, field):
     with pytest.raises(RequestError) as error:
         submit(engine, "x", [], prompt, max_new_tokens)
     assert error.value.field == field
+
+
+def test_the_likeliest_tokens_are_refused_naming_them_and_the_chosen_ones_log_probs_served(engine):
+    request = GenerationRequest(request_id="top", prompt_ids=[1], max_new_tokens=2, sink=None, num_top_log_probs=2)
+    with pytest.raises(UnsupportedError) as error:
+        engine.validate(request)
+    assert error.value.field == "num_top_log_probs"
+    engine.validate(GenerationRequest(request_id="plain", prompt_ids=[1], max_new_tokens=2, sink=None,
+                                      return_log_probs=True))
 
 
 def test_instances_share_one_batch_through_the_lock_file(tmp_path):
