@@ -141,6 +141,37 @@ def test_chat_log_probs_name_each_token_by_its_bytes_which_make_the_text(client,
         assert entry.top_logprobs[0].bytes == entry.bytes and entry.logprob == pytest.approx(values[0])
 
 
+@pytest.mark.parametrize("max_tokens", [0, 3])
+def test_an_echoed_prompts_log_probs_equal_the_models_forward_pass(client, tiny_models, max_tokens):
+    """`echo` with `logprobs`, as evaluation harnesses score a text: the answer is the prompt (and what follows),
+    its first token has no log probability, each other one its own, from the model's forward pass."""
+    tokenizer = load_tokenizer(tiny_models["bpe"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["bpe"]).eval()
+    table = TokenBytes(tokenizer)
+    prompt = tokenizer(PROMPT).input_ids
+    with torch.no_grad():
+        expected = torch.log_softmax(model(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    request = {"model": MODEL, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "logprobs": 2,
+               "echo": True}
+    completion = client.completions.create(**request)
+    choice, logprobs = completion.choices[0], completion.choices[0].logprobs
+    assert choice.text.startswith(PROMPT) and (max_tokens or choice.text == PROMPT)
+    assert completion.usage.completion_tokens == max_tokens and (max_tokens or choice.finish_reason == "length")
+    assert len(logprobs.tokens) == len(prompt) + max_tokens
+    assert logprobs.tokens[:len(prompt)] == [table.token_bytes(token).decode(errors="replace") for token in prompt]
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    assert logprobs.token_logprobs[1:len(prompt)] == pytest.approx(
+        [expected[place - 1, prompt[place]].item() for place in range(1, len(prompt))], abs=TOLERANCE)
+    for place in range(1, len(prompt)):
+        values = torch.topk(expected[place - 1], 2).values.tolist()
+        assert sorted(logprobs.top_logprobs[place].values(), reverse=True) == pytest.approx(values, abs=TOLERANCE)
+    chunks = list(client.completions.create(**request, stream=True))
+    assert "".join(chunk.choices[0].text for chunk in chunks if chunk.choices) == choice.text
+    streamed = [value for chunk in chunks if chunk.choices and chunk.choices[0].logprobs
+                for value in chunk.choices[0].logprobs.token_logprobs]
+    assert streamed[0] is None and streamed[1:] == pytest.approx(logprobs.token_logprobs[1:])
+
+
 def test_log_probs_without_alternatives_and_a_request_without_them_beside(client):
     plain = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPT}],
                                            max_tokens=4, temperature=0)

@@ -35,7 +35,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..facts.contract import (
-    BLS_LOG_PROB_INPUT,
+    BLS_LOG_PROB_INPUTS,
     BLS_MODEL,
     DEFAULT_MAX_TOKENS,
     ENGINE_MODEL,
@@ -60,7 +60,7 @@ logger = logging.getLogger(__name__)
 _TRITON_DTYPE = {"TYPE_STRING": "BYTES", "TYPE_INT32": "INT32", "TYPE_INT64": "INT64", "TYPE_UINT64": "UINT64",
                  "TYPE_FP32": "FP32", "TYPE_FP16": "FP16", "TYPE_BOOL": "BOOL", "TYPE_UINT8": "UINT8"}
 INPUT_DTYPES = {tensor.name: _TRITON_DTYPE[mc.DataType.Name(tensor.dtype)]
-                for tensor in [*client_inputs(messages=True), STREAM_INTERVAL_INPUT, BLS_LOG_PROB_INPUT]}
+                for tensor in [*client_inputs(messages=True), STREAM_INTERVAL_INPUT, *BLS_LOG_PROB_INPUTS]}
 NUMPY_DTYPES = {"BYTES": np.object_, "INT32": np.int32, "INT64": np.int64, "FP32": np.float32, "FP16": np.float16,
                 "UINT64": np.uint64, "UINT8": np.uint8, "BOOL": np.bool_}
 

@@ -113,6 +113,9 @@ STREAM_INTERVAL = "stream_interval"
 # tokens beside it (0 to MAX_TOP_LOG_PROBS), what OpenAI's `logprobs` / `top_logprobs` ask.
 NUM_TOP_LOG_PROBS = "num_top_log_probs"
 MAX_TOP_LOG_PROBS = 20  # OpenAI's limit on top_logprobs
+# Ours, with it: the prompt's tokens' log probabilities too (each but the first, which nothing predicts), what
+# OpenAI's `echo` with `logprobs` asks, and evaluation harnesses score answers by.
+RETURN_PROMPT_LOG_PROBS = "return_prompt_log_probs"
 # The client's output: the text.
 TEXT_OUTPUT = "text_output"
 # The engine's outputs that pass through the ensemble and the BLS to the client.
@@ -143,6 +146,11 @@ TOKEN_IDS = "token_ids"
 TOKEN_BYTES = "token_bytes"
 TOKEN_LOG_PROBS = "token_log_probs"
 TOP_TOKEN_BYTES = "top_token_bytes"
+# Ours, the engine's, with return_prompt_log_probs, on its first response: each prompt token's log probability
+# (NaN for the first) and the likeliest tokens at its place, [1, prompt tokens(, k)].
+PROMPT_LOG_PROBS = "prompt_log_probs"
+PROMPT_TOP_TOKEN_IDS = "prompt_top_token_ids"
+PROMPT_TOP_LOG_PROBS = "prompt_top_log_probs"
 # tensorrt_llm's inputs and outputs (those named as the client's are above: end_id, temperature, ...).
 INPUT_IDS = "input_ids"
 ENCODER_INPUT_FEATURES = "encoder_input_features"
@@ -305,7 +313,7 @@ STREAM_INTERVAL_INPUT = _opt(STREAM_INTERVAL, I32, (1,))
 # Ours, left out of NVIDIA's wiring: per-token log probabilities with their top alternatives (the gateway's
 # `logprobs`). The engine answers them as it answers `output_log_probs`, [beams, tokens, k]; the BLS, per
 # response, for the tokens that response adds.
-BLS_LOG_PROB_INPUT = _opt(NUM_TOP_LOG_PROBS, I32, (1,))
+BLS_LOG_PROB_INPUTS = [_opt(NUM_TOP_LOG_PROBS, I32, (1,)), _opt(RETURN_PROMPT_LOG_PROBS, BOOL, (1,))]
 BLS_LOG_PROB_OUTPUTS = [
     Tensor(TOKEN_IDS, I32, (-1,)),
     Tensor(TOKEN_BYTES, S, (-1,)),
@@ -314,8 +322,11 @@ BLS_LOG_PROB_OUTPUTS = [
     Tensor(TOP_TOKEN_BYTES, S, (-1, -1)),
     Tensor(TOP_LOG_PROBS, F32, (-1, -1)),
 ]
-ENGINE_LOG_PROB_INPUT = _opt(NUM_TOP_LOG_PROBS, I32, (1,), scalar=True)
-ENGINE_LOG_PROB_OUTPUTS = [Tensor(TOP_TOKEN_IDS, I32, (-1, -1, -1)), Tensor(TOP_LOG_PROBS, F32, (-1, -1, -1))]
+ENGINE_LOG_PROB_INPUTS = [_opt(NUM_TOP_LOG_PROBS, I32, (1,), scalar=True),
+                          _opt(RETURN_PROMPT_LOG_PROBS, BOOL, (1,), scalar=True)]
+ENGINE_LOG_PROB_OUTPUTS = [Tensor(TOP_TOKEN_IDS, I32, (-1, -1, -1)), Tensor(TOP_LOG_PROBS, F32, (-1, -1, -1)),
+                           Tensor(PROMPT_LOG_PROBS, F32, (-1,)), Tensor(PROMPT_TOP_TOKEN_IDS, I32, (-1, -1)),
+                           Tensor(PROMPT_TOP_LOG_PROBS, F32, (-1, -1))]
 
 # --- preprocessing ---------------------------------------------------------------------------------------------
 PREPROCESSING_INPUTS = [
@@ -499,7 +510,7 @@ def bls_inputs(*, messages: bool) -> list[Tensor]:
     `messages` our stream interval."""
     inputs = [Tensor(t.name, t.dtype, t.dims, t.optional, scalar=t.name in BLS_SCALAR_INPUTS, ragged=t.ragged)
               for t in client_inputs(messages=messages)]
-    return [*inputs, *BLS_EXTRA_INPUTS, *([STREAM_INTERVAL_INPUT, BLS_LOG_PROB_INPUT] if messages else [])]
+    return [*inputs, *BLS_EXTRA_INPUTS, *([STREAM_INTERVAL_INPUT, *BLS_LOG_PROB_INPUTS] if messages else [])]
 
 
 def bls_outputs(*, messages: bool) -> list[Tensor]:
@@ -509,7 +520,7 @@ def bls_outputs(*, messages: bool) -> list[Tensor]:
 
 def engine_inputs(*, messages: bool) -> list[Tensor]:
     """The engine's inputs: NVIDIA's, and with `messages` (our wiring) the top log probabilities' count."""
-    return [*ENGINE_INPUTS, *([ENGINE_LOG_PROB_INPUT] if messages else [])]
+    return [*ENGINE_INPUTS, *(ENGINE_LOG_PROB_INPUTS if messages else [])]
 
 
 def engine_outputs(*, messages: bool) -> list[Tensor]:

@@ -61,6 +61,8 @@ MEANINGS: dict[str, str] = {
                               "(default 1): fewer, larger chunks",
     contract.NUM_TOP_LOG_PROBS: "ours, BLS and engine: return each generated token's log probability with this many "
                                 "of the likeliest tokens at its step (0 to 20)",
+    contract.RETURN_PROMPT_LOG_PROBS: "ours, BLS and engine: with num_top_log_probs, the prompt's tokens' log "
+                                      "probabilities too (the BLS's tokens then start with the prompt's)",
     # --- what clients get back
     contract.TEXT_OUTPUT: "the generated text, one string per sequence (a flat array: output[0].decode())",
     contract.CUM_LOG_PROBS: "the cumulative log probability of each beam",
@@ -72,6 +74,12 @@ MEANINGS: dict[str, str] = {
                             "likeliest first; the engine's per beam",
     contract.TOP_TOKEN_BYTES: "ours, BLS (num_top_log_probs): the bytes of each of top_token_ids",
     contract.TOP_LOG_PROBS: "ours (num_top_log_probs): the log probability of each of top_token_ids",
+    contract.PROMPT_LOG_PROBS: "ours, engine (return_prompt_log_probs), first response: each prompt token's log "
+                               "probability, NaN for the first",
+    contract.PROMPT_TOP_TOKEN_IDS: "ours, engine (return_prompt_log_probs): the likeliest tokens at each prompt "
+                                   "token's place, [prompt tokens, k]",
+    contract.PROMPT_TOP_LOG_PROBS: "ours, engine (return_prompt_log_probs): the log probability of each of "
+                                   "prompt_top_token_ids",
     contract.CONTEXT_LOGITS: "the prompt's logits, [prompt tokens, vocabulary]",
     contract.GENERATION_LOGITS: "the generated tokens' logits, [beams, tokens, vocabulary]",
     contract.BATCH_INDEX: "the row of a batched request this response answers",

@@ -197,14 +197,16 @@ SECTIONS = (
                      does="0 to 20: each generated token's log probability, and this many likeliest tokens at its "
                           "step, in OpenAI's completions form (`tokens`, `token_logprobs`, `top_logprobs`, "
                           "`text_offset`)."),
+        RequestField(name="echo", endpoints=(COMPLETIONS,), example=True, served=True,
+                     does="The answer starts with the prompt; with `logprobs`, the prompt's tokens come first, the "
+                          "first with `null` (nothing predicts it), so evaluation harnesses score a text by its log "
+                          "probabilities. `max_tokens` 0 then answers the prompt alone."),
     )),
     Section(title="What the engines cannot give", fields=(
         RequestField(name="top_logprobs", endpoints=(RESPONSES,), example=5, served=False,
                      does="400 unless 0: a response carries no log probabilities (ask chat completions)."),
         RequestField(name="logit_bias", endpoints=COMPLETIONS_AND_CHAT, example={"1000": -100}, served=False,
                      does="400 unless empty: the engines take no per-token bias."),
-        RequestField(name="echo", endpoints=(COMPLETIONS,), example=True, served=False,
-                     does="400 when true: answers never repeat the prompt."),
         RequestField(name="suffix", endpoints=(COMPLETIONS,), example="}", served=False,
                      does="400 unless empty: the engines fill in no text before a suffix."),
         RequestField(name="functions", endpoints=(CHAT,), example=[{"name": "get_weather"}], served=False,

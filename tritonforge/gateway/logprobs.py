@@ -57,7 +57,10 @@ def token_text(token: bytes) -> str:
     return token.decode("utf-8", errors="replace")
 
 
-def _finite(value: float) -> float:
+def _finite(value: float) -> float | None:
+    """A log probability for JSON: None for a token nothing predicts (an echoed prompt's first)."""
+    if math.isnan(value):
+        return None
     return value if value > -math.inf else LOWEST_LOG_PROB
 
 
@@ -80,7 +83,8 @@ def completion_logprobs(tokens: list[TokenLogProb], offset: int = 0) -> dict:
         offset += len(token_text(entry.token))
     return {"tokens": [token_text(entry.token) for entry in tokens],
             "token_logprobs": [_finite(entry.log_prob) for entry in tokens],
-            "top_logprobs": [{token_text(token): _finite(value) for token, value in entry.top} for entry in tokens],
+            "top_logprobs": [None if math.isnan(entry.log_prob) else
+                             {token_text(token): _finite(value) for token, value in entry.top} for entry in tokens],
             "text_offset": offsets}
 
 

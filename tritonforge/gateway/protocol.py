@@ -3,7 +3,7 @@
 Reading: a body (JSON) becomes an `OpenAIRequest`, checked against OpenAI's types and ranges; every refusal
 is one `OpenAIError`, HTTP 400, whose message and `param` name the field. Tools and `response_format` are read
 by `tool_calls`, which turns them into the grammar the engine enforces; `logprobs` (and chat's `top_logprobs`)
-are answered through `logprobs`. What the engines cannot give (`echo`, `best_of` > 1, `logit_bias`, `suffix`)
+and completions' `echo` through `logprobs`. What the engines cannot give (`best_of` > 1, `logit_bias`, `suffix`)
 is refused; unknown fields are
 accepted and ignored, as vLLM does. Writing: the whole answer, the streamed chunks as server-sent events, the
 usage chunk, the error object. Nothing here knows Triton.
@@ -63,6 +63,7 @@ class OpenAIRequest:
     stream: bool
     include_usage: bool  # a streamed answer ends with a chunk of the usage
     logprobs: int | None = None  # each token's log probability with this many alternatives (None: not asked)
+    echo: bool = False  # completions: the answer starts with the prompt (and its log probabilities)
 
     @property
     def parses_tool_calls(self) -> bool:
@@ -91,7 +92,11 @@ def read_request(body, kind: str, served_model_name: str | None = None) -> OpenA
         raise OpenAIError(400, "the request body must be a JSON object")
     _check_model(body.get("model"), served_model_name)
     _refuse_unsupported(body)
-    max_tokens = _number(body, "max_completion_tokens", int, 1) or _number(body, "max_tokens", int, 1)
+    # An echoed completion may ask for no new token: the prompt alone, with its log probabilities.
+    echo = kind == COMPLETIONS and _echo(body)
+    max_tokens = _number(body, "max_completion_tokens", int, 1)
+    if max_tokens is None:
+        max_tokens = _number(body, "max_tokens", int, 0 if echo else 1)
     n = _number(body, "n", int, 1, MAX_CHOICES) or 1
     guide = read_response_format(body.get("response_format"))
     if kind == COMPLETIONS:
@@ -114,10 +119,20 @@ def read_request(body, kind: str, served_model_name: str | None = None) -> OpenA
     logprobs = _chat_logprobs(body) if kind == CHAT else _completion_logprobs(body)
     return OpenAIRequest(kind=kind, prompts=prompts, messages=messages, tools=tools, tool_choice=choice,
                          template_kwargs=template_kwargs, guide=guide, n=n,
-                         max_tokens=max_tokens or DEFAULT_MAX_TOKENS[kind], sampling=_sampling(body),
+                         max_tokens=DEFAULT_MAX_TOKENS[kind] if max_tokens is None else max_tokens,
+                         sampling=_sampling(body), echo=echo,
                          stop=_stop(body.get("stop")), stream=bool(body.get("stream", False)),
                          include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
                          logprobs=logprobs)
+
+
+def _echo(body: dict) -> bool:
+    echo = body.get("echo", False)
+    if echo is None:
+        return False
+    if not isinstance(echo, bool):
+        raise OpenAIError(400, "'echo' must be true or false", "echo")
+    return echo
 
 
 def _completion_logprobs(body: dict) -> int | None:
@@ -151,8 +166,6 @@ def _refuse_unsupported(body: dict) -> None:
     for name in UNSUPPORTED_FIELDS:
         if body.get(name) not in (None, False, 0, {}, []):
             raise OpenAIError(400, f"'{name}' is not supported by this server", name)
-    if body.get("echo"):
-        raise OpenAIError(400, "'echo' is not supported by this server", "echo")
 
 
 def _number(body: dict, name: str, kind, low=None, high=None):
@@ -266,6 +279,7 @@ class Generation:
     completion_tokens: int = 0
     chunks: list[str] = field(default_factory=list)
     logprobs: list[TokenLogProb] | None = None  # every token's, as they came (None: not asked)
+    echo: str | None = None  # the prompt the text starts with (completions' `echo`)
     tool_calls: list[ToolCall] = field(default_factory=list)
     content: str | None = None  # the text left besides reasoning and tool calls, once read; else the chunks
     reasoning: str | None = None  # the thinking a reasoning parser set apart
@@ -273,6 +287,11 @@ class Generation:
     @property
     def text(self) -> str | None:
         return self.content if self.tool_calls or self.content is not None else "".join(self.chunks)
+
+    @property
+    def prompt_only(self) -> bool:
+        """An echoed prompt with no new token (`max_tokens` 0): the engine's one token is not shown."""
+        return self.max_tokens == 0
 
     @property
     def finish_reason(self) -> str:

@@ -45,6 +45,7 @@ from ..facts.contract import (
     REPETITION_PENALTY,
     RETURN_NUM_INPUT_TOKENS,
     RETURN_NUM_OUTPUT_TOKENS,
+    RETURN_PROMPT_LOG_PROBS,
     SEED,
     STOP_WORDS,
     TEMPERATURE,
@@ -142,6 +143,8 @@ def choice_requests(request: OpenAIRequest, stream_interval: int | None = None
         base[GUIDED_DECODING_GUIDE] = request.guide.guide
     if request.logprobs is not None:
         base[NUM_TOP_LOG_PROBS] = request.logprobs
+        if request.echo:
+            base[RETURN_PROMPT_LOG_PROBS] = True
     base[RETURN_NUM_INPUT_TOKENS] = True
     base[RETURN_NUM_OUTPUT_TOKENS] = True
     prompts = request.prompts if request.prompts is not None else [None]
@@ -150,11 +153,13 @@ def choice_requests(request: OpenAIRequest, stream_interval: int | None = None
         for _ in range(request.n):
             index = len(choices)
             parameters = {**engine_sampling(request.sampling, index), **base}
+            # An echoed prompt alone (max_tokens 0) still asks the engine for a token, which is not shown.
             generate = GenerateRequest(text_input=prompt, messages=request.chat() if prompt is None else None,
-                                       max_tokens=request.max_tokens, parameters=parameters,
+                                       max_tokens=max(1, request.max_tokens), parameters=parameters,
                                        stream_interval=stream_interval)
             generation = Generation(max_tokens=request.max_tokens, index=index, prompt_index=prompt_index,
-                                    logprobs=None if request.logprobs is None else [])
+                                    logprobs=None if request.logprobs is None else [],
+                                    echo=prompt if request.echo else None)
             choices.append((generation, generate))
     return choices
 
@@ -198,25 +203,35 @@ class TritonBackend:
 
     async def generate(self, request: GenerateRequest, generation: Generation) -> AsyncIterator[str]:
         """Yield text chunks as they come; fill `generation`'s token counts, and its log probabilities where it
-        asks for them (each response's before its text is yielded)."""
+        asks for them (each response's before its text is yielded). An echoed prompt heads the first chunk; an
+        echoed prompt alone (`prompt_only`) is all the text, and only its tokens are counted."""
         assembler = TextAssembler()
         wanted = GATEWAY_OUTPUTS if generation.logprobs is None else (*GATEWAY_OUTPUTS, *LOG_PROB_OUTPUTS)
+        echo = generation.echo
         # Closed at once when the caller stops reading (a client that went away), not whenever it is collected:
         # closing an unfinished stream is what stops the engine's generation.
         async with aclosing(self.client.responses(request, outputs=wanted)) as responses:
             async for result in responses:
                 outputs = response_outputs(result, wanted)
-                if generation.logprobs is not None:
-                    generation.logprobs.extend(read_token_log_probs(result.as_numpy))
                 if NUM_INPUT_TOKENS in outputs:
                     generation.prompt_tokens = max(generation.prompt_tokens, first_int32(outputs[NUM_INPUT_TOKENS]))
-                if NUM_OUTPUT_TOKENS in outputs:
+                if NUM_OUTPUT_TOKENS in outputs and not generation.prompt_only:
                     generation.completion_tokens += first_int32(outputs[NUM_OUTPUT_TOKENS])
+                if generation.logprobs is not None:
+                    generation.logprobs.extend(read_token_log_probs(result.as_numpy))
+                    if generation.prompt_only:
+                        del generation.logprobs[generation.prompt_tokens:]
                 if TEXT_OUTPUT in outputs:
                     text = assembler.push(first_string(outputs[TEXT_OUTPUT]))
+                    if generation.prompt_only:
+                        text = ""
+                    if echo is not None:
+                        text, echo = echo + text, None
                     if text:
                         yield text
-        tail = assembler.finish()
+        tail = "" if generation.prompt_only else assembler.finish()
+        if echo is not None:
+            tail = echo + tail
         if tail:
             yield tail
 

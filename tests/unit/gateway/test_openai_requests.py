@@ -210,8 +210,15 @@ def test_a_message_without_a_role_is_400_naming_messages():
     assert (error.status, error.param) == (400, "messages")
 
 
-def test_echo_is_refused():
-    assert refused({**PROMPT, "echo": True}).param == "echo"
+def test_echo_with_log_probs_asks_for_the_prompts_and_max_tokens_0_asks_one_token_not_shown():
+    request = read_request({**PROMPT, "echo": True, "logprobs": 1, "max_tokens": 0}, "completions")
+    ((generation, generate),) = choice_requests(request)
+    assert generate.max_tokens == 1 and generation.prompt_only and generation.echo == "Hello"
+    assert generate.parameters["return_prompt_log_probs"] is True and generate.parameters["num_top_log_probs"] == 1
+    (plain, _), = choice_requests(read_request({**PROMPT, "echo": True}, "completions"))
+    assert plain.echo == "Hello" and not plain.prompt_only and plain.max_tokens == 16
+    assert refused({**PROMPT, "max_tokens": 0}).param == "max_tokens"  # no new token is asked only with echo
+    assert refused({**PROMPT, "echo": "yes"}).param == "echo"
 
 
 def test_a_prompt_given_as_a_list_of_one_string_is_that_prompt():

@@ -40,8 +40,12 @@ from ...facts.contract import (
     NUM_TOP_LOG_PROBS,
     OUTPUT_IDS,
     OUTPUT_LOG_PROBS,
+    PROMPT_LOG_PROBS,
+    PROMPT_TOP_LOG_PROBS,
+    PROMPT_TOP_TOKEN_IDS,
     RETURN_LOG_PROBS,
     RETURN_NUM_OUTPUT_TOKENS,
+    RETURN_PROMPT_LOG_PROBS,
     SEQUENCE_INDEX,
     SEQUENCE_LENGTH,
     STOP_WORDS,
@@ -61,12 +65,13 @@ from ..text.tokenization import decode_utf8
 from ..triton_adapter import DRAIN_END_S, RequestRows, answer_error, request_inputs, requested_outputs
 from .engine_stream import EngineStream
 from .row_stream import CANCEL_CHECK_PERIOD_S, RowRequest, RowStream
-from .token_log import requested_top_log_probs
+from .token_log import requested_prompt_log_probs, requested_top_log_probs
 
 logger = logging.getLogger(__name__)
 
 ENGINE_OUTPUTS = [OUTPUT_IDS, SEQUENCE_LENGTH, CUM_LOG_PROBS, OUTPUT_LOG_PROBS]
 TOP_LOG_PROB_OUTPUTS = [TOP_TOKEN_IDS, TOP_LOG_PROBS]
+PROMPT_LOG_PROB_OUTPUTS = [PROMPT_LOG_PROBS, PROMPT_TOP_TOKEN_IDS, PROMPT_TOP_LOG_PROBS]
 # The engine's statistics outputs, passed on to the client as the engine sent them last.
 ENGINE_STATISTICS = [t.name for t in ENGINE_PASSTHROUGH_OUTPUTS
                      if t.name not in {CUM_LOG_PROBS, OUTPUT_LOG_PROBS, BATCH_INDEX, SEQUENCE_INDEX,
@@ -159,14 +164,15 @@ class BlsOrchestrator:
         intervals = _stream_intervals(inputs, batch)
         exclude_input = _flag(inputs, EXCLUDE_INPUT_IN_OUTPUT, default=True)
         return_log_probs, count_tokens = _flag(inputs, RETURN_LOG_PROBS), _flag(inputs, RETURN_NUM_OUTPUT_TOKENS)
-        top = requested_top_log_probs(inputs)
+        top, prompt = requested_top_log_probs(inputs), requested_prompt_log_probs(inputs)
         statistics = [name for name in ENGINE_STATISTICS if requested is None or name in requested]
-        engine_outputs = [*ENGINE_OUTPUTS, *statistics, *(TOP_LOG_PROB_OUTPUTS if top else [])]
-        return [RowRequest(row=row, batch=batch, engine_inputs=self._engine_inputs(inputs, encoded, row, top),
+        engine_outputs = [*ENGINE_OUTPUTS, *statistics, *(TOP_LOG_PROB_OUTPUTS if top else []),
+                          *(PROMPT_LOG_PROB_OUTPUTS if prompt else [])]
+        return [RowRequest(row=row, batch=batch, engine_inputs=self._engine_inputs(inputs, encoded, row, top, prompt),
                            engine_outputs=engine_outputs, prompt_ids=encoded.prompt_ids[row],
                            stop_phrases=stop_phrases[row], stream=stream, exclude_input=exclude_input,
                            return_log_probs=return_log_probs, count_tokens=count_tokens, statistics=statistics,
-                           stream_interval=intervals[row], num_top_log_probs=top)
+                           stream_interval=intervals[row], num_top_log_probs=top, prompt_log_probs=prompt)
                 for row in range(batch)]
 
     def _stop_phrases(self, inputs: dict[str, np.ndarray], batch: int) -> list[list[str]]:
@@ -176,8 +182,8 @@ class BlsOrchestrator:
         rows = value.reshape(value.shape[0], -1)
         return [[decode_utf8(STOP_WORDS, item) for item in rows[row]] for row in range(batch)]
 
-    def _engine_inputs(self, inputs: dict[str, np.ndarray], encoded: EncodedRequest, row: int, top: int | None
-                       ) -> dict[str, np.ndarray]:
+    def _engine_inputs(self, inputs: dict[str, np.ndarray], encoded: EncodedRequest, row: int, top: int | None,
+                       prompt: bool) -> dict[str, np.ndarray]:
         tensors = {**encoded.engine_inputs(row), STREAMING: np.array([[self.settings.decoupled]]),
                    EXCLUDE_INPUT_IN_OUTPUT: np.array([[True]])}
         for client_name, engine_name in CLIENT_TO_ENGINE.items():
@@ -190,6 +196,8 @@ class BlsOrchestrator:
             tensors[RETURN_LOG_PROBS] = np.array([[True]])
             if top:
                 tensors[NUM_TOP_LOG_PROBS] = np.array([[top]], dtype=np.int32)
+            if prompt:
+                tensors[RETURN_PROMPT_LOG_PROBS] = np.array([[True]])
         return tensors
 
     def shutdown(self) -> None:

@@ -56,6 +56,7 @@ class RowRequest:
     statistics: list[str]  # the engine's statistics outputs passed on to the client, as it sent them last
     stream_interval: int = 1  # engine responses per streamed response after the first
     num_top_log_probs: int | None = None  # each token's log prob and this many alternatives per response (None: no)
+    prompt_log_probs: bool = False  # the prompt's tokens first in the token log (return_prompt_log_probs)
 
 
 class _Chunk(NamedTuple):
@@ -102,7 +103,8 @@ class RowStream:
         self._stop_filter = StopPhraseFilter(request.stop_phrases)
         self._pieces: list[str] = []  # a whole answer's text
         self._log_probs: list[float] = []
-        self._tokens = None if request.num_top_log_probs is None else TokenLog(request.num_top_log_probs, token_bytes)
+        self._tokens = None if request.num_top_log_probs is None else TokenLog(
+            request.num_top_log_probs, token_bytes, request.prompt_ids if request.prompt_log_probs else None)
         self._tokens_sent = 0  # the token log's tokens sent so far (the sender's)
         self._statistics: dict[str, np.ndarray] = {}
         self._unreported = 0  # generated tokens not yet reported in a response

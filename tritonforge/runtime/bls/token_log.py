@@ -5,6 +5,8 @@ The engine answers `output_ids`, `output_log_probs` [beams, tokens] and `top_tok
 [beams, tokens, k]; the client gets `token_ids`, `token_bytes`, `token_log_probs` [tokens] and
 `top_token_ids`, `top_token_bytes`, `top_log_probs` [tokens, k], each with the response's batch dimension.
 Bytes, not text: a token may hold part of a character, and its bytes are what the response's text is made of.
+With `return_prompt_log_probs` the log starts with the prompt's tokens, as the engine's first response scores
+them (`prompt_log_probs`, NaN for the first token, and `prompt_top_*`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ from ...facts.contract import (
     MAX_TOP_LOG_PROBS,
     NUM_TOP_LOG_PROBS,
     OUTPUT_LOG_PROBS,
+    PROMPT_LOG_PROBS,
+    PROMPT_TOP_LOG_PROBS,
+    PROMPT_TOP_TOKEN_IDS,
+    RETURN_PROMPT_LOG_PROBS,
     TOKEN_BYTES,
     TOKEN_IDS,
     TOKEN_LOG_PROBS,
@@ -27,10 +33,11 @@ from ..text.detokenization import TokenBytes
 
 
 def requested_top_log_probs(inputs: dict[str, np.ndarray]) -> int | None:
-    """The request's `num_top_log_probs` (one value for every row); None when it did not ask."""
+    """The request's `num_top_log_probs` (one value for every row); None when it did not ask (0 when it asked
+    only `return_prompt_log_probs`)."""
     value = inputs.get(NUM_TOP_LOG_PROBS)
     if value is None or value.size == 0:
-        return None
+        return 0 if requested_prompt_log_probs(inputs) else None
     values = {int(item) for item in np.asarray(value).reshape(-1)}
     if len(values) != 1:
         raise RequestError(NUM_TOP_LOG_PROBS, f"must be one value for every row, got {sorted(values)}")
@@ -40,13 +47,19 @@ def requested_top_log_probs(inputs: dict[str, np.ndarray]) -> int | None:
     return count
 
 
+def requested_prompt_log_probs(inputs: dict[str, np.ndarray]) -> bool:
+    value = inputs.get(RETURN_PROMPT_LOG_PROBS)
+    return value is not None and value.size > 0 and bool(np.asarray(value).reshape(-1)[0])
+
+
 class TokenLog:
     """The row's tokens so far (appended by the engine stream's reader; a sender reads the part before a mark it
     was handed, which no later append moves)."""
 
-    def __init__(self, top: int, token_bytes: TokenBytes):
+    def __init__(self, top: int, token_bytes: TokenBytes, prompt_ids: list[int] | None = None):
         self.top = top
         self.token_bytes = token_bytes
+        self.prompt_ids = prompt_ids  # the prompt's tokens, logged first once the engine scores them
         self.ids: list[int] = []
         self.log_probs: list[float] = []
         self.top_ids: list[np.ndarray] = []  # one [k] row per token
@@ -56,13 +69,23 @@ class TokenLog:
         return len(self.ids)
 
     def extend(self, ids: list[int], tensors: dict[str, np.ndarray]) -> None:
-        """The tokens of one engine response, with what it sent of them."""
-        count = len(ids)
+        """The tokens of one engine response, with what it sent of them; the prompt's before the first."""
+        if self.prompt_ids is not None:
+            if PROMPT_LOG_PROBS not in tensors:
+                raise RequestError(RETURN_PROMPT_LOG_PROBS, "this engine does not return the prompt's log "
+                                                            "probabilities")
+            self._log(self.prompt_ids, tensors[PROMPT_LOG_PROBS], tensors.get(PROMPT_TOP_TOKEN_IDS),
+                      tensors.get(PROMPT_TOP_LOG_PROBS))
+            self.prompt_ids = None
         log_probs = tensors.get(OUTPUT_LOG_PROBS)
         if log_probs is None:
             raise RuntimeError("the engine sent no output_log_probs (asked for num_top_log_probs)")
+        self._log(ids, log_probs, tensors.get(TOP_TOKEN_IDS), tensors.get(TOP_LOG_PROBS))
+
+    def _log(self, ids: list[int], log_probs: np.ndarray, top_ids: np.ndarray | None,
+             top_log_probs: np.ndarray | None) -> None:
+        count = len(ids)
         if self.top:
-            top_ids, top_log_probs = tensors.get(TOP_TOKEN_IDS), tensors.get(TOP_LOG_PROBS)
             if top_ids is None or top_log_probs is None:
                 raise RequestError(NUM_TOP_LOG_PROBS, "this engine returns no likeliest tokens beside the chosen "
                                                       "one; ask for 0")

@@ -47,6 +47,10 @@ class TokenSink(Protocol):
         """New tokens of a streaming request that goes on (`top`: the likeliest at each one's step, for a request
         with `num_top_log_probs`)."""
 
+    def prompt(self, log_probs: list[float], top: list[TopTokens] | None) -> None:
+        """A request with `return_prompt_log_probs`, before any token: each prompt token's log probability (NaN
+        for the first) and, with `num_top_log_probs`, the likeliest tokens at its place."""
+
     def finish(self, result: GenerationResult | None, error: Exception | None) -> None:
         """Called exactly once: the whole result, or the error that ended the request."""
 
@@ -67,6 +71,7 @@ class GenerationRequest:
     stream: bool = False
     return_log_probs: bool = False
     num_top_log_probs: int = 0  # the likeliest tokens returned beside each generated token (implies log probs)
+    return_prompt_log_probs: bool = False  # the prompt's log probabilities too (`TokenSink.prompt`)
     embedding_bias: np.ndarray | None = None  # [vocab] added to the logits of every step
     guided_decoding: GuidedDecoding | None = None  # the grammar the answer must follow
     grammar: object = None  # the engine's compiled `guided_decoding`, set by its `validate`

@@ -27,7 +27,7 @@ SAMPLING_INPUTS = {
 }
 FLAG_INPUTS = (contract.STREAMING, contract.EXCLUDE_INPUT_IN_OUTPUT, contract.RETURN_LOG_PROBS,
                contract.RETURN_PERF_METRICS, contract.RETURN_NUM_INPUT_TOKENS, contract.RETURN_NUM_OUTPUT_TOKENS,
-               contract.RETURN_CONTEXT_LOGITS, contract.RETURN_GENERATION_LOGITS)
+               contract.RETURN_CONTEXT_LOGITS, contract.RETURN_GENERATION_LOGITS, contract.RETURN_PROMPT_LOG_PROBS)
 
 # Inputs this engine accepts and ignores, as the tensorrtllm backend does for a decoder-only engine or because
 # they change only speed or cache retention, never the tokens: decoder inputs (encoder-decoder engines only),
@@ -93,6 +93,7 @@ class EngineRow:
     exclude_input: bool
     return_log_probs: bool
     num_top_log_probs: int  # ours: the likeliest tokens beside each generated one (0: none)
+    return_prompt_log_probs: bool  # ours: the prompt's log probabilities too
     return_perf_metrics: bool
     return_num_input_tokens: bool
     return_num_output_tokens: bool
@@ -160,6 +161,7 @@ def parse_engine_request(inputs: dict[str, np.ndarray], *, default_exclude_input
             exclude_input=bool(value(contract.EXCLUDE_INPUT_IN_OUTPUT, row, default_exclude_input)),
             return_log_probs=bool(value(contract.RETURN_LOG_PROBS, row, False)),
             num_top_log_probs=int(value(contract.NUM_TOP_LOG_PROBS, row, 0)),
+            return_prompt_log_probs=bool(value(contract.RETURN_PROMPT_LOG_PROBS, row, False)),
             return_perf_metrics=bool(value(contract.RETURN_PERF_METRICS, row, False)),
             return_num_input_tokens=bool(value(contract.RETURN_NUM_INPUT_TOKENS, row, False)),
             return_num_output_tokens=bool(value(contract.RETURN_NUM_OUTPUT_TOKENS, row, False)),

@@ -38,6 +38,9 @@ from ...facts.contract import (
     NUM_OUTPUT_TOKENS,
     OUTPUT_IDS,
     OUTPUT_LOG_PROBS,
+    PROMPT_LOG_PROBS,
+    PROMPT_TOP_LOG_PROBS,
+    PROMPT_TOP_TOKEN_IDS,
     SEQUENCE_LENGTH,
     STOP,
     STREAM,
@@ -216,6 +219,9 @@ class _RowSink:
         # Streamed tokens wait here while the row's send waits for a sender, and join it.
         self.outbox: Outbox[TokenRun] = Outbox(senders, self._send_tokens, interval=stream_interval)
         self.streamed = 0  # tokens sent in streamed responses (the sender holding the row)
+        # The prompt's log probabilities (return_prompt_log_probs): given by the engine's thread before any token,
+        # sent with the row's first response.
+        self.prompt_scores: dict[str, np.ndarray] | None = None
         self.delivered = 0  # tokens the engine gave this row (the engine's thread)
         self.arrival_ns = _now_ns()
         self.scheduled_ns = self.first_token_ns = self.last_token_ns = 0
@@ -231,6 +237,9 @@ class _RowSink:
             outputs[OUTPUT_LOG_PROBS] = np.array(log_probs, dtype=np.float32).reshape(1, 1, len(log_probs))
         if self.row.num_top_log_probs:
             outputs.update(top_log_prob_outputs(tokens.top or [], self.row.num_top_log_probs))
+        if self.prompt_scores is not None:
+            outputs.update(self.prompt_scores)
+            self.prompt_scores = None
         if self.state.rows > 1:
             outputs[BATCH_INDEX] = np.array([[self.batch_index]], dtype=np.int32)
         if self.row.return_num_input_tokens:
@@ -260,6 +269,14 @@ class _RowSink:
 
     def scheduled(self) -> None:
         self.scheduled_ns = _now_ns()
+
+    def prompt(self, log_probs: list[float], top: list[TopTokens] | None) -> None:
+        scores = {PROMPT_LOG_PROBS: np.array([log_probs], dtype=np.float32)}
+        if top is not None:
+            padded = top_log_prob_outputs(top, self.row.num_top_log_probs)
+            scores[PROMPT_TOP_TOKEN_IDS] = padded[TOP_TOKEN_IDS]
+            scores[PROMPT_TOP_LOG_PROBS] = padded[TOP_LOG_PROBS]
+        self.prompt_scores = scores  # one assignment: the sender sees all of it or none
 
     def tokens(self, token_ids: list[int], log_probs: list[float], top: list[TopTokens] | None = None) -> None:
         """New tokens of a streaming row: sent at once when they are its first, else once `stream_interval`
@@ -397,7 +414,8 @@ class EngineService:
                     max_new_tokens=row.max_new_tokens, end_id=row.end_id, sampling=row.sampling,
                     stop_sequences=row.stop_sequences, bad_sequences=row.bad_sequences, stream=row.stream,
                     return_log_probs=row.return_log_probs or row.num_top_log_probs > 0,
-                    num_top_log_probs=row.num_top_log_probs, embedding_bias=row.embedding_bias,
+                    num_top_log_probs=row.num_top_log_probs, return_prompt_log_probs=row.return_prompt_log_probs,
+                    embedding_bias=row.embedding_bias,
                     guided_decoding=row.guided_decoding,
                     sink=_RowSink(state, row, index, self.server_stopping, self.senders,
                                   self.settings.stream_interval, self.settings.bos_token_id,

@@ -17,7 +17,11 @@ from tritonforge.facts.contract import (
     NUM_TOP_LOG_PROBS,
     OUTPUT_IDS,
     OUTPUT_LOG_PROBS,
+    PROMPT_LOG_PROBS,
+    PROMPT_TOP_LOG_PROBS,
+    PROMPT_TOP_TOKEN_IDS,
     REQUEST_OUTPUT_LEN,
+    RETURN_PROMPT_LOG_PROBS,
     SEQUENCE_LENGTH,
     STREAMING,
     TOP_LOG_PROBS,
@@ -31,6 +35,7 @@ from tritonforge.runtime.text.detokenization import TokenBytes
 from tritonforge.runtime.text.tokenization import load_tokenizer
 
 LOG_PROB = -0.5  # every scripted token's
+PROMPT_LOG_PROB = -1.5  # every scored prompt token's but the first
 TOKEN_PERIOD_S = 0.005  # between the tokens of an engine request that runs until it is stopped
 UNTIL_STOPPED = object()  # a script's step: one token every TOKEN_PERIOD_S until the request's `stop` comes
 # A request nobody stops still ends, after 10 s of tokens: a BLS that fails to stop it fails its test instead of
@@ -38,9 +43,10 @@ UNTIL_STOPPED = object()  # a script's step: one token every TOKEN_PERIOD_S unti
 UNSTOPPED_TOKENS = 2000
 
 
-def engine_response(ids: list[int], top: int = 0) -> dict[str, np.ndarray]:
+def engine_response(ids: list[int], top: int = 0, prompt: list[int] | None = None) -> dict[str, np.ndarray]:
     """One streamed engine response, as the engine stream hands it over; with `top`, the likeliest tokens at each
-    step: the token itself, then the ids after it, each less likely by 1."""
+    step: the token itself, then the ids after it, each less likely by 1; with `prompt`, its log probabilities
+    (NaN, then PROMPT_LOG_PROB each) and likeliest tokens alike."""
     count = len(ids)
     response = {OUTPUT_IDS: np.array(ids, np.int32).reshape(1, 1, count),
                 SEQUENCE_LENGTH: np.array([[count]], np.int32),
@@ -49,6 +55,11 @@ def engine_response(ids: list[int], top: int = 0) -> dict[str, np.ndarray]:
     if top:
         response[TOP_TOKEN_IDS] = np.array([[[token + rank for rank in range(top)] for token in ids]], np.int32)
         response[TOP_LOG_PROBS] = np.array([[[LOG_PROB - rank for rank in range(top)] for _ in ids]], np.float32)
+    if prompt is not None:
+        response[PROMPT_LOG_PROBS] = np.array([[np.nan] + [PROMPT_LOG_PROB] * (len(prompt) - 1)], np.float32)
+        response[PROMPT_TOP_TOKEN_IDS] = np.array([[[token + rank for rank in range(top)] for token in prompt]],
+                                                  np.int32)
+        response[PROMPT_TOP_LOG_PROBS] = np.full((1, len(prompt), top), PROMPT_LOG_PROB, np.float32)
     return response
 
 
@@ -90,6 +101,7 @@ class FakeEngineStream:
             engine_call.end(EngineStreamError("the stream to the engine model closed"))
 
     def _play(self, request_id: str, engine_call: EngineCall, steps: list) -> None:
+        prompt_sent = False
         for step in steps:
             if isinstance(step, Exception):
                 engine_call.end(step)
@@ -102,8 +114,12 @@ class FakeEngineStream:
                 if self._closed.is_set():
                     engine_call.end(EngineStreamError("the stream to the engine model closed"))
                     return
-                top = int(self.requests[request_id].get(NUM_TOP_LOG_PROBS, np.zeros(1)).reshape(-1)[0])
-                if engine_call.deliver(engine_response(ids, top), final=False):
+                inputs = self.requests[request_id]
+                top = int(inputs.get(NUM_TOP_LOG_PROBS, np.zeros(1)).reshape(-1)[0])
+                scores_prompt = RETURN_PROMPT_LOG_PROBS in inputs and not prompt_sent
+                prompt = inputs["input_ids"].reshape(-1).tolist() if scores_prompt else None
+                prompt_sent = True
+                if engine_call.deliver(engine_response(ids, top, prompt), final=False):
                     return  # the BLS's handler raised: the call is over
         engine_call.deliver({}, final=True)
 
@@ -218,6 +234,23 @@ def test_each_response_carries_the_tokens_it_adds_with_their_bytes_log_probs_and
         assert np.all(response["top_token_ids"][0, :, 0] == response["token_ids"][0])
     assert sent == ids and token_bytes == text.encode() == table.decode(ids)
     assert stream or len(responses) == 1
+
+
+def test_the_prompts_tokens_come_first_in_the_token_log_scored_as_the_engine_scored_them(make_bls, tokenizer):
+    ids = token_ids(tokenizer, "one two three")
+    bls, engine = make_bls(lambda inputs: one_token_a_response(ids))
+    sender = answer(bls, client_inputs(num_top_log_probs=[[2]], return_prompt_log_probs=[[True]]))
+    (engine_inputs,) = engine.requests.values()
+    prompt = engine_inputs["input_ids"].reshape(-1).tolist()
+    assert engine_inputs[RETURN_PROMPT_LOG_PROBS].item()
+    responses = outputs(sender)
+    logged = [token for response in responses for token in response["token_ids"].reshape(-1).tolist()]
+    log_probs = np.concatenate([response["token_log_probs"].reshape(-1) for response in responses])
+    assert logged == prompt + ids and np.isnan(log_probs[0])
+    assert np.all(log_probs[1:len(prompt)] == PROMPT_LOG_PROB) and np.all(log_probs[len(prompt):] == LOG_PROB)
+    first = responses[0]
+    assert first["top_token_ids"].shape[1] >= len(prompt)
+    assert first["top_token_ids"][0, 0].tolist() == [prompt[0], prompt[0] + 1]
 
 
 def test_a_top_log_probs_count_past_20_is_refused_naming_it(make_bls):

@@ -9,6 +9,7 @@
 // | stream, exclude_input_in_output     | the BLS's: the engine always streams, without the prompt              |
 // | stream_interval (ours)              | engine responses per streamed response after the first (default 1)   |
 // | num_top_log_probs (ours)            | each token's log prob and this many alternatives, per response        |
+// | return_prompt_log_probs (ours)      | the prompt's tokens first among them, as the engine scores them       |
 // | output                              |                                                                       |
 // | text_output BYTES [1]               | whole UTF-8 characters; stop phrases never shown                      |
 // | cum_log_probs, output_log_probs,    | as the Python BLS: log probs so far, tokens since the last response,  |
@@ -89,6 +90,7 @@ constexpr char kReturnLogProbs[] = "return_log_probs";
 constexpr char kReturnNumOutputTokens[] = "return_num_output_tokens";
 constexpr char kStreamInterval[] = "stream_interval";
 constexpr char kNumTopLogProbs[] = "num_top_log_probs";
+constexpr char kReturnPromptLogProbs[] = "return_prompt_log_probs";
 constexpr int32_t kMaxTopLogProbs = 20;  // contract.MAX_TOP_LOG_PROBS
 // The client's outputs.
 constexpr char kTextOutput[] = "text_output";
@@ -102,6 +104,10 @@ constexpr char kTokenLogProbs[] = "token_log_probs";
 constexpr char kTopTokenIds[] = "top_token_ids";
 constexpr char kTopTokenBytes[] = "top_token_bytes";
 constexpr char kTopLogProbs[] = "top_log_probs";
+// The engine's, with return_prompt_log_probs.
+constexpr char kPromptLogProbs[] = "prompt_log_probs";
+constexpr char kPromptTopTokenIds[] = "prompt_top_token_ids";
+constexpr char kPromptTopLogProbs[] = "prompt_top_log_probs";
 // preprocessing's outputs.
 constexpr char kInputId[] = "INPUT_ID";
 constexpr char kRequestInputLen[] = "REQUEST_INPUT_LEN";
@@ -407,6 +413,7 @@ struct TokenLog {
   std::vector<int32_t> top_ids;  // `top` per token
   std::vector<float> top_log_probs;
   size_t sent = 0;  // tokens sent so far (the sender holding the row)
+  bool prompt_pending = false;  // return_prompt_log_probs: the prompt's tokens go first, once the engine scores them
 };
 
 struct Row {
@@ -560,7 +567,8 @@ class ClientRequest {
   std::string id_;
   // Set before preprocessing answers, read-only after.
   bool stream_ = false, exclude_input_ = true, return_log_probs_ = false, count_tokens_ = false;
-  int32_t top_log_probs_ = -1;  // num_top_log_probs; -1: not asked
+  int32_t top_log_probs_ = -1;  // num_top_log_probs; -1: not asked (0 with return_prompt_log_probs alone)
+  bool prompt_log_probs_ = false;  // return_prompt_log_probs
   std::vector<Tensor> preprocessing_inputs_;
   TRITONSERVER_InferenceRequest* preprocessing_ = nullptr;
   std::map<std::string, Tensor> encoded_;  // preprocessing's answer (its response thread)
@@ -925,7 +933,11 @@ bool ClientRequest::BuildRows(const std::map<std::string, Tensor>& encoded, Fail
     if (top_log_probs_ >= 0) {
       row->token_log = std::make_unique<TokenLog>();
       row->token_log->top = top_log_probs_;
+      row->token_log->prompt_pending = prompt_log_probs_;
       if (top_log_probs_ > 0) row->engine_outputs.insert(row->engine_outputs.end(), {kTopTokenIds, kTopLogProbs});
+      if (prompt_log_probs_)
+        row->engine_outputs.insert(row->engine_outputs.end(),
+                                   {kPromptLogProbs, kPromptTopTokenIds, kPromptTopLogProbs});
     }
     row->detokenizer = std::make_unique<text::IncrementalDetokenizer>(*model_.table);
     row->stop_filter = std::make_unique<text::StopPhraseFilter>(std::move(phrases[static_cast<size_t>(index)]));
@@ -1011,14 +1023,20 @@ bool ClientRequest::EngineInputs(const std::map<std::string, Tensor>& encoded, R
     const bool on = true;
     inputs.push_back(Scalar(kReturnLogProbs, TRITONSERVER_TYPE_BOOL, &on, 1));
     if (top_log_probs_ > 0) inputs.push_back(Int32(kNumTopLogProbs, {1, 1}, {top_log_probs_}));
+    if (prompt_log_probs_) inputs.push_back(Scalar(kReturnPromptLogProbs, TRITONSERVER_TYPE_BOOL, &on, 1));
   }
   return true;
 }
 
-// num_top_log_probs (token_log.requested_top_log_probs): one value for every row, in [0, kMaxTopLogProbs].
+// num_top_log_probs (token_log.requested_top_log_probs): one value for every row, in [0, kMaxTopLogProbs]; 0
+// when only return_prompt_log_probs asks for the token log.
 bool ClientRequest::ReadTopLogProbs(Failure* failure) {
+  prompt_log_probs_ = Flag(kReturnPromptLogProbs, false);
   const Tensor* tensor = Input(kNumTopLogProbs);
-  if (tensor == nullptr || tensor->Elements() == 0) return true;
+  if (tensor == nullptr || tensor->Elements() == 0) {
+    if (prompt_log_probs_) top_log_probs_ = 0;
+    return true;
+  }
   const std::vector<int32_t> values = tensor->Values<int32_t>();
   const std::set<int32_t> distinct(values.begin(), values.end());
   if (distinct.size() != 1) {
@@ -1037,41 +1055,62 @@ bool ClientRequest::ReadTopLogProbs(Failure* failure) {
   return true;
 }
 
-// One engine response's tokens into the row's token log (TokenLog.extend).
-bool ClientRequest::LogTokensLocked(Row* row, const std::map<std::string, Tensor>& tensors, const int32_t* ids,
-                                    size_t count, Failure* failure) {
-  TokenLog& log = *row->token_log;
-  auto log_probs = tensors.find(kOutputLogProbs);
-  if (log_probs == tensors.end()) {
-    *failure = Failure::Internal("the engine sent no output_log_probs (asked for num_top_log_probs)");
-    return false;
-  }
-  if (log.top > 0) {
-    auto top_ids = tensors.find(kTopTokenIds), top_log_probs = tensors.find(kTopLogProbs);
-    if (top_ids == tensors.end() || top_log_probs == tensors.end() || top_ids->second.shape.empty()) {
+// A run of tokens into the row's token log, with their log probs and, where the log keeps alternatives, the
+// likeliest at each one's step [count, width] (TokenLog._log).
+bool LogRun(TokenLog* log, const int32_t* ids, size_t count, const Tensor& values, const Tensor* top_ids,
+            const Tensor* top_values, Failure* failure) {
+  if (log->top > 0) {
+    if (top_ids == nullptr || top_values == nullptr || top_ids->shape.empty()) {
       *failure = Failure::Field(kNumTopLogProbs, "this engine returns no likeliest tokens beside the chosen one; "
                                                  "ask for 0");
       return false;
     }
-    const size_t width = static_cast<size_t>(top_ids->second.shape.back());
-    const std::vector<int32_t> all_ids = top_ids->second.Values<int32_t>();
-    const std::vector<float> all_values = top_log_probs->second.Values<float>();
-    const size_t take = std::min<size_t>(static_cast<size_t>(log.top), width);
+    const size_t width = static_cast<size_t>(top_ids->shape.back());
+    const std::vector<int32_t> all_ids = top_ids->Values<int32_t>();
+    const std::vector<float> all_values = top_values->Values<float>();
+    const size_t take = std::min<size_t>(static_cast<size_t>(log->top), width);
     if (all_ids.size() < count * width || all_values.size() < count * width) {
       *failure = Failure::Internal("the engine sent fewer top_token_ids than tokens");
       return false;
     }
     for (size_t token = 0; token < count; ++token) {
-      for (size_t rank = 0; rank < static_cast<size_t>(log.top); ++rank) {
-        log.top_ids.push_back(rank < take ? all_ids[token * width + rank] : -1);
-        log.top_log_probs.push_back(rank < take ? all_values[token * width + rank] : -INFINITY);
+      for (size_t rank = 0; rank < static_cast<size_t>(log->top); ++rank) {
+        log->top_ids.push_back(rank < take ? all_ids[token * width + rank] : -1);
+        log->top_log_probs.push_back(rank < take ? all_values[token * width + rank] : -INFINITY);
       }
     }
   }
-  const std::vector<float> values = log_probs->second.Values<float>();
-  for (size_t token = 0; token < count; ++token) log.log_probs.push_back(token < values.size() ? values[token] : 0.0f);
-  log.ids.insert(log.ids.end(), ids, ids + count);
+  const std::vector<float> chosen = values.Values<float>();
+  for (size_t token = 0; token < count; ++token) log->log_probs.push_back(token < chosen.size() ? chosen[token] : 0.0f);
+  log->ids.insert(log->ids.end(), ids, ids + count);
   return true;
+}
+
+// One engine response's tokens into the row's token log, the prompt's before the first (TokenLog.extend).
+bool ClientRequest::LogTokensLocked(Row* row, const std::map<std::string, Tensor>& tensors, const int32_t* ids,
+                                    size_t count, Failure* failure) {
+  TokenLog& log = *row->token_log;
+  auto find = [&tensors](const char* name) -> const Tensor* {
+    auto found = tensors.find(name);
+    return found == tensors.end() ? nullptr : &found->second;
+  };
+  if (log.prompt_pending) {
+    const Tensor* prompt = find(kPromptLogProbs);
+    if (prompt == nullptr) {
+      *failure = Failure::Field(kReturnPromptLogProbs, "this engine does not return the prompt's log probabilities");
+      return false;
+    }
+    if (!LogRun(&log, row->prompt_ids.data(), row->prompt_ids.size(), *prompt, find(kPromptTopTokenIds),
+                find(kPromptTopLogProbs), failure))
+      return false;
+    log.prompt_pending = false;
+  }
+  const Tensor* log_probs = find(kOutputLogProbs);
+  if (log_probs == nullptr) {
+    *failure = Failure::Internal("the engine sent no output_log_probs (asked for num_top_log_probs)");
+    return false;
+  }
+  return LogRun(&log, ids, count, *log_probs, find(kTopTokenIds), find(kTopLogProbs), failure);
 }
 
 // The client's tensors for the token log's tokens past those sent, up to `end` (TokenLog.outputs); the caller

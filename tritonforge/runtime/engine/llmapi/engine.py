@@ -43,7 +43,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ....facts.contract import BAD_WORDS_LIST, GUIDED_DECODING_GUIDE_TYPE
+from ....facts.contract import BAD_WORDS_LIST, GUIDED_DECODING_GUIDE_TYPE, RETURN_PROMPT_LOG_PROBS
 from ....facts.errors import EngineShuttingDown, UnsupportedError
 from ....facts.limits import EngineLimits
 from ....facts.model_parameters import PyTorchEngineParameters
@@ -272,6 +272,10 @@ class LlmApiEngine:
         if any(len(sequence) > 1 for sequence in request.bad_sequences):
             raise UnsupportedError(BAD_WORDS_LIST, "the tensorrtllm-pytorch engine bans single tokens only "
                                                      "(the LLM API's bad_token_ids); a bad word here has several")
+        if request.return_prompt_log_probs:
+            raise UnsupportedError(RETURN_PROMPT_LOG_PROBS, "the prompt's log probabilities are not served by the "
+                                                            "tensorrtllm-pytorch engine yet; use the transformers "
+                                                            "engine")
         if request.guided_decoding is not None and not self.guided:
             raise UnsupportedError(GUIDED_DECODING_GUIDE_TYPE, "guided decoding needs the LLM's tokenizer, which "
                                                                "this repository's build did not name: rebuild it")

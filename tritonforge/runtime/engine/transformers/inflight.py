@@ -374,6 +374,8 @@ class InflightBatchingEngine(EngineThread):
             length = max(longest, len(request.prompt_ids))
             if group and (len(group) + 1) * length > self._prefill_tokens:
                 break
+            if group and (request.return_prompt_log_probs or group[0].return_prompt_log_probs):
+                break  # prefilled alone: it keeps every position's logits
             group.append(self._waiting.pop(0))
             longest = length
         return group
@@ -409,7 +411,8 @@ class InflightBatchingEngine(EngineThread):
         cache = DynamicCache(config=self.model.config)
         if len(group) == 1:
             input_ids = torch.tensor([group[0].prompt_ids], device=self.device)
-            keep = self._keep_last_logits
+            # The prompt's own log probabilities need the logits of every position, not only the last.
+            keep = {} if group[0].return_prompt_log_probs else self._keep_last_logits
         else:
             longest = max(lengths)
             input_ids = torch.tensor([request.prompt_ids + [0] * (longest - length)
@@ -424,6 +427,8 @@ class InflightBatchingEngine(EngineThread):
             logits = output.logits[:, -1]
         else:
             logits = output.logits[torch.arange(len(group)), torch.tensor(lengths) - 1]
+        if len(group) == 1 and group[0].return_prompt_log_probs:
+            _send_prompt_log_probs(group[0], output.logits[0])
         self._cache.store([sequence.slot for sequence in sequences], cache)
         for sequence, length in zip(sequences, lengths):
             self._state[:, sequence.slot] = (sequence.tokens[-1], length, 0)
@@ -615,6 +620,19 @@ class InflightBatchingEngine(EngineThread):
         if sequence.matcher is not None:
             self._masks.clear(sequence.slot)
         heapq.heappush(self._free, sequence.slot)
+
+
+def _send_prompt_log_probs(request: GenerationRequest, logits: torch.Tensor) -> None:
+    """A prompt's log probabilities from its prefill's logits [prompt, vocab]: position i predicts token i + 1,
+    so the first token has none (NaN); with `num_top_log_probs`, the likeliest tokens at each place too."""
+    prompt = torch.tensor(request.prompt_ids[1:], device=logits.device)
+    log_probs = torch.log_softmax(logits[:-1].float(), dim=-1)
+    chosen = [math.nan, *log_probs.gather(1, prompt[:, None])[:, 0].tolist()]
+    top = None
+    if request.num_top_log_probs:
+        values, ids = torch.topk(log_probs, min(request.num_top_log_probs, log_probs.shape[-1]), dim=-1)
+        top = [TopTokens([], []), *(TopTokens(i, v) for i, v in zip(ids.tolist(), values.tolist()))]
+    request.sink.prompt(chosen, top)
 
 
 def decode_mask(positions: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Tensor:

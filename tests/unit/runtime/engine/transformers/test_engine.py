@@ -1,6 +1,7 @@
 """The in-flight batching engine against transformers' own generate, without a server."""
 
 import contextlib
+import math
 import threading
 import time
 
@@ -85,6 +86,34 @@ def test_log_probs_and_the_likeliest_tokens_equal_the_models_own_forward_pass(se
         assert top.ids == ids.tolist() and top.ids[0] == token  # greedy: the likeliest is the one chosen
         assert top.log_probs == pytest.approx(values.tolist(), abs=1e-4)
     assert plain.result.top is None
+
+
+def test_the_prompts_log_probs_equal_the_models_forward_pass_and_it_is_prefilled_alone(setup):
+    """return_prompt_log_probs: before any token, each prompt token's log probability (none for the first) and the
+    likeliest 4 at its place, from the model's own logits; a request beside it is answered as alone."""
+    tokenizer, model, engine = setup
+
+    class PromptSink(Sink):
+        def prompt(self, log_probs, top):
+            assert not self.streamed
+            self.prompt_log_probs, self.prompt_top = log_probs, top
+
+    beside = submit(engine, tokenizer, "The engine", Sink())
+    sink = submit(engine, tokenizer, "Hello world, the server", PromptSink(), return_log_probs=True,
+                  num_top_log_probs=4, return_prompt_log_probs=True, max_new_tokens=4)
+    assert sink.done.wait(WAIT_S) and beside.done.wait(WAIT_S) and sink.error is None
+    prompt = tokenizer("Hello world, the server").input_ids
+    with torch.no_grad():
+        expected = torch.log_softmax(model(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    assert math.isnan(sink.prompt_log_probs[0]) and sink.prompt_top[0] == ([], [])
+    assert len(sink.prompt_log_probs) == len(sink.prompt_top) == len(prompt)
+    for place in range(1, len(prompt)):
+        assert sink.prompt_log_probs[place] == pytest.approx(expected[place - 1, prompt[place]].item(), abs=1e-4)
+        values, ids = torch.topk(expected[place - 1], 4)
+        assert sink.prompt_top[place].ids == ids.tolist()
+        assert sink.prompt_top[place].log_probs == pytest.approx(values.tolist(), abs=1e-4)
+    assert sink.result.token_ids == reference(model, tokenizer, "Hello world, the server", 4)
+    assert beside.result.token_ids == reference(model, tokenizer, "The engine", 24)
 
 
 def test_same_seed_samples_the_same_tokens(setup):
