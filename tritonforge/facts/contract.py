@@ -299,6 +299,11 @@ ENGINE_PASSTHROUGH_OUTPUTS = [
 ]
 # NVIDIA's ensemble template lists kv_cache_alloc_total_blocks twice; a typed config lists it once.
 CLIENT_OUTPUTS = [Tensor(TEXT_OUTPUT, S, (-1,)), *ENGINE_PASSTHROUGH_OUTPUTS]
+# The engine's outputs the BLS passes on to its client as the engine sent them last (its statistics); the log
+# probs, the row and sequence indexes and the output token count it makes itself.
+BLS_ENGINE_STATISTICS = [tensor.name for tensor in ENGINE_PASSTHROUGH_OUTPUTS
+                         if tensor.name not in {CUM_LOG_PROBS, OUTPUT_LOG_PROBS, BATCH_INDEX, SEQUENCE_INDEX,
+                                                NUM_OUTPUT_TOKENS}]
 
 # --- tensorrt_llm_bls: the ensemble's client inputs, some reshaped to scalars, plus speculative decoding ------
 BLS_SCALAR_INPUTS = {RETURN_LOG_PROBS, RETURN_CONTEXT_LOGITS, RETURN_GENERATION_LOGITS,

@@ -31,12 +31,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...facts.contract import (
-    BATCH_INDEX,
+    BLS_ENGINE_STATISTICS,
     CUM_LOG_PROBS,
     ENGINE_FROM_CLIENT,
-    ENGINE_PASSTHROUGH_OUTPUTS,
     EXCLUDE_INPUT_IN_OUTPUT,
-    NUM_OUTPUT_TOKENS,
     NUM_TOP_LOG_PROBS,
     OUTPUT_IDS,
     OUTPUT_LOG_PROBS,
@@ -46,7 +44,6 @@ from ...facts.contract import (
     RETURN_LOG_PROBS,
     RETURN_NUM_OUTPUT_TOKENS,
     RETURN_PROMPT_LOG_PROBS,
-    SEQUENCE_INDEX,
     SEQUENCE_LENGTH,
     STOP_WORDS,
     STREAM,
@@ -72,10 +69,7 @@ logger = logging.getLogger(__name__)
 ENGINE_OUTPUTS = [OUTPUT_IDS, SEQUENCE_LENGTH, CUM_LOG_PROBS, OUTPUT_LOG_PROBS]
 TOP_LOG_PROB_OUTPUTS = [TOP_TOKEN_IDS, TOP_LOG_PROBS]
 PROMPT_LOG_PROB_OUTPUTS = [PROMPT_LOG_PROBS, PROMPT_TOP_TOKEN_IDS, PROMPT_TOP_LOG_PROBS]
-# The engine's statistics outputs, passed on to the client as the engine sent them last.
-ENGINE_STATISTICS = [t.name for t in ENGINE_PASSTHROUGH_OUTPUTS
-                     if t.name not in {CUM_LOG_PROBS, OUTPUT_LOG_PROBS, BATCH_INDEX, SEQUENCE_INDEX,
-                                       NUM_OUTPUT_TOKENS}]
+ENGINE_STATISTICS = BLS_ENGINE_STATISTICS  # passed on to the client as the engine sent them last
 CLIENT_TO_ENGINE = {client: engine for engine, client in ENGINE_FROM_CLIENT.items()}
 # Inputs the BLS sets itself on every engine request.
 FORCED_ENGINE_INPUTS = {STREAMING, EXCLUDE_INPUT_IN_OUTPUT}

@@ -6,6 +6,7 @@ Driven through its C API (detokenizer_capi.cc) with ctypes, on both tiny tokeniz
 from __future__ import annotations
 
 import ctypes
+import os
 import json
 import random
 import shutil
@@ -128,10 +129,18 @@ def bytes_tensor(serialized: bytes, elements: int) -> list[bytes]:
     return out
 
 
+# Set by tests/unit/builder/test_native_checks.py, which runs these differential tests again with the C++ built
+# under AddressSanitizer and UndefinedBehaviorSanitizer (the sanitizers' runtimes preloaded into Python).
+SANITIZE_ENV = "TRITONFORGE_TEST_SANITIZE"
+SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"]
+
+
 def compile_library(source: Path, library: Path) -> Path:
-    """`source` compiled as the build compiles a backend (native.COMPILE_FLAGS), into `library`."""
-    completed = subprocess.run([native.compiler(), *native.COMPILE_FLAGS, f"-I{native.INCLUDE_DIR}", "-o",
-                                str(library), str(source)], capture_output=True, text=True)
+    """`source` compiled as the build compiles a backend (native.COMPILE_FLAGS), into `library`; with the
+    sanitizers where SANITIZE_ENV is set."""
+    sanitize = SANITIZE_FLAGS if os.environ.get(SANITIZE_ENV) else []
+    completed = subprocess.run([native.compiler(), *native.COMPILE_FLAGS, *sanitize, f"-I{native.INCLUDE_DIR}",
+                                "-o", str(library), str(source)], capture_output=True, text=True)
     assert completed.returncode == 0, completed.stderr
     return library
 

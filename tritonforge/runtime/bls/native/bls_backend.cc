@@ -69,6 +69,7 @@
 #include "triton_backend_api.h"
 #include "backend_support.h"
 #include "server_stop.h"
+#include "contract.h"
 
 namespace {
 
@@ -77,113 +78,22 @@ namespace json = tritonforge::text::json;
 namespace backend = tritonforge::backend;
 namespace server_stop = tritonforge::server_stop;
 
-// --- names: facts/contract.py, facts/model_parameters.py, facts/errors.py -------------------------------------
+// --- names: facts/contract.py and facts/errors.py through the generated contract.h; the parameters' keys are
+// facts/model_parameters.py's BlsParameters.
 constexpr char kBackend[] = "tritonforge_bls";
-constexpr char kPreprocessingModel[] = "preprocessing";  // contract.PREPROCESSING_MODEL
-// The client's inputs the BLS reads itself.
-constexpr char kTextInput[] = "text_input";
-constexpr char kMessages[] = "messages";
-constexpr char kStopWords[] = "stop_words";
-constexpr char kStream[] = "stream";
-constexpr char kExcludeInput[] = "exclude_input_in_output";
-constexpr char kReturnLogProbs[] = "return_log_probs";
-constexpr char kReturnNumOutputTokens[] = "return_num_output_tokens";
-constexpr char kStreamInterval[] = "stream_interval";
-constexpr char kNumTopLogProbs[] = "num_top_log_probs";
-constexpr char kReturnPromptLogProbs[] = "return_prompt_log_probs";
-constexpr int32_t kMaxTopLogProbs = 20;  // contract.MAX_TOP_LOG_PROBS
-// The client's outputs.
-constexpr char kTextOutput[] = "text_output";
-constexpr char kCumLogProbs[] = "cum_log_probs";
-constexpr char kOutputLogProbs[] = "output_log_probs";
-constexpr char kBatchIndex[] = "batch_index";
-constexpr char kNumOutputTokens[] = "num_output_tokens";
-constexpr char kTokenIds[] = "token_ids";
-constexpr char kTokenBytes[] = "token_bytes";
-constexpr char kTokenLogProbs[] = "token_log_probs";
-constexpr char kTopTokenIds[] = "top_token_ids";
-constexpr char kTopTokenBytes[] = "top_token_bytes";
-constexpr char kTopLogProbs[] = "top_log_probs";
-// The engine's, with return_prompt_log_probs.
-constexpr char kPromptLogProbs[] = "prompt_log_probs";
-constexpr char kPromptTopTokenIds[] = "prompt_top_token_ids";
-constexpr char kPromptTopLogProbs[] = "prompt_top_log_probs";
-// preprocessing's outputs.
-constexpr char kInputId[] = "INPUT_ID";
-constexpr char kRequestInputLen[] = "REQUEST_INPUT_LEN";
-constexpr char kRequestOutputLen[] = "REQUEST_OUTPUT_LEN";
-constexpr char kBadWordsIds[] = "BAD_WORDS_IDS";
-constexpr char kStopWordsIds[] = "STOP_WORDS_IDS";
-constexpr char kEmbeddingBias[] = "EMBEDDING_BIAS";
-constexpr char kOutEndId[] = "OUT_END_ID";
-constexpr char kOutPadId[] = "OUT_PAD_ID";
-constexpr char kOutPromptTableExtraIds[] = "OUT_PROMPT_TABLE_EXTRA_IDS";
-constexpr char kPromptTableExtraId[] = "prompt_table_extra_id";
-// The engine's inputs and outputs.
-constexpr char kInputIds[] = "input_ids";
-constexpr char kInputLengths[] = "input_lengths";
-constexpr char kEngineOutputLen[] = "request_output_len";
-constexpr char kEndId[] = "end_id";
-constexpr char kPadId[] = "pad_id";
-constexpr char kStopWordsList[] = "stop_words_list";
-constexpr char kBadWordsList[] = "bad_words_list";
-constexpr char kEngineEmbeddingBias[] = "embedding_bias";
-constexpr char kPromptTableExtraIds[] = "prompt_table_extra_ids";
-constexpr char kStreaming[] = "streaming";
-constexpr char kOutputIds[] = "output_ids";
-constexpr char kSequenceLength[] = "sequence_length";
-
-struct NamePair {
-  const char* from;
-  const char* to;
-};
-// preprocessing input ← client input: contract.PREPROCESSING_FROM_CLIENT and MESSAGES_WIRING, reversed.
-constexpr NamePair kPreprocessingFromClient[] = {
-    {"text_input", "QUERY"}, {"decoder_text_input", "DECODER_QUERY"}, {"max_tokens", "REQUEST_OUTPUT_LEN"},
-    {"bad_words", "BAD_WORDS_DICT"}, {"stop_words", "STOP_WORDS_DICT"},
-    {"embedding_bias_words", "EMBEDDING_BIAS_WORDS"}, {"embedding_bias_weights", "EMBEDDING_BIAS_WEIGHTS"},
-    {"end_id", "END_ID"}, {"pad_id", "PAD_ID"}, {"prompt_table_extra_id", "PROMPT_TABLE_EXTRA_ID"},
-    {"messages", "MESSAGES"},
-};
-// engine input ← client input: contract.ENGINE_FROM_CLIENT, reversed, without the two the BLS sets itself
-// (orchestrator.FORCED_ENGINE_INPUTS: streaming, exclude_input_in_output).
-constexpr NamePair kEngineFromClient[] = {
-    {"top_k", "runtime_top_k"}, {"top_p", "runtime_top_p"}, {"temperature", "temperature"},
-    {"length_penalty", "len_penalty"}, {"repetition_penalty", "repetition_penalty"}, {"min_tokens", "min_tokens"},
-    {"presence_penalty", "presence_penalty"}, {"frequency_penalty", "frequency_penalty"}, {"seed", "seed"},
-    {"return_log_probs", "return_log_probs"}, {"return_context_logits", "return_context_logits"},
-    {"return_generation_logits", "return_generation_logits"}, {"return_perf_metrics", "return_perf_metrics"},
-    {"return_num_input_tokens", "return_num_input_tokens"},
-    {"return_num_output_tokens", "return_num_output_tokens"}, {"num_return_sequences", "num_return_sequences"},
-    {"beam_width", "beam_width"}, {"prompt_embedding_table", "prompt_embedding_table"},
-    {"prompt_vocab_size", "prompt_vocab_size"}, {"lora_task_id", "lora_task_id"}, {"lora_weights", "lora_weights"},
-    {"lora_config", "lora_config"}, {"guided_decoding_guide_type", "guided_decoding_guide_type"},
-    {"guided_decoding_guide", "guided_decoding_guide"},
-};
-// The engine's statistics, passed on to the client as the engine sent them last: orchestrator.ENGINE_STATISTICS.
-constexpr const char* kEngineStatistics[] = {
-    "context_logits", "generation_logits", "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks",
-    "kv_cache_alloc_total_blocks", "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
-    "last_token_time_ns", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
-    "num_input_tokens",
-};
+using namespace tritonforge::contract;  // NOLINT: the contract's names, as the Python models import them
 
 // BlsParameters' keys and defaults.
 constexpr char kTokenizerDir[] = "tokenizer_dir";
 constexpr char kMaxInputLen[] = "max_input_len";
 constexpr char kMaxSeqLen[] = "max_seq_len";
 constexpr char kEngineModelKey[] = "tensorrt_llm_model_name";
-constexpr char kDefaultEngineModel[] = "tensorrt_llm";  // contract.ENGINE_MODEL
 constexpr char kMaxConcurrency[] = "max_concurrency";
 constexpr int64_t kDefaultMaxConcurrency = 256;  // model_parameters.BLS_MAX_CONCURRENCY
 constexpr int kCheckPeriodMs = 100;  // model_parameters.CANCELLATION_CHECK_PERIOD_MS
 constexpr int kSenderThreads = 2;  // a send is a few microseconds here: two keep one slow client from the rest
 
-// Messages the Python BLS answers with (facts/errors.py).
-constexpr char kUnavailablePrefix[] = "unavailable: ";  // errors.UNAVAILABLE_PREFIX
-constexpr char kInternalPrefix[] = "internal error: ";  // errors.INTERNAL_PREFIX
 using tritonforge::server_stop::kServerStopping;
-constexpr char kResponseNotSent[] = "a streamed response could not be sent; the generation was stopped";
 
 using backend::NowNs;
 
@@ -316,7 +226,7 @@ struct ModelState {
   int64_t version = 1;
   TRITONSERVER_Server* server = nullptr;
   bool decoupled = true;
-  std::string engine_model = kDefaultEngineModel;
+  std::string engine_model = kEngineModel;
   int64_t max_concurrency = kDefaultMaxConcurrency;
   std::unique_ptr<text::TokenBytes> table;
   TRITONSERVER_ResponseAllocator* allocator = nullptr;
@@ -808,9 +718,9 @@ TRITONSERVER_Error* ClientRequest::Start() {
       preprocessing_inputs_.back().name = pair.to;
     }
   }
-  std::vector<std::string> outputs = {kInputId, kRequestInputLen, kRequestOutputLen, kBadWordsIds, kStopWordsIds,
-                                      kEmbeddingBias, kOutEndId, kOutPadId};
-  if (Input(kPromptTableExtraId) != nullptr) outputs.push_back(kOutPromptTableExtraIds);  // made only when sent
+  std::vector<std::string> outputs = {kPreInputId, kPreRequestInputLen, kPreRequestOutputLen, kPreBadWordsIds, kPreStopWordsIds,
+                                      kPreEmbeddingBias, kPreOutEndId, kPreOutPadId};
+  if (Input(kPromptTableExtraId) != nullptr) outputs.push_back(kPreOutPromptTableExtraIds);  // made only when sent
   if (TRITONSERVER_Error* error = NewCall(model_, kPreprocessingModel, preprocessing_inputs_, outputs, id_,
                                           PreprocessingReleased, PreprocessingAnswered, this, &preprocessing_))
     return error;
@@ -871,7 +781,7 @@ void ClientRequest::Preprocessed() {
 }
 
 bool ClientRequest::BuildRows(const std::map<std::string, Tensor>& encoded, Failure* failure) {
-  auto found = encoded.find(kInputId);
+  auto found = encoded.find(kPreInputId);
   if (found == encoded.end() || found->second.shape.size() != 2 || found->second.datatype != TRITONSERVER_TYPE_INT32) {
     *failure = Failure::Internal("preprocessing answered no INPUT_ID [batch, tokens]");
     return false;
@@ -883,7 +793,7 @@ bool ClientRequest::BuildRows(const std::map<std::string, Tensor>& encoded, Fail
                                                               "decoupled (build with streaming enabled)");
     return false;
   }
-  exclude_input_ = Flag(kExcludeInput, true);
+  exclude_input_ = Flag(kExcludeInputInOutput, true);
   return_log_probs_ = Flag(kReturnLogProbs, false);
   count_tokens_ = Flag(kReturnNumOutputTokens, false);
 
@@ -919,7 +829,7 @@ bool ClientRequest::BuildRows(const std::map<std::string, Tensor>& encoded, Fail
   }
 
   std::vector<std::string> statistics;
-  for (const char* name : kEngineStatistics)
+  for (const char* name : kBlsEngineStatistics)
     if (Requested(name)) statistics.emplace_back(name);
   std::lock_guard<std::mutex> lock(stop_mutex_);
   for (int64_t index = 0; index < batch; ++index) {
@@ -959,11 +869,11 @@ bool ClientRequest::EngineInputs(const std::map<std::string, Tensor>& encoded, R
     auto found = encoded.find(name);
     return found == encoded.end() ? nullptr : &found->second;
   };
-  const Tensor* ids = get(kInputId);
-  const Tensor* lengths = get(kRequestInputLen);
-  const Tensor* output_lens = get(kRequestOutputLen);
-  const Tensor* end_ids = get(kOutEndId);
-  const Tensor* pad_ids = get(kOutPadId);
+  const Tensor* ids = get(kPreInputId);
+  const Tensor* lengths = get(kPreRequestInputLen);
+  const Tensor* output_lens = get(kPreRequestOutputLen);
+  const Tensor* end_ids = get(kPreOutEndId);
+  const Tensor* pad_ids = get(kPreOutPadId);
   const int64_t batch = ids->shape[0], width = ids->shape[1];
   const size_t r = static_cast<size_t>(row->index);
   auto column = [batch](const Tensor* tensor) {
@@ -980,12 +890,12 @@ bool ClientRequest::EngineInputs(const std::map<std::string, Tensor>& encoded, R
   std::vector<Tensor>& inputs = row->engine_inputs;
   inputs.push_back(Int32(kInputIds, {1, length}, row->prompt_ids));
   inputs.push_back(Int32(kInputLengths, {1, 1}, {length}));
-  inputs.push_back(Int32(kEngineOutputLen, {1, 1}, {output_lens->Values<int32_t>()[r]}));
+  inputs.push_back(Int32(kRequestOutputLen, {1, 1}, {output_lens->Values<int32_t>()[r]}));
   inputs.push_back(Int32(kEndId, {1, 1}, {end_ids->Values<int32_t>()[r]}));
   inputs.push_back(Int32(kPadId, {1, 1}, {pad_ids->Values<int32_t>()[r]}));
   // Word lists [B, 2, n] and the bias [B, V], left out when empty (n or V is 0), as Python leaves them out.
-  for (const NamePair pair : {NamePair{kStopWordsIds, kStopWordsList}, NamePair{kBadWordsIds, kBadWordsList},
-                              NamePair{kEmbeddingBias, kEngineEmbeddingBias}}) {
+  for (const NamePair pair : {NamePair{kPreStopWordsIds, kStopWordsList}, NamePair{kPreBadWordsIds, kBadWordsList},
+                              NamePair{kPreEmbeddingBias, kEmbeddingBias}}) {
     const Tensor* tensor = get(pair.from);
     if (tensor == nullptr || tensor->shape.empty() || tensor->shape[0] != batch || tensor->shape.back() == 0) continue;
     Tensor one;
@@ -993,7 +903,7 @@ bool ClientRequest::EngineInputs(const std::map<std::string, Tensor>& encoded, R
     one.name = pair.to;
     inputs.push_back(std::move(one));
   }
-  if (const Tensor* table_ids = get(kOutPromptTableExtraIds)) {  // [B, width] → the row's first `length`
+  if (const Tensor* table_ids = get(kPreOutPromptTableExtraIds)) {  // [B, width] → the row's first `length`
     if (table_ids->shape.size() != 2 || table_ids->shape[0] != batch || table_ids->shape[1] < length) {
       *failure = Failure::Internal("preprocessing answered OUT_PROMPT_TABLE_EXTRA_IDS of another shape than INPUT_ID");
       return false;
@@ -1004,7 +914,7 @@ bool ClientRequest::EngineInputs(const std::map<std::string, Tensor>& encoded, R
   }
   const bool streaming = model_.decoupled, exclude = true;
   inputs.push_back(Scalar(kStreaming, TRITONSERVER_TYPE_BOOL, &streaming, 1));
-  inputs.push_back(Scalar(kExcludeInput, TRITONSERVER_TYPE_BOOL, &exclude, 1));
+  inputs.push_back(Scalar(kExcludeInputInOutput, TRITONSERVER_TYPE_BOOL, &exclude, 1));
   for (const NamePair& pair : kEngineFromClient) {
     const Tensor* tensor = Input(pair.from);
     if (tensor == nullptr) continue;
