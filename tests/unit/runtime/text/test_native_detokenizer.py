@@ -6,8 +6,8 @@ Driven through its C API (detokenizer_capi.cc) with ctypes, on both tiny tokeniz
 from __future__ import annotations
 
 import ctypes
-import os
 import json
+import os
 import random
 import shutil
 import subprocess
