@@ -1,5 +1,5 @@
 """`runtime/native/contract.h` is what `facts/` generates (a fact changed in Python reaches the C++ without a hand
-edit), and the C++ BLS types none of the contract's names or messages itself."""
+edit), and no C++ source types the contract's names or messages itself."""
 
 import re
 
@@ -7,7 +7,8 @@ from tritonforge.builder import native
 from tritonforge.builder.native_contract import HEADER, _names, header_text
 from tritonforge.facts import errors
 
-CONVERTED = [native.BLS.source]  # the backends that read every name of theirs from contract.h
+SOURCES = sorted(path for pattern in ("*.cc", "*.h") for path in native.RUNTIME.rglob(pattern)
+                 if path != HEADER)
 
 
 def test_the_committed_header_equals_the_generated_one():
@@ -16,9 +17,10 @@ def test_the_committed_header_equals_the_generated_one():
         f"python -m tritonforge.builder.native_contract")
 
 
-def test_the_bls_types_no_name_or_message_of_the_contract():
+def test_no_native_source_types_a_name_or_message_of_the_contract():
     facts = {value for _, value in _names()} | {errors.UNAVAILABLE_PREFIX, errors.INTERNAL_PREFIX,
                                                 str(errors.ResponseSendError())}
-    for source in CONVERTED:
+    assert native.BLS.source in SOURCES
+    for source in SOURCES:
         literals = set(re.findall(r'"((?:[^"\\]|\\.)*)"', source.read_text()))
         assert not literals & facts, f"{source.name} types {sorted(literals & facts)}: use contract.h's names"

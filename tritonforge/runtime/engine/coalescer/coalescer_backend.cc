@@ -63,8 +63,8 @@ using backend::NowNs;
 
 // --- names: facts/contract.py, facts/model_parameters.py ------------------------------------------------------------
 constexpr char kBackend[] = "tritonforge_coalescer";
-constexpr char kStreaming[] = "streaming";
-constexpr char kBeamWidth[] = "beam_width";
+using tritonforge::contract::kBeamWidth;  // facts/contract.py, through contract.h
+using tritonforge::contract::kStreaming;
 constexpr char kEngineModelParameter[] = "tensorrt_llm_model_name";
 constexpr char kMaxResponsesParameter[] = "max_responses_per_second";
 constexpr int kCheckPeriodMs = 100;  // model_parameters.CANCELLATION_CHECK_PERIOD_MS, as the engines poll

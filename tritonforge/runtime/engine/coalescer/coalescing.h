@@ -22,16 +22,18 @@
 #include <utility>
 #include <vector>
 
+#include "contract.h"
+
 namespace tritonforge::coalescing {
 
-// The engine's output names (facts/contract.py).
-constexpr char kOutputIds[] = "output_ids";
-constexpr char kOutputLogProbs[] = "output_log_probs";
-constexpr char kGenerationLogits[] = "generation_logits";
-constexpr char kSequenceLength[] = "sequence_length";
-constexpr char kNumOutputTokens[] = "num_output_tokens";
-constexpr char kBatchIndex[] = "batch_index";
-constexpr char kSequenceIndex[] = "sequence_index";
+// The engine's output names (facts/contract.py, through the generated contract.h).
+using contract::kBatchIndex;
+using contract::kGenerationLogits;
+using contract::kNumOutputTokens;
+using contract::kOutputIds;
+using contract::kOutputLogProbs;
+using contract::kSequenceIndex;
+using contract::kSequenceLength;
 
 struct Tensor {
   int datatype = 0;  // Triton's TRITONSERVER_DataType, kept as the engine sent it

@@ -33,12 +33,14 @@
 #include <utility>
 #include <vector>
 
+#include "contract.h"
+
 namespace tritonforge {
 namespace text {
 
 inline constexpr char kTableFile[] = "tritonforge_token_bytes.json";  // detokenization.TABLE_FILE
-inline constexpr char kTokensBatch[] = "TOKENS_BATCH";  // contract.POST_TOKENS_BATCH
-inline constexpr char kSequenceLength[] = "SEQUENCE_LENGTH";  // contract.POST_SEQUENCE_LENGTH
+using contract::kPostSequenceLength;  // postprocessing's inputs (facts/contract.py, through contract.h)
+using contract::kPostTokensBatch;
 
 // A byte table that cannot be used; the message names the file and what is wrong with it.
 class TableError : public std::runtime_error {
@@ -524,20 +526,20 @@ inline std::optional<RequestProblem> DecodeBatch(const TokenBytes& table, const 
   for (size_t i = 0; i < tokens_shape.size(); ++i) shape_text += (i ? ", " : "") + std::to_string(tokens_shape[i]);
   shape_text += "]";
   if (tokens_shape.size() != 2 && tokens_shape.size() != 3)
-    return RequestProblem{kTokensBatch, "must be [batch, beams, tokens], got shape " + shape_text};
+    return RequestProblem{kPostTokensBatch, "must be [batch, beams, tokens], got shape " + shape_text};
   for (int64_t dim : tokens_shape)
-    if (dim < 0) return RequestProblem{kTokensBatch, "has a negative dimension in shape " + shape_text};
+    if (dim < 0) return RequestProblem{kPostTokensBatch, "has a negative dimension in shape " + shape_text};
   const int64_t rows = tokens_shape[0];
   const int64_t beams = tokens_shape.size() == 3 ? tokens_shape[1] : 1;
   const int64_t width = tokens_shape.back();
   // Python refuses these with an internal error (numpy's reshape); they are the client's, so named here.
-  if (rows == 0) return RequestProblem{kTokensBatch, "has no rows (shape " + shape_text + ")"};
+  if (rows == 0) return RequestProblem{kPostTokensBatch, "has no rows (shape " + shape_text + ")"};
   if (lengths_count % static_cast<size_t>(rows) != 0)
-    return RequestProblem{kSequenceLength, "has " + std::to_string(lengths_count) + " values for " +
+    return RequestProblem{kPostSequenceLength, "has " + std::to_string(lengths_count) + " values for " +
                                                std::to_string(rows) + " rows"};
   const int64_t length_beams = static_cast<int64_t>(lengths_count) / rows;
   if (length_beams != beams)
-    return RequestProblem{kSequenceLength, "has " + std::to_string(length_beams) + " beams, " + kTokensBatch +
+    return RequestProblem{kPostSequenceLength, "has " + std::to_string(length_beams) + " beams, " + kPostTokensBatch +
                                                " has " + std::to_string(beams)};
   for (int64_t row = 0; row < rows; ++row) {
     for (int64_t beam = 0; beam < beams; ++beam) {

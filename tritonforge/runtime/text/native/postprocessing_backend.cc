@@ -33,7 +33,8 @@ namespace {
 namespace text = tritonforge::text;
 namespace backend = tritonforge::backend;
 
-constexpr char kOutput[] = "OUTPUT";  // contract.POST_OUTPUT
+using tritonforge::contract::kInternalPrefix;  // facts/, through contract.h
+using tritonforge::contract::kPostOutput;
 constexpr char kTokenizerDir[] = "tokenizer_dir";  // PostprocessingParameters.tokenizer_dir
 
 constexpr char kBackend[] = "tritonforge_postprocessing";
@@ -121,17 +122,17 @@ bool Requested(TRITONBACKEND_Request* request, const char* name) {
 TRITONSERVER_Error* Answer(const ModelState& state, TRITONBACKEND_Request* request, TRITONBACKEND_Response* response) {
   std::vector<int32_t> tokens, lengths;
   std::vector<int64_t> tokens_shape, lengths_shape;
-  if (TRITONSERVER_Error* error = ReadInt32(request, text::kTokensBatch, &tokens, &tokens_shape)) return error;
-  if (TRITONSERVER_Error* error = ReadInt32(request, text::kSequenceLength, &lengths, &lengths_shape)) return error;
+  if (TRITONSERVER_Error* error = ReadInt32(request, text::kPostTokensBatch, &tokens, &tokens_shape)) return error;
+  if (TRITONSERVER_Error* error = ReadInt32(request, text::kPostSequenceLength, &lengths, &lengths_shape)) return error;
   std::string serialized;
   size_t elements = 0;
   const auto problem = text::DecodeBatch(state.table, tokens.data(), tokens_shape, lengths.data(), lengths.size(),
                                          &serialized, &elements);
   if (problem) return NewError(TRITONSERVER_ERROR_INVALID_ARG, problem->message());
-  if (!Requested(request, kOutput)) return nullptr;
+  if (!Requested(request, kPostOutput)) return nullptr;
   TRITONBACKEND_Output* output = nullptr;
   const int64_t shape[1] = {static_cast<int64_t>(elements)};  // flat, as NVIDIA's postprocessing answers
-  if (TRITONSERVER_Error* error = TRITONBACKEND_ResponseOutput(response, &output, kOutput, TRITONSERVER_TYPE_BYTES,
+  if (TRITONSERVER_Error* error = TRITONBACKEND_ResponseOutput(response, &output, kPostOutput, TRITONSERVER_TYPE_BYTES,
                                                                shape, 1))
     return error;
   void* buffer = nullptr;
@@ -141,7 +142,7 @@ TRITONSERVER_Error* Answer(const ModelState& state, TRITONBACKEND_Request* reque
                                                              &memory_id))
     return error;
   if (memory_type == TRITONSERVER_MEMORY_GPU && !serialized.empty())
-    return NewError(TRITONSERVER_ERROR_UNSUPPORTED, std::string(kOutput) + ": GPU memory is not written, ask for "
+    return NewError(TRITONSERVER_ERROR_UNSUPPORTED, std::string(kPostOutput) + ": GPU memory is not written, ask for "
                                                     "it in CPU memory");
   if (!serialized.empty()) std::memcpy(buffer, serialized.data(), serialized.size());
   return nullptr;
@@ -210,7 +211,7 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
         error.reset(failed ? NewError(TRITONSERVER_ERROR_INTERNAL, TRITONSERVER_ErrorMessage(failed.get()))
                            : Answer(*state, request, response));
       } catch (const std::exception& exception) {  // out of memory: this request fails, not the server
-        error.reset(NewError(TRITONSERVER_ERROR_INTERNAL, std::string("internal error: ") + exception.what()));
+        error.reset(NewError(TRITONSERVER_ERROR_INTERNAL, std::string(kInternalPrefix) + exception.what()));
       }
       if (error) {  // an error response carries no half-made outputs
         LogIfError(TRITONBACKEND_ResponseDelete(response), "delete response", __LINE__);
