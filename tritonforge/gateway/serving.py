@@ -543,7 +543,7 @@ class _ChoiceStream:
                        if reply.request.parses_tool_calls and not reply.forced_calls else None)
         self.content: list[str] = []  # the text past the reasoning: a forced call's, read whole at the end
         self.tokens_sent = 0  # the choice's log probabilities sent so far
-        self.text_sent = 0  # the characters of text sent so far (a completion's `text_offset` counts from them)
+        self.text_sent = 0  # the characters of the sent tokens' texts (a completion's `text_offset` counts on)
 
     def push(self, text: str | None, tokens: int = 0) -> list[dict]:
         """The events of a text (None: the choice's end); `tokens`: how many of the choice's log probabilities

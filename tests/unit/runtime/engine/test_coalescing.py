@@ -20,7 +20,8 @@ DRIVER = Path(__file__).parent / "native" / "coalescing_driver.cc"
 def driver(tmp_path_factory) -> Path:
     binary = tmp_path_factory.mktemp("coalescing") / "driver"
     subprocess.run([native.compiler(), "-std=c++17", "-Wall", "-Wextra", "-Werror",
-                    f"-I{native.RUNTIME / 'engine' / 'coalescer'}", "-o", str(binary), str(DRIVER)], check=True)
+                    f"-I{native.RUNTIME / 'engine' / 'coalescer'}", f"-I{native.INCLUDE_DIR}", "-o", str(binary),
+                    str(DRIVER)], check=True)
     return binary
 
 

@@ -1023,8 +1023,8 @@ bool ClientRequest::LogTokensLocked(Row* row, const std::map<std::string, Tensor
   return LogRun(&log, ids, count, *log_probs, find(kTopTokenIds), find(kTopLogProbs), failure);
 }
 
-// The client's tensors for the token log's tokens past those sent, up to `end` (TokenLog.outputs); the caller
-// holds the row's lock and is the sender holding the row.
+// The client's tensors for the token log's tokens past those sent, up to `end`, which then count as sent
+// (TokenLog.outputs); the caller holds the row's lock and is the sender holding the row.
 void ClientRequest::TokenLogOutputs(Row* row, size_t end, std::vector<TensorPtr>* outputs) const {
   TokenLog& log = *row->token_log;
   const size_t start = std::min(log.sent, end), count = end - start, top = static_cast<size_t>(log.top);

@@ -558,10 +558,10 @@ class InflightBatchingEngine(EngineThread):
                      decoded: bool = False) -> None:
         """Bring the step's tokens to the host (its one sync) and give each live row its token. `decoded`: a
         decode step, which wrote a column into every occupied slot's cache."""
-        chosen_log_probs = columns = None
+        chosen_log_probs = host = None
         if flags.log_probs:
-            columns = chosen.T.tolist() if flags.top_log_probs else None
-            tokens, chosen_log_probs = chosen[:2].tolist()
+            host = chosen.tolist()  # [2 (+ 2k), n]: the step's one copy to the host
+            tokens, chosen_log_probs = host[0], host[1]
         else:
             tokens = chosen.tolist()
         if decoded:
@@ -570,12 +570,13 @@ class InflightBatchingEngine(EngineThread):
             log_prob = chosen_log_probs[row] if sequence.request.return_log_probs else 0.0
             top = None
             if sequence.top is not None:
-                count = sequence.request.num_top_log_probs
-                width = (len(columns[row]) - 2) // 2
-                top_values, top_ids = columns[row][2:2 + count], columns[row][2 + width:2 + width + count]
+                width = (len(host) - 2) // 2
+                ranks = range(min(sequence.request.num_top_log_probs, width))  # a vocabulary under k
+                values = [host[2 + rank][row] for rank in ranks]
+                ids = [int(host[2 + width + rank][row]) for rank in ranks]
                 # A step of a grammar may allow fewer tokens than asked: those it bans are not alternatives.
-                top = TopTokens([int(token) for token, value in zip(top_ids, top_values) if value != -math.inf],
-                                [value for value in top_values if value != -math.inf])
+                top = TopTokens([token for token, value in zip(ids, values) if value != -math.inf],
+                                [value for value in values if value != -math.inf])
             self._accept(sequence, int(tokens[row]), log_prob, top)
 
     def _accept(self, sequence: _Sequence, token: int, log_prob: float, top: TopTokens | None = None) -> None:
