@@ -111,6 +111,10 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="questions to ask (default: all)")
     parser.add_argument("--results", type=Path, help="write RESULTS.json and RESULTS.md")
     options = parser.parse_args()
+    tasks = options.tasks.split(",")
+    unknown = sorted(set(tasks) - set(TASK_CONFIGS))
+    if unknown:
+        parser.error(f"--tasks: unknown {', '.join(unknown)}; known: {', '.join(TASK_CONFIGS)}")
 
     tritonforge = [sys.executable, "-m", "tritonforge.cli"]
     checkpoint = options.checkpoint
@@ -119,7 +123,6 @@ def main() -> None:
         checkpoint = Path(made.stdout.strip().splitlines()[-1].split()[-1])
     python = lm_eval_python(options.lm_eval_venv)
     base_url = f"http://127.0.0.1:{options.port}"
-    tasks = options.tasks.split(",")
     with tempfile.TemporaryDirectory(prefix="lm-eval-") as work:
         work = Path(work)
         for task in tasks:

@@ -93,7 +93,7 @@ def read_request(body, kind: str, served_model_name: str | None = None) -> OpenA
     _check_model(body.get("model"), served_model_name)
     _refuse_unsupported(body)
     # An echoed completion may ask for no new token: the prompt alone, with its log probabilities.
-    echo = kind == COMPLETIONS and _echo(body)
+    echo = kind == COMPLETIONS and bool(_boolean(body, "echo"))
     max_tokens = _number(body, "max_completion_tokens", int, 1)
     if max_tokens is None:
         max_tokens = _number(body, "max_tokens", int, 0 if echo else 1)
@@ -126,13 +126,12 @@ def read_request(body, kind: str, served_model_name: str | None = None) -> OpenA
                          logprobs=logprobs)
 
 
-def _echo(body: dict) -> bool:
-    echo = body.get("echo", False)
-    if echo is None:
-        return False
-    if not isinstance(echo, bool):
-        raise OpenAIError(400, "'echo' must be true or false", "echo")
-    return echo
+def _boolean(body: dict, name: str) -> bool | None:
+    """The field `name` as true or false, None when absent or null; 400 naming it when of another type."""
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise OpenAIError(400, f"'{name}' must be true or false", name)
+    return value
 
 
 def _completion_logprobs(body: dict) -> int | None:
@@ -145,9 +144,7 @@ def _completion_logprobs(body: dict) -> int | None:
 def _chat_logprobs(body: dict) -> int | None:
     """A chat's `logprobs` (true or false) and `top_logprobs` (0 to 20, which needs `logprobs` true): the
     alternatives asked for each token, None when log probabilities are not."""
-    logprobs = body.get("logprobs")
-    if logprobs is not None and not isinstance(logprobs, bool):
-        raise OpenAIError(400, "'logprobs' must be true or false", "logprobs")
+    logprobs = _boolean(body, "logprobs")
     top = _number(body, "top_logprobs", int, 0, MAX_TOP_LOG_PROBS)
     if top and not logprobs:
         raise OpenAIError(400, "'top_logprobs' needs 'logprobs' to be true", "top_logprobs")

@@ -62,7 +62,7 @@ from ..text.tokenization import decode_utf8
 from ..triton_adapter import DRAIN_END_S, RequestRows, answer_error, request_inputs, requested_outputs
 from .engine_stream import EngineStream
 from .row_stream import CANCEL_CHECK_PERIOD_S, RowRequest, RowStream
-from .token_log import requested_prompt_log_probs, requested_top_log_probs
+from .token_log import requested_top_log_probs
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +158,8 @@ class BlsOrchestrator:
         intervals = _stream_intervals(inputs, batch)
         exclude_input = _flag(inputs, EXCLUDE_INPUT_IN_OUTPUT, default=True)
         return_log_probs, count_tokens = _flag(inputs, RETURN_LOG_PROBS), _flag(inputs, RETURN_NUM_OUTPUT_TOKENS)
-        top, prompt = requested_top_log_probs(inputs), requested_prompt_log_probs(inputs)
+        prompt = _flag(inputs, RETURN_PROMPT_LOG_PROBS)
+        top = requested_top_log_probs(inputs, prompt)
         statistics = [name for name in ENGINE_STATISTICS if requested is None or name in requested]
         engine_outputs = [*ENGINE_OUTPUTS, *statistics, *(TOP_LOG_PROB_OUTPUTS if top else []),
                           *(PROMPT_LOG_PROB_OUTPUTS if prompt else [])]
@@ -231,5 +232,6 @@ def _stream_intervals(inputs: dict[str, np.ndarray], batch: int) -> list[int]:
 
 
 def _flag(inputs: dict[str, np.ndarray], name: str, default: bool = False) -> bool:
+    """The input's first value; `default` when it is absent or empty (as the C++ BLS's `Flag`)."""
     value = inputs.get(name)
-    return default if value is None else bool(np.asarray(value).reshape(-1)[0])
+    return default if value is None or value.size == 0 else bool(np.asarray(value).reshape(-1)[0])

@@ -105,7 +105,6 @@ class RowStream:
         self._log_probs: list[float] = []
         self._tokens = None if request.num_top_log_probs is None else TokenLog(
             request.num_top_log_probs, token_bytes, request.prompt_ids if request.prompt_log_probs else None)
-        self._tokens_sent = 0  # the token log's tokens sent so far (the sender's)
         self._statistics: dict[str, np.ndarray] = {}
         self._unreported = 0  # generated tokens not yet reported in a response
         self._responses = 0  # engine responses since the last chunk
@@ -231,19 +230,14 @@ class RowStream:
                 self.request.prompt_ids).decode("utf-8", errors="replace")
             return self._response(prompt + "".join(self._pieces) + tail,
                                   self._log_probs if self.request.return_log_probs else None, self._statistics, tokens)
-        unsent_tokens = self._tokens is not None and len(self._tokens) > self._tokens_sent
-        if tail or (self.request.count_tokens and tokens) or unsent_tokens:
+        if tail or (self.request.count_tokens and tokens) or (self._tokens is not None and self._tokens.unsent):
             return self._response(tail, None, self._statistics, tokens)
         return None
 
     def _response(self, text: str, log_probs: list[float] | None, statistics: dict[str, np.ndarray], tokens: int,
                   token_mark: int | None = None):
         """A response of this row; with a token log, the tokens past those sent up to `token_mark` (None: all)."""
-        response_tokens = None
-        if self._tokens is not None:
-            end = len(self._tokens) if token_mark is None else token_mark
-            response_tokens = self._tokens.outputs(self._tokens_sent, end)
-            self._tokens_sent = end
+        response_tokens = None if self._tokens is None else self._tokens.outputs(token_mark)
         return client_response(self.completion, text, row=self.request.row, batch=self.request.batch,
                                log_probs=log_probs, statistics=statistics,
                                new_tokens=tokens if self.request.count_tokens else None, tokens=response_tokens)

@@ -32,12 +32,12 @@ from ...facts.errors import RequestError
 from ..text.detokenization import TokenBytes
 
 
-def requested_top_log_probs(inputs: dict[str, np.ndarray]) -> int | None:
+def requested_top_log_probs(inputs: dict[str, np.ndarray], prompt_log_probs: bool) -> int | None:
     """The request's `num_top_log_probs` (one value for every row); None when it did not ask (0 when it asked
-    only `return_prompt_log_probs`)."""
+    only for the prompt's log probabilities, `prompt_log_probs`)."""
     value = inputs.get(NUM_TOP_LOG_PROBS)
     if value is None or value.size == 0:
-        return 0 if requested_prompt_log_probs(inputs) else None
+        return 0 if prompt_log_probs else None
     values = {int(item) for item in np.asarray(value).reshape(-1)}
     if len(values) != 1:
         raise RequestError(NUM_TOP_LOG_PROBS, f"must be one value for every row, got {sorted(values)}")
@@ -45,11 +45,6 @@ def requested_top_log_probs(inputs: dict[str, np.ndarray]) -> int | None:
     if not 0 <= count <= MAX_TOP_LOG_PROBS:
         raise RequestError(NUM_TOP_LOG_PROBS, f"must be in [0, {MAX_TOP_LOG_PROBS}], got {count}")
     return count
-
-
-def requested_prompt_log_probs(inputs: dict[str, np.ndarray]) -> bool:
-    value = inputs.get(RETURN_PROMPT_LOG_PROBS)
-    return value is not None and value.size > 0 and bool(np.asarray(value).reshape(-1)[0])
 
 
 class TokenLog:
@@ -64,6 +59,7 @@ class TokenLog:
         self.log_probs: list[float] = []
         self.top_ids: list[np.ndarray] = []  # one [k] row per token
         self.top_log_probs: list[np.ndarray] = []
+        self.sent = 0  # tokens given to responses so far
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -94,8 +90,15 @@ class TokenLog:
         self.log_probs.extend(log_probs.reshape(-1)[:count].tolist())
         self.ids.extend(ids)
 
-    def outputs(self, start: int, end: int) -> dict[str, np.ndarray]:
-        """The client's tensors for tokens [start, end)."""
+    @property
+    def unsent(self) -> bool:
+        return len(self.ids) > self.sent
+
+    def outputs(self, end: int | None = None) -> dict[str, np.ndarray]:
+        """The client's tensors for the tokens past those sent, up to `end` (None: all), which then count as sent
+        (the sender holding the row calls it)."""
+        start, end = self.sent, len(self.ids) if end is None else end
+        self.sent = end
         ids = self.ids[start:end]
         table = self.token_bytes
         top_ids = np.array(self.top_ids[start:end], dtype=np.int32).reshape(len(ids), self.top)
