@@ -9,6 +9,11 @@ decode steps as CUDA graphs unless --no-cuda-graphs; --compare-cuda-graphs measu
 run. The figures go to --results-dir (engine-gpu-<size>.json and .md). Every point also times the engine's
 prefills and decode steps apart (each ends in its one sync to the host, so its wall time is its time).
 
+--model CHECKPOINT measures a real model instead of a shape (e.g. the one `tritonforge make-model smollm2` writes);
+--compare-log-probs K adds a mode whose requests ask for their tokens' log probabilities with the K likeliest
+alternatives (what they cost); --compare-transformers adds transformers' own `generate` (one request at a time)
+and its continuous batching (`generate_batch`, four requests a stream at once) on the same model.
+
 --tp-size 1,2,4 measures tensor parallelism instead (runtime/engine/transformers/tensor_parallel.py): the shape
 is written as a checkpoint, and each size loads it split over that many GPUs (rank 0 here, the others worker
 processes), eager decode steps as tensor parallelism runs them, with one GPU's CUDA graphs beside them as the
@@ -18,6 +23,7 @@ Run:
   .venv/bin/python bench/engine_gpu.py --model-size tiny --concurrency 1,8 --duration-s 2       # CPU, a check
   python3 bench/engine_gpu.py --model-size 1b --concurrency 1,32,128 --duration-s 4 --compare-cuda-graphs
   python3 bench/engine_gpu.py --model-size 1b --concurrency 128 --duration-s 3 --profile --trace-dir /tmp
+  python3 bench/engine_gpu.py --model CHECKPOINT --concurrency 1,32,128 --compare-log-probs 5 --compare-transformers
   python3 bench/engine_gpu.py --model-size 1b --concurrency 128,256,512 --tp-size 1,2,4     # 4 GPUs
 """
 
@@ -67,11 +73,21 @@ def build_model(size: str, device: str, dtype: torch.dtype):
     return model.to(dtype).eval()
 
 
+def make_model(args, dtype):
+    if not args.model:
+        return build_model(args.model_size, args.device, dtype)
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(args.device).eval()
+
+
 class Load:
     """Closed-loop streams: each sends its next request from the engine's thread when the previous ends."""
 
-    def __init__(self, engine, streams: int, prompt_tokens: int, output_tokens: int, vocab: int, sampled: bool):
+    def __init__(self, engine, streams: int, prompt_tokens: int, output_tokens: int, vocab: int, sampled: bool,
+                 top_log_probs: int = 0):
         self.engine, self.prompt_tokens, self.output_tokens, self.vocab = engine, prompt_tokens, output_tokens, vocab
+        self.top_log_probs = top_log_probs
         self.sampling = SamplingParams(top_k=50, temperature=0.8, seed=1) if sampled else SamplingParams(
             min_tokens=output_tokens)
         self.lock = threading.Lock()
@@ -95,7 +111,9 @@ class Load:
             prompt = [self.random.randrange(4, self.vocab) for _ in range(length)]
         self.engine.submit(GenerationRequest(request_id=request_id, prompt_ids=prompt,
                                              max_new_tokens=self.output_tokens, sink=_Sink(self),
-                                             sampling=self.sampling, stream=True))
+                                             sampling=self.sampling, stream=True,
+                                             return_log_probs=bool(self.top_log_probs),
+                                             num_top_log_probs=self.top_log_probs))
 
     def counted(self, tokens: int, first_token_s: float | None) -> None:
         with self.lock:
@@ -140,7 +158,7 @@ class _Sink:
         self.load.counted(tokens, time.perf_counter() - self.start if first else None)
         self.streamed += tokens
 
-    def tokens(self, ids, log_probs):
+    def tokens(self, ids, log_probs, top=None):
         self._count(len(ids))
 
     def finish(self, result, error):
@@ -189,9 +207,9 @@ class StepClock:
                 "decode_share": round(self.decode_s / seconds, 3), "prefill_share": round(self.prefill_s / seconds, 3)}
 
 
-def measure(engine, streams: int, args, vocab: int) -> dict:
+def measure(engine, streams: int, args, vocab: int, top_log_probs: int = 0) -> dict:
     clock = engine.step_clock
-    load = Load(engine, streams, args.prompt_tokens, args.output_tokens, vocab, args.sampled)
+    load = Load(engine, streams, args.prompt_tokens, args.output_tokens, vocab, args.sampled, top_log_probs)
     load.window(args.warmup_s)
     clock.reset()
     clock.on = True
@@ -250,7 +268,8 @@ def limits_of(args, concurrency: list[int]) -> EngineLimits:
                         max_seq_len=args.prompt_tokens + args.output_tokens)
 
 
-def run_mode(model, args, concurrency: list[int], cuda_graphs: bool, admission_wait_steps: int = 0) -> dict:
+def run_mode(model, args, concurrency: list[int], cuda_graphs: bool, admission_wait_steps: int = 0,
+             top_log_probs: int = 0) -> dict:
     """One engine, every concurrency in turn; the engine's decode mode as it ended (a failed capture falls
     back to eager steps)."""
     from tritonforge.runtime.engine.transformers.inflight import InflightBatchingEngine
@@ -258,11 +277,12 @@ def run_mode(model, args, concurrency: list[int], cuda_graphs: bool, admission_w
     engine = InflightBatchingEngine(model, limits_of(args, concurrency), cuda_graphs=cuda_graphs,
                                     admission_wait_steps=admission_wait_steps)
     label = ("CUDA graphs" if engine.cuda_graphs else "eager") + (
-        f", admissions gathered up to {admission_wait_steps} steps" if admission_wait_steps else "")
-    return run_engine(engine, label, args, concurrency, cuda_graphs)
+        f", admissions gathered up to {admission_wait_steps} steps" if admission_wait_steps else "") + (
+        f", top {top_log_probs} log probs" if top_log_probs else "")
+    return run_engine(engine, label, args, concurrency, cuda_graphs, top_log_probs)
 
 
-def run_engine(engine, label: str, args, concurrency: list[int], cuda_graphs: bool) -> dict:
+def run_engine(engine, label: str, args, concurrency: list[int], cuda_graphs: bool, top_log_probs: int = 0) -> dict:
     engine.step_clock = StepClock(engine)
     vocab = engine.model.config.vocab_size
     rows = []
@@ -270,7 +290,7 @@ def run_engine(engine, label: str, args, concurrency: list[int], cuda_graphs: bo
         print(f"\ndecode steps: {label}\n{'streams':>8}{'tokens/s':>12}{'TTFT p50 ms':>14}{'errors':>8}"
               f"{'decode ms':>11}{'prefill ms':>12}{'prefill share':>15}", flush=True)
         for streams in concurrency:
-            row = measure(engine, streams, args, vocab)
+            row = measure(engine, streams, args, vocab, top_log_probs)
             ttft = f"{row['ttft_p50_ms']:.1f}" if row["ttft_p50_ms"] is not None else "-"
             decode, prefill = (f"{row[key]:.2f}" if row[key] is not None else "-" for key in ("decode_ms",
                                                                                             "prefill_ms"))
@@ -287,6 +307,49 @@ def run_engine(engine, label: str, args, concurrency: list[int], cuda_graphs: bo
     if cuda_graphs and not mode["cuda_graphs"] and args.device != "cpu":
         print("note: CUDA graphs were asked for but are off (see the warning above): these are eager figures")
     return mode
+
+
+def run_transformers(model, args, concurrency: list[int]) -> dict:
+    """transformers' own: `generate` one request at a time, and its continuous batching (`generate_batch`) with
+    four requests a stream at each concurrency above 1; greedy, exactly --output-tokens new tokens each, the
+    tokens counted from what it returns. Each is run once untimed first (its warm-up and graph captures)."""
+    import torch
+    from transformers import GenerationConfig
+
+    rng = random.Random(1)
+    vocab = model.config.vocab_size
+
+    def prompts(count: int) -> list[list[int]]:
+        return [[rng.randrange(4, vocab) for _ in range(rng.randint(args.prompt_tokens // 2, args.prompt_tokens))]
+                for _ in range(count)]
+
+    config = GenerationConfig(max_new_tokens=args.output_tokens, min_new_tokens=args.output_tokens, do_sample=False,
+                              eos_token_id=model.generation_config.eos_token_id,
+                              pad_token_id=model.generation_config.pad_token_id or 0)
+    device = next(model.parameters()).device
+
+    def generate_once(prompt: list[int]) -> int:
+        ids = torch.tensor([prompt], device=device)
+        return int(model.generate(ids, generation_config=config).shape[1] - ids.shape[1])
+
+    generate_once(prompts(1)[0])
+    tokens, start = 0, time.perf_counter()
+    while time.perf_counter() - start < args.duration_s:
+        tokens += generate_once(prompts(1)[0])
+    rate = tokens / (time.perf_counter() - start)
+    rows = {"generate (one request at a time)": {"streams": 1, "tokens_per_s": round(rate, 1)}}
+    print(f"\ntransformers generate, one request at a time: {rate:.0f} tokens/s", flush=True)
+    for streams in (n for n in concurrency if n > 1):
+        model.generate_batch(prompts(streams), generation_config=config)
+        batch = prompts(4 * streams)
+        start = time.perf_counter()
+        outputs = model.generate_batch(batch, generation_config=config)
+        seconds = time.perf_counter() - start
+        tokens = sum(len(output.generated_tokens) for output in outputs.values())
+        rows[f"generate_batch ({len(batch)} requests at once)"] = {"streams": streams,
+                                                                  "tokens_per_s": round(tokens / seconds, 1)}
+        print(f"transformers generate_batch, {len(batch)} requests: {tokens / seconds:.0f} tokens/s", flush=True)
+    return rows
 
 
 def run_tensor_parallel(args, concurrency: list[int], dtype, work: Path) -> tuple[dict, float]:
@@ -318,12 +381,12 @@ def run_tensor_parallel(args, concurrency: list[int], dtype, work: Path) -> tupl
     return modes, (shape.linear_params + shape.other_params) / 1e9
 
 
-def write_results(args, header: dict, modes: dict) -> Path:
+def write_results(args, header: dict, modes: dict, baselines: dict | None = None) -> Path:
     args.results_dir.mkdir(parents=True, exist_ok=True)
-    stem = args.results_dir / f"engine-gpu-{args.model_size}{'-tp' if args.tp_size != '1' else ''}"
+    stem = args.results_dir / f"engine-gpu-{header['model']}{'-tp' if args.tp_size != '1' else ''}"
     stem.with_suffix(".json").write_text(json.dumps({**header, "modes": modes}, indent=1) + "\n")
     streams = [row["streams"] for row in next(iter(modes.values()))["rows"]]
-    lines = [f"# bench/engine_gpu.py: {args.model_size} on {header['device_name']}", "",
+    lines = [f"# bench/engine_gpu.py: {header['model']} on {header['device_name']}", "",
              f"`{header['command']}`", "",
              f"{header['parameters_b']:.2f}B parameters, {header['dtype']}, {args.output_tokens} tokens a request, "
              f"prompts of {args.prompt_tokens // 2}-{args.prompt_tokens} tokens, {args.duration_s:g} s a point "
@@ -341,11 +404,20 @@ def write_results(args, header: dict, modes: dict) -> Path:
         lines.append(f"| {name} | " + " | ".join(
             f"decode {row['decode_ms']} ms, prefill {row['prefill_ms']} ms ({row['prefilled_per_pass']}), "
             f"{row['prefill_share']:.0%} in prefills" for row in mode["rows"]) + " |")
-    if len(modes) >= 2 and args.tp_size == "1":
+    if args.compare_cuda_graphs and args.tp_size == "1":
         eager, graphed = (mode["rows"] for mode in list(modes.values())[:2])
         lines += ["", "CUDA graphs / eager: " + ", ".join(
             f"{a['streams']} streams {b['tokens_per_s'] / a['tokens_per_s']:.1f}x" for a, b in zip(eager, graphed)
             if a["tokens_per_s"])]
+    if args.compare_log_probs:
+        without, logged = (mode["rows"] for mode in list(modes.values())[-2:])
+        lines += ["", f"With top {args.compare_log_probs} log probs / without: " + ", ".join(
+            f"{a['streams']} streams {b['tokens_per_s'] / a['tokens_per_s']:.2f}" for a, b in zip(without, logged)
+            if a["tokens_per_s"])]
+    if baselines:
+        lines += ["", "transformers' own on the same model (greedy, the same lengths):", "",
+                  "| transformers | streams | tokens/s |", "|---|---|---|"]
+        lines += [f"| {name} | {row['streams']} | {row['tokens_per_s']:,.0f} |" for name, row in baselines.items()]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return stem
 
@@ -353,6 +425,11 @@ def write_results(args, header: dict, modes: dict) -> Path:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-size", choices=sorted(SHAPES), default="1b")
+    parser.add_argument("--model", type=Path, default=None, help="a checkpoint folder instead of a shape")
+    parser.add_argument("--compare-log-probs", type=int, default=0, metavar="K",
+                        help="also measure with each token's log prob and its K likeliest alternatives asked")
+    parser.add_argument("--compare-transformers", action="store_true",
+                        help="also measure transformers' own generate and generate_batch")
     parser.add_argument("--concurrency", default="1,32,128")
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=32, help="prompts of half to this many tokens")
@@ -383,6 +460,7 @@ def main() -> int:
     start = time.perf_counter()
     device_name = torch.cuda.get_device_name(args.device) if args.device != "cpu" else platform.processor() or "CPU"
     header = {"command": "python3 bench/engine_gpu.py " + " ".join(sys.argv[1:]), "device_name": device_name,
+              "model": args.model.name if args.model else args.model_size,
               "dtype": str(dtype).removeprefix("torch."), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
     if args.tp_size != "1":
         with tempfile.TemporaryDirectory() as work:
@@ -392,9 +470,11 @@ def main() -> int:
         stem = write_results(args, header, modes)
         print(f"\nresults: {stem}.json, {stem}.md ({header['seconds']:.0f} s in all)")
         return 1 if any(row["errors"] for mode in modes.values() for row in mode["rows"]) else 0
-    model = build_model(args.model_size, args.device, dtype)
+    if args.model and args.dtype is None and args.device != "cpu":
+        dtype = torch.bfloat16
+    model = make_model(args, dtype)
     parameters = sum(p.numel() for p in model.parameters())
-    print(f"{args.model_size} Llama ({parameters / 1e9:.2f}B parameters) on {args.device} ({device_name}) in {dtype}, "
+    print(f"{header['model']} ({parameters / 1e9:.2f}B parameters) on {args.device} ({device_name}) in {dtype}, "
           f"made in {time.perf_counter() - start:.1f} s, attention {model.config._attn_implementation}; "
           f"{args.output_tokens} tokens a request, prompts <= {args.prompt_tokens}", flush=True)
     gathered = f"CUDA graphs, admissions gathered (up to {GATHERED_ADMISSION_STEPS} steps)"
@@ -402,10 +482,16 @@ def main() -> int:
         plan = {"eager": (False, 0), "CUDA graphs": (True, 0), gathered: (True, GATHERED_ADMISSION_STEPS)}
     else:
         plan = {"eager" if args.no_cuda_graphs or args.device == "cpu" else "CUDA graphs": (not args.no_cuda_graphs, 0)}
-    modes = {name: run_mode(model, args, concurrency, cuda_graphs, wait)
-             for name, (cuda_graphs, wait) in plan.items()}
+    plan = {name: (cuda_graphs, wait, 0) for name, (cuda_graphs, wait) in plan.items()}
+    if args.compare_log_probs:
+        last, (cuda_graphs, wait, _) = list(plan.items())[-1]
+        plan[f"{last}, top {args.compare_log_probs} log probs"] = (cuda_graphs, wait, args.compare_log_probs)
+    modes = {name: run_mode(model, args, concurrency, cuda_graphs, wait, top)
+             for name, (cuda_graphs, wait, top) in plan.items()}
+    # A model of its own: the engine switched this one's attention to its slot attention.
+    baselines = run_transformers(make_model(args, dtype), args, concurrency) if args.compare_transformers else None
     header.update(parameters_b=parameters / 1e9, seconds=round(time.perf_counter() - start, 1))
-    stem = write_results(args, header, modes)
+    stem = write_results(args, {**header, "transformers": baselines}, modes, baselines)
     print(f"\nresults: {stem}.json, {stem}.md ({header['seconds']:.0f} s in all)")
     return 1 if any(row["errors"] for mode in modes.values() for row in mode["rows"]) else 0
 

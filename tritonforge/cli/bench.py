@@ -17,7 +17,8 @@ from .arguments import LoadOptions, repository_tokenizer, require_tool, say
 class BenchOptions(LoadOptions):
     url: str = setting(LOCAL_GRPC_URL, "gRPC host:port", parse=host_port)
     paths: tuple[str, ...] = setting(PATHS, "comma-separated: " + ", ".join(
-        path if PATH_MODELS[path] == path else f"{path} ({PATH_MODELS[path]})" for path in PATHS), parse=path_list)
+        path if PATH_MODELS[path] == path else f"{path} ({PATH_MODELS[path]})" for path in PATH_MODELS),
+        parse=path_list)
     concurrency: tuple[int, ...] = setting((1, 8, 32, 128), "concurrent streams per point, comma-separated",
                                            parse=positive_ints)
     max_prompt_tokens: int = setting(32, "prompt length at most", parse=positive_int)

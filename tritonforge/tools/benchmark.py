@@ -36,17 +36,19 @@ from ..facts.contract import (
     INPUT_LENGTHS,
     MAX_TOKENS,
     MIN_TOKENS,
+    NUM_TOP_LOG_PROBS,
     OUTPUT_IDS,
     POSTPROCESSING_MODEL,
     PREPROCESSING_MODEL,
     REQUEST_OUTPUT_LEN,
+    RETURN_LOG_PROBS,
     SEQUENCE_LENGTH,
     STREAM,
     STREAMING,
     TEXT_INPUT,
     TEXT_OUTPUT,
 )
-from ..facts.paths import PATH_MODELS, PATHS
+from ..facts.paths import LOG_PROB_PATH_TOP, PATH_MODELS, PATHS
 from ..runtime.text.tokenization import load_tokenizer
 from .profiling import (
     busiest_threads,
@@ -122,10 +124,13 @@ def request_arrays(path: str, prompt: tuple[str, list[int]], output_tokens: int)
                 REQUEST_OUTPUT_LEN: np.array([[output_tokens]], dtype=np.int32),
                 MIN_TOKENS: np.array([[output_tokens]], dtype=np.int32),
                 STREAMING: np.array([[True]])}
-    return {TEXT_INPUT: np.array([[text.encode()]], dtype=object),
-            MAX_TOKENS: np.array([[output_tokens]], dtype=np.int32),
-            MIN_TOKENS: np.array([[output_tokens]], dtype=np.int32),
-            STREAM: np.array([[True]])}
+    arrays = {TEXT_INPUT: np.array([[text.encode()]], dtype=object),
+              MAX_TOKENS: np.array([[output_tokens]], dtype=np.int32),
+              MIN_TOKENS: np.array([[output_tokens]], dtype=np.int32),
+              STREAM: np.array([[True]])}
+    if path == "bls-log-probs":
+        arrays |= {RETURN_LOG_PROBS: np.array([[True]]), NUM_TOP_LOG_PROBS: np.array([[LOG_PROB_PATH_TOP]], np.int32)}
+    return arrays
 
 
 def triton_dtype(array: np.ndarray) -> str:
@@ -587,7 +592,7 @@ def plot(result: dict, png: Path) -> None:
     engines = sorted({row["engine"] for row in result["rows"]})
     figure, axes = plt.subplots(1, len(engines), figsize=(6 * len(engines), 4.2), squeeze=False)
     for axis, engine in zip(axes[0], engines):
-        for path in PATHS:
+        for path in PATH_MODELS:
             rows = sorted((r for r in result["rows"] if r["engine"] == engine and r["path"] == path),
                           key=lambda r: r["concurrency"])
             if rows:
