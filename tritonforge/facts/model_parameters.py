@@ -148,6 +148,8 @@ class TransformersEngineParameters(EngineParameters):
     device: str = "auto"  # auto | cpu | cuda; an instance Triton placed on a GPU runs there instead
     # Devices one engine's weights are split over (torch.distributed ranks: the instance's device and the next ones).
     tensor_parallel_size: int = written_when_set(1)
+    # LoRA adapters (build --lora NAME=PATH), JSON: [{"name", "task_id", "path" (relative to the model's folder)}]
+    lora_adapters: str = written_when_set("")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -220,3 +220,26 @@ def degraded_copy(checkpoint: str | Path, output_dir: str | Path, *, noise: floa
             tensors[name] = weight.to(tensor.dtype).contiguous()
         save_file(tensors, output / file.name, metadata={"format": "pt"})
     return output
+
+
+def make_lora_adapter(checkpoint: str | Path, output_dir: str | Path, *, rank: int = 8, alpha: float = 16,
+                      target_modules: tuple[str, ...] = ("q_proj", "v_proj"), seed: int = 0, use_rslora: bool = False,
+                      alpha_pattern: dict[str, float] | None = None, scale: float = 1.0) -> Path:
+    """A LoRA adapter of `checkpoint` made by PEFT (as a fine-tune would save it) with random non-zero factors
+    (PEFT's own initialisation leaves B at zero, an update of nothing), B multiplied by `scale`."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(target_modules), use_rslora=use_rslora,
+                        alpha_pattern=alpha_pattern or {}, init_lora_weights=False, task_type="CAUSAL_LM")
+    model = get_peft_model(base, config)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.mul_(scale)
+    output = Path(output_dir)
+    model.save_pretrained(output, safe_serialization=True)
+    return output

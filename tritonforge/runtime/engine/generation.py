@@ -75,6 +75,7 @@ class GenerationRequest:
     embedding_bias: np.ndarray | None = None  # [vocab] added to the logits of every step
     guided_decoding: GuidedDecoding | None = None  # the grammar the answer must follow
     grammar: object = None  # the engine's compiled `guided_decoding`, set by its `validate`
+    lora_task_id: int | None = None  # the LoRA adapter to run with (NVIDIA's task id); None: the base model
 
 
 @dataclass(frozen=True)

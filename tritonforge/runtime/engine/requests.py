@@ -49,7 +49,9 @@ FEATURE_INPUTS = {
     contract.PROMPT_EMBEDDING_TABLE: "prompt tuning", contract.CROSS_ATTENTION_MASK: "multimodal engines",
     contract.SKIP_CROSS_ATTN_BLOCKS: "multimodal engines", contract.MROPE_ROTARY_COS_SIN: "multimodal engines",
     contract.MROPE_POSITION_DELTAS: "multimodal engines",
-    contract.LORA_TASK_ID: "LoRA", contract.LORA_WEIGHTS: "LoRA", contract.LORA_CONFIG: "LoRA",
+    # An adapter's weights sent with a request (NVIDIA's first use of a task id); a built adapter is selected by
+    # `lora_task_id` alone (build --lora NAME=PATH).
+    contract.LORA_WEIGHTS: "LoRA weights in a request", contract.LORA_CONFIG: "LoRA weights in a request",
     contract.CONTEXT_PHASE_PARAMS: "disaggregated serving",
     contract.RUNTIME_TOP_P_MIN: "top-p decay", contract.RUNTIME_TOP_P_DECAY: "top-p decay",
     contract.RUNTIME_TOP_P_RESET_IDS: "top-p decay",
@@ -99,6 +101,7 @@ class EngineRow:
     return_num_output_tokens: bool
     embedding_bias: np.ndarray | None  # [vocab] added to the logits, or None
     guided_decoding: GuidedDecoding | None = None  # the grammar the answer must follow, or None
+    lora_task_id: int | None = None  # the LoRA adapter the row runs with (None: the base model)
 
 
 def _column(inputs: dict[str, np.ndarray], name: str, batch: int) -> list | None:
@@ -135,6 +138,8 @@ def parse_engine_request(inputs: dict[str, np.ndarray], *, default_exclude_input
         contract.END_ID, contract.BEAM_WIDTH, contract.NUM_RETURN_SEQUENCES, contract.NUM_TOP_LOG_PROBS, *FLAG_INPUTS,
         *SAMPLING_INPUTS)}
     guides = _guides(inputs, batch)
+    task_ids = inputs.get(contract.LORA_TASK_ID)  # empty: none, as the backend reads it
+    tasks = _column(inputs, contract.LORA_TASK_ID, batch) if task_ids is not None and task_ids.size else None
 
     def value(name, row, default):
         column = columns[name]
@@ -167,6 +172,7 @@ def parse_engine_request(inputs: dict[str, np.ndarray], *, default_exclude_input
             return_num_output_tokens=bool(value(contract.RETURN_NUM_OUTPUT_TOKENS, row, False)),
             embedding_bias=_embedding_bias(inputs, row, batch),
             guided_decoding=guided_decoding(*guides[row]),
+            lora_task_id=None if tasks is None else int(tasks[row]),
         ))
     return rows
 

@@ -65,6 +65,7 @@ from ..triton_adapter import (
     start_heartbeat,
 )
 from .generation import GenerationRequest, GenerationResult, TopTokens
+from .lora import AdapterRecord, records_from_parameter
 from .requests import EngineRow, is_stop_request, parse_engine_request
 from .stop_board import StopBoard
 
@@ -94,6 +95,7 @@ class EngineSettings:
     stream_interval: int = 1  # streamed tokens per response after the first (model_parameters.EngineParameters)
     response_lanes: int = EngineParameters.response_lanes  # sender threads (runtime/sending.py); 0: the engine's
     bos_token_id: int | None = None  # the checkpoint's (config.json): see `streamed_responses`
+    lora_adapters: tuple[AdapterRecord, ...] = ()  # transformers engine: its LoRA adapters, paths absolute
 
     @classmethod
     def from_parameters(cls, parameters: EngineParameters, *, decoupled: bool, max_queue_size: int,
@@ -113,6 +115,7 @@ class EngineSettings:
             stream_interval=parameters.stream_interval,
             response_lanes=parameters.response_lanes,
             bos_token_id=checkpoint_bos_token_id(model_path) if model_path else None,
+            lora_adapters=tuple(records_from_parameter(parameters.lora_adapters)) if transformers else (),
         )
 
     @classmethod
@@ -130,7 +133,9 @@ class EngineSettings:
         # A KIND_GPU instance (build --gpus) runs on the GPU Triton gave it, whatever the parameter says.
         placed = (f"cuda:{args['model_instance_device_id']}" if args.get("model_instance_kind") == "GPU"
                   else settings.device)
-        return dataclasses.replace(settings, device=placed, instances=instance_count(config))
+        adapters = tuple(dataclasses.replace(record, path=resolve_path(args, record.path))
+                         for record in settings.lora_adapters)
+        return dataclasses.replace(settings, device=placed, instances=instance_count(config), lora_adapters=adapters)
 
 
 def instance_count(config: dict) -> int:
@@ -416,7 +421,7 @@ class EngineService:
                     return_log_probs=row.return_log_probs or row.num_top_log_probs > 0,
                     num_top_log_probs=row.num_top_log_probs, return_prompt_log_probs=row.return_prompt_log_probs,
                     embedding_bias=row.embedding_bias,
-                    guided_decoding=row.guided_decoding,
+                    guided_decoding=row.guided_decoding, lora_task_id=row.lora_task_id,
                     sink=_RowSink(state, row, index, self.server_stopping, self.senders,
                                   self.settings.stream_interval, self.settings.bos_token_id,
                                   request_id=request.request_id(), stop_board=self.stop_board))

@@ -26,7 +26,7 @@ import os
 import tempfile
 import time
 
-from ....facts.contract import GUIDED_DECODING_GUIDE_TYPE, NUM_TOP_LOG_PROBS, RETURN_PROMPT_LOG_PROBS
+from ....facts.contract import GUIDED_DECODING_GUIDE_TYPE, LORA_TASK_ID, NUM_TOP_LOG_PROBS, RETURN_PROMPT_LOG_PROBS
 from ....facts.errors import EngineShuttingDown, UnsupportedError
 from ....facts.limits import EngineLimits
 from ..generation import EngineStats, EngineThread, GenerationRequest, GenerationResult, check_limits
@@ -117,6 +117,9 @@ class ReplayEngine(EngineThread):
         if request.num_top_log_probs:  # a recording has no distribution to take alternatives from
             raise UnsupportedError(NUM_TOP_LOG_PROBS, "the replay engine streams recorded tokens and has no likeliest "
                                                       "tokens beside them; ask for 0")
+        if request.lora_task_id is not None:
+            raise UnsupportedError(LORA_TASK_ID, "the replay engine streams recorded tokens and applies no LoRA "
+                                                 "adapter")
         if request.return_prompt_log_probs:
             raise UnsupportedError(RETURN_PROMPT_LOG_PROBS, "the replay engine runs no model over the prompt")
 

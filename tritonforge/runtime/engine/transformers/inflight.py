@@ -36,13 +36,14 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
-from ....facts.contract import GUIDED_DECODING_GUIDE_TYPE, MAX_TOP_LOG_PROBS
-from ....facts.errors import EngineShuttingDown, UnsupportedError
+from ....facts.contract import GUIDED_DECODING_GUIDE_TYPE, LORA_TASK_ID, MAX_TOP_LOG_PROBS
+from ....facts.errors import EngineShuttingDown, RequestError, UnsupportedError
 from ....facts.limits import EngineLimits
 from ..generation import EngineStats, EngineThread, GenerationRequest, GenerationResult, TopTokens, check_limits
 from ..sampling import SlotSampler
 from .decode_graphs import DecodeGraphs, StaticInputs, graph_bucket
 from .grammar import GrammarMasks, Grammars
+from .lora_layers import AdapterBank
 from .slot_attention import use_slot_attention
 
 logger = logging.getLogger(__name__)
@@ -197,6 +198,7 @@ class StepFlags(NamedTuple):
     log_probs: bool
     guided: bool
     top_log_probs: bool  # the likeliest tokens of each row's step too (MAX_TOP_LOG_PROBS of them)
+    lora: bool = False  # some row runs with a LoRA adapter (lora_layers.py)
 
 
 class _Features:
@@ -204,7 +206,7 @@ class _Features:
 
     def __init__(self):
         self.sampling = self.top_k = self.top_p = self.penalised = self.biased = self.log_probs = self.guided = 0
-        self.top_log_probs = 0
+        self.top_log_probs = self.lora = 0
 
     def add(self, request: GenerationRequest, sign: int) -> None:
         params = request.sampling
@@ -217,10 +219,11 @@ class _Features:
         self.log_probs += sign * request.return_log_probs
         self.guided += sign * (request.grammar is not None)
         self.top_log_probs += sign * (request.num_top_log_probs > 0)
+        self.lora += sign * (request.lora_task_id is not None)
 
     def flags(self) -> StepFlags:
         return StepFlags(self.sampling > 0, self.top_k > 0, self.top_p > 0, self.penalised > 0, self.biased > 0,
-                         self.log_probs > 0, self.guided > 0, self.top_log_probs > 0)
+                         self.log_probs > 0, self.guided > 0, self.top_log_probs > 0, self.lora > 0)
 
 
 class InflightBatchingEngine(EngineThread):
@@ -230,13 +233,15 @@ class InflightBatchingEngine(EngineThread):
     many decode steps waiting requests may wait to be prefilled together while others run (0: admitted at the
     next step). `tokenizer`: the model's, whose vocabulary guided decoding compiles grammars for (None: guided
     requests are refused). `mirror`: told each forward pass just before it runs, so that tensor-parallel ranks
-    run the same pass (tensor_parallel.py); decode steps then run eagerly."""
+    run the same pass (tensor_parallel.py); decode steps then run eagerly. `adapters`: the LoRA adapters
+    installed in `model` (lora_layers.py), selected per request by `lora_task_id`."""
 
     def __init__(self, model, limits: EngineLimits, *, cuda_graphs: bool | None = None,
                  prefill_tokens: int = PREFILL_TOKENS, admission_wait_steps: int = 0, tokenizer=None,
-                 mirror: StepMirror | None = None):
+                 mirror: StepMirror | None = None, adapters: AdapterBank | None = None):
         super().__init__("inflight-engine")
         self._mirror = mirror
+        self._adapters = adapters
         check_cache_layers(model)
         use_slot_attention(model)
         self.model = model
@@ -298,6 +303,11 @@ class InflightBatchingEngine(EngineThread):
                                                                    "loaded without a tokenizer or without xgrammar "
                                                                    "(the server's log says which)")
             request.grammar = self._grammars.compile(request.guided_decoding)
+        if request.lora_task_id is not None:
+            if self._adapters is None:
+                raise RequestError(LORA_TASK_ID, f"no LoRA adapter has task id {request.lora_task_id}: this engine "
+                                                 f"was built without adapters (tritonforge build --lora NAME=PATH)")
+            self._adapters.task_index(request.lora_task_id)
 
     # ---- engine thread ------------------------------------------------------------------------------------
 
@@ -422,6 +432,11 @@ class InflightBatchingEngine(EngineThread):
                 keep = {"logits_to_keep": torch.tensor([[length - 1] for length in lengths], device=self.device)}
         if self._mirror is not None:
             self._mirror.prefill(input_ids, keep, [sequence.slot for sequence in sequences])
+        if self._adapters is not None:
+            indices = [self._adapter_index(request) for request in group]
+            for sequence, index in zip(sequences, indices):
+                self._adapters.admit(sequence.slot, index)
+            self._adapters.for_rows(indices)
         output = self.model(input_ids=input_ids, use_cache=True, **{self._cache_argument: cache}, **keep)
         if len(group) == 1 or keep:
             logits = output.logits[:, -1]
@@ -470,7 +485,7 @@ class InflightBatchingEngine(EngineThread):
         else:
             state = self._host[:, :rows].clone()
         input_ids, positions, steps = state[0, :, None], state[1], state[2]  # [rows, 1], [rows], [rows]
-        logits = self._decode_forward(input_ids, positions, rows, length)
+        logits = self._decode_forward(input_ids, positions, rows, length, flags.lora)
         return self._choose(logits, slice(0, rows), steps, flags, banned=banned)
 
     def _graph_step(self, length: int, flags: StepFlags, banned) -> torch.Tensor | None:
@@ -486,20 +501,26 @@ class InflightBatchingEngine(EngineThread):
         """The captured step: reads only the static inputs and fixed buffers; no host sync, no shape that
         depends on data. `record` False (the warm-up) leaves the penalty counts as they were."""
         static = self._static
-        logits = self._decode_forward(static.input_ids, static.positions, len(self._slots), bucket)
+        logits = self._decode_forward(static.input_ids, static.positions, len(self._slots), bucket, flags.lora)
         return self._choose(logits, slice(0, len(self._slots)), static.steps, flags, banned=[], ban=static.ban,
                             record=record)
 
-    def _decode_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, rows: int, length: int):
+    def _decode_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, rows: int, length: int,
+                        lora: bool):
         """One decode forward pass of slots [0, rows), each row writing its token at its position; returns
         the logits [rows, vocab]."""
         if self._mirror is not None:
             self._mirror.decode(input_ids, positions, rows, length)
+        if self._adapters is not None:
+            self._adapters.for_slots(lora)
         mask = decode_mask(positions, length, self.model.dtype)
         self._cache.prepare(rows, positions, length)
         output = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions[:, None],
                             use_cache=True, **{self._cache_argument: self._cache})
         return output.logits[:, -1]
+
+    def _adapter_index(self, request: GenerationRequest) -> int:
+        return 0 if request.lora_task_id is None else self._adapters.task_index(request.lora_task_id)
 
     def _live_rows(self, sequences: list[_Sequence | None]):
         """The rows whose sequence still runs (a cancelled one is marked finished), and the (row, token) pairs

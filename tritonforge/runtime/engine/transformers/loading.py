@@ -6,9 +6,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from ..lora import checkpoint_shapes
 from ..service import EngineSettings
 from .grammar import xgrammar_available
 from .inflight import InflightBatchingEngine
+from .lora_layers import load_adapters
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +66,13 @@ def load_guided_tokenizer(settings: EngineSettings):
 
 def make_engine(settings: EngineSettings) -> InflightBatchingEngine:
     if settings.tensor_parallel_size > 1:  # the model split over ranks this engine starts (tensor_parallel.py)
+        if settings.lora_adapters:
+            raise ValueError("LoRA adapters need tensor_parallel_size 1 in the transformers engine")
         from .tensor_parallel import make_tensor_parallel_engine
 
         return make_tensor_parallel_engine(settings, tokenizer=load_guided_tokenizer(settings))
-    return InflightBatchingEngine(load_model(settings), settings.limits, tokenizer=load_guided_tokenizer(settings))
+    model = load_model(settings)
+    adapters = load_adapters(model, list(settings.lora_adapters), settings.limits.max_batch_size or 1,
+                             checkpoint_shapes(Path(settings.model_path)))
+    return InflightBatchingEngine(model, settings.limits, tokenizer=load_guided_tokenizer(settings),
+                                  adapters=adapters)
