@@ -12,6 +12,7 @@ from ..facts.settings import comma_list, option_flag, setting
 from . import model_configs as configs
 from . import trtllm
 from .engines import DEFAULT_ENGINE, ENGINE_KINDS, ENGINE_NAMES, engine_kind
+from .lora import check_specs
 from .native import TEXT_BACKENDS
 
 TRT = "TensorRT-LLM (--engine tensorrtllm)"
@@ -56,6 +57,9 @@ class BuildOptions:
                                 "(no Python per token; needs a C++ compiler), or as the Python model it is the "
                                 "twin of; auto: C++ where a compiler exists, else Python, said in one line",
                                 choices=TEXT_BACKENDS)
+    lora: tuple[str, ...] = setting((), "a PEFT LoRA adapter served beside the base model, as NAME=PATH (repeat for "
+                                    "more): requests select it by lora_task_id (1, 2, ... in the order given), "
+                                    "the OpenAI gateway by `model` NAME", repeat=True, metavar="NAME=PATH")
     tp_size: int = setting(1, "tensor parallel size: the GPUs one engine's weights are split over (TensorRT-LLM's "
                            "ranks; the transformers engine's torch.distributed ranks, which its model starts)")
     pp_size: int = setting(1, "pipeline parallel size", group=TRT)
@@ -106,6 +110,7 @@ class BuildOptions:
             several = ", ".join(k.name for k in ENGINE_KINDS.values() if k.several_instances)
             raise ValueError(f"--engine-instances > 1 is for the {several} engine only; the {self.engine} engine runs "
                              f"as one instance that batches in flight")
+        check_specs(self.lora)
         kind.check(self)  # first: a kind's own word on an option it refuses says more than the rule below
         for name, owners in _OWNED_OPTIONS.items():
             if kind.name not in owners and getattr(self, name) != _DEFAULTS[name]:

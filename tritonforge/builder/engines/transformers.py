@@ -8,11 +8,14 @@ instances of T GPUs each (docs/design/transformers-engine.md#several-gpus)."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...facts.contract import PREPROCESSING_MODEL
 from ...facts.model_parameters import TransformersEngineParameters
+from ...runtime.engine.lora import records_to_parameter
 from .. import trtllm
+from ..lora import BuiltAdapter, copy_adapters, manifest_record, plan_adapters
 from ..planner import frontend_instances
 from ..repository import CHECKPOINT_SUBDIR, TOKENIZER_SUBDIR
 from . import EngineKind, EnginePlan, Progress
@@ -21,14 +24,15 @@ if TYPE_CHECKING:
     from ..options import BuildOptions
 
 
-def parameters(options: BuildOptions) -> dict[str, str]:
+def parameters(options: BuildOptions, adapters: list[BuiltAdapter]) -> dict[str, str]:
     return TransformersEngineParameters(
         model_path=f"1/{CHECKPOINT_SUBDIR}", tokenizer_dir=f"../{PREPROCESSING_MODEL}/{TOKENIZER_SUBDIR}",
         max_batch_size=options.max_batch_size,
         max_input_len=options.max_input_len, max_seq_len=options.max_seq_len, dtype=options.dtype,
         device=options.device, exclude_input_in_output=options.serving.exclude_input_in_output,
         stream_interval=options.stream_interval, response_lanes=options.response_lanes,
-        tensor_parallel_size=options.tp_size).to_config()
+        tensor_parallel_size=options.tp_size,
+        lora_adapters=records_to_parameter([built.record for built in adapters]) if adapters else "").to_config()
 
 
 def check(options: BuildOptions) -> None:
@@ -38,6 +42,9 @@ def check(options: BuildOptions) -> None:
         raise ValueError(f"--tp-size must be >= 1, got {options.tp_size}")
     if options.gpus and options.device == "cpu":
         raise ValueError(f"--gpus {options.gpus} places the engine on GPUs: it cannot run with --device cpu")
+    if options.lora and options.tp_size > 1:
+        raise ValueError(f"--lora with --tp-size {options.tp_size}: the transformers engine applies adapters on "
+                         f"one GPU's weights only (--tp-size 1)")
     if options.gpus % options.tp_size:
         raise ValueError(f"--gpus {options.gpus} must be a multiple of --tp-size {options.tp_size}: each engine "
                          f"instance takes {options.tp_size} GPUs")
@@ -89,10 +96,18 @@ def plan(options: BuildOptions, checkpoint_config: dict, progress: Progress) -> 
         progress(f"{len(first_gpus)} engine instances of {options.tp_size} GPU(s), {options.max_batch_size} sequences "
                  f"each ({concurrency} in all); preprocessing / postprocessing / BLS instances "
                  f"{serving.preprocessing_instances} / {serving.postprocessing_instances} / {serving.bls_instances}")
-    return EnginePlan(parameters=parameters(options), serving=serving)
+    adapters = plan_adapters(options.lora, options.model)
+    if adapters:
+        progress(f"LoRA adapters: {', '.join(f'{b.record.name} (task id {b.record.task_id})' for b in adapters)}")
+    return EnginePlan(parameters=parameters(options, adapters), serving=serving, manifest=manifest_record(adapters))
+
+
+def write_engine(options: BuildOptions, checkpoint_config: dict, version_dir: Path, progress: Progress) -> None:
+    copy_adapters(plan_adapters(options.lora, options.model), version_dir)
 
 
 KIND = EngineKind(
     name="transformers", summary="Hugging Face transformers with in-flight batching (the embedded default: CPUs, CI, "
     "demos)", model_source="tensorrt_llm_transformers", runtime_room="transformers", plan=plan, check=check,
-    weight_patterns=("*.safetensors",), serves_checkpoint=True, own_options=("gpus", "tp_size"))
+    write_engine=write_engine, weight_patterns=("*.safetensors",), serves_checkpoint=True,
+    own_options=("gpus", "tp_size", "lora"))
