@@ -12,7 +12,9 @@ prefills and decode steps apart (each ends in its one sync to the host, so its w
 --model CHECKPOINT measures a real model instead of a shape (e.g. the one `tritonforge make-model smollm2` writes);
 --compare-log-probs K adds a mode whose requests ask for their tokens' log probabilities with the K likeliest
 alternatives (what they cost); --compare-transformers adds transformers' own `generate` (one request at a time)
-and its continuous batching (`generate_batch`, four requests a stream at once) on the same model.
+and its continuous batching (`generate_batch`, four requests a stream at once) on the same model;
+--compare-lora N adds a mode whose requests go round-robin to N random LoRA adapters (rank --lora-rank, every
+linear layer of every block) and the base model, in one batch (runtime/engine/transformers/lora_layers.py).
 
 --tp-size 1,2,4 measures tensor parallelism instead (runtime/engine/transformers/tensor_parallel.py): the shape
 is written as a checkpoint, and each size loads it split over that many GPUs (rank 0 here, the others worker
@@ -24,6 +26,7 @@ Run:
   python3 bench/engine_gpu.py --model-size 1b --concurrency 1,32,128 --duration-s 4 --compare-cuda-graphs
   python3 bench/engine_gpu.py --model-size 1b --concurrency 128 --duration-s 3 --profile --trace-dir /tmp
   python3 bench/engine_gpu.py --model CHECKPOINT --concurrency 1,32,128 --compare-log-probs 5 --compare-transformers
+  python3 bench/engine_gpu.py --model-size 1b --concurrency 128 --compare-lora 4
   python3 bench/engine_gpu.py --model-size 1b --concurrency 128,256,512 --tp-size 1,2,4     # 4 GPUs
 """
 
@@ -85,9 +88,9 @@ class Load:
     """Closed-loop streams: each sends its next request from the engine's thread when the previous ends."""
 
     def __init__(self, engine, streams: int, prompt_tokens: int, output_tokens: int, vocab: int, sampled: bool,
-                 top_log_probs: int = 0):
+                 top_log_probs: int = 0, adapters: int = 0):
         self.engine, self.prompt_tokens, self.output_tokens, self.vocab = engine, prompt_tokens, output_tokens, vocab
-        self.top_log_probs = top_log_probs
+        self.top_log_probs, self.adapters = top_log_probs, adapters
         self.sampling = SamplingParams(top_k=50, temperature=0.8, seed=1) if sampled else SamplingParams(
             min_tokens=output_tokens)
         self.lock = threading.Lock()
@@ -113,7 +116,9 @@ class Load:
                                              max_new_tokens=self.output_tokens, sink=_Sink(self),
                                              sampling=self.sampling, stream=True,
                                              return_log_probs=bool(self.top_log_probs),
-                                             num_top_log_probs=self.top_log_probs))
+                                             num_top_log_probs=self.top_log_probs,
+                                             # the base model, then each adapter (task ids 1..N) in turn
+                                             lora_task_id=self.count % (self.adapters + 1) or None))
 
     def counted(self, tokens: int, first_token_s: float | None) -> None:
         with self.lock:
@@ -207,9 +212,10 @@ class StepClock:
                 "decode_share": round(self.decode_s / seconds, 3), "prefill_share": round(self.prefill_s / seconds, 3)}
 
 
-def measure(engine, streams: int, args, vocab: int, top_log_probs: int = 0) -> dict:
+def measure(engine, streams: int, args, vocab: int, top_log_probs: int = 0, adapters: int = 0) -> dict:
     clock = engine.step_clock
-    load = Load(engine, streams, args.prompt_tokens, args.output_tokens, vocab, args.sampled, top_log_probs)
+    load = Load(engine, streams, args.prompt_tokens, args.output_tokens, vocab, args.sampled, top_log_probs,
+                adapters)
     load.window(args.warmup_s)
     clock.reset()
     clock.on = True
@@ -269,20 +275,56 @@ def limits_of(args, concurrency: list[int]) -> EngineLimits:
 
 
 def run_mode(model, args, concurrency: list[int], cuda_graphs: bool, admission_wait_steps: int = 0,
-             top_log_probs: int = 0) -> dict:
+             top_log_probs: int = 0, adapters: int = 0) -> dict:
     """One engine, every concurrency in turn; the engine's decode mode as it ended (a failed capture falls
-    back to eager steps)."""
+    back to eager steps). `adapters`: that many random LoRA adapters installed in `model` first (for good: the
+    mode that asks for them runs last)."""
     from tritonforge.runtime.engine.transformers.inflight import InflightBatchingEngine
 
+    bank = install_random_adapters(model, adapters, args.lora_rank, max(concurrency)) if adapters else None
     engine = InflightBatchingEngine(model, limits_of(args, concurrency), cuda_graphs=cuda_graphs,
-                                    admission_wait_steps=admission_wait_steps)
+                                    admission_wait_steps=admission_wait_steps, adapters=bank)
     label = ("CUDA graphs" if engine.cuda_graphs else "eager") + (
         f", admissions gathered up to {admission_wait_steps} steps" if admission_wait_steps else "") + (
-        f", top {top_log_probs} log probs" if top_log_probs else "")
-    return run_engine(engine, label, args, concurrency, cuda_graphs, top_log_probs)
+        f", top {top_log_probs} log probs" if top_log_probs else "") + (
+        f", {adapters} LoRA adapters and the base" if adapters else "")
+    return run_engine(engine, label, args, concurrency, cuda_graphs, top_log_probs, adapters)
 
 
-def run_engine(engine, label: str, args, concurrency: list[int], cuda_graphs: bool, top_log_probs: int = 0) -> dict:
+def install_random_adapters(model, count: int, rank: int, slots: int):
+    """`count` adapters of random factors on every linear layer of the model's blocks, written as PEFT saves
+    them and loaded as the engine loads a build's."""
+    import torch
+    from safetensors.torch import save_file
+
+    from tritonforge.runtime.engine.lora import AdapterRecord
+    from tritonforge.runtime.engine.transformers.lora_layers import load_adapters
+
+    linears = {name: module for name, module in model.named_modules()
+               if isinstance(module, torch.nn.Linear) and ".layers." in name}
+    shapes = {f"{name}.weight": list(module.weight.shape) for name, module in linears.items()}
+    folder = Path(tempfile.mkdtemp(prefix="lora-bench-"))
+    records = []
+    for task in range(1, count + 1):
+        generator = torch.Generator().manual_seed(task)
+        tensors = {}
+        for name, module in linears.items():
+            tensors[f"base_model.model.{name}.lora_A.weight"] = torch.randn(
+                rank, module.in_features, generator=generator) / module.in_features ** 0.5
+            tensors[f"base_model.model.{name}.lora_B.weight"] = torch.randn(
+                module.out_features, rank, generator=generator) / rank ** 0.5
+        adapter = folder / f"adapter{task}"
+        adapter.mkdir()
+        save_file(tensors, str(adapter / "adapter_model.safetensors"))
+        (adapter / "adapter_config.json").write_text(json.dumps(
+            {"peft_type": "LORA", "r": rank, "lora_alpha": rank,
+             "target_modules": sorted({name.rsplit(".", 1)[-1] for name in linears})}))
+        records.append(AdapterRecord(name=f"adapter{task}", task_id=task, path=str(adapter)))
+    return load_adapters(model, records, slots, shapes)
+
+
+def run_engine(engine, label: str, args, concurrency: list[int], cuda_graphs: bool, top_log_probs: int = 0,
+               adapters: int = 0) -> dict:
     engine.step_clock = StepClock(engine)
     vocab = engine.model.config.vocab_size
     rows = []
@@ -290,7 +332,7 @@ def run_engine(engine, label: str, args, concurrency: list[int], cuda_graphs: bo
         print(f"\ndecode steps: {label}\n{'streams':>8}{'tokens/s':>12}{'TTFT p50 ms':>14}{'errors':>8}"
               f"{'decode ms':>11}{'prefill ms':>12}{'prefill share':>15}", flush=True)
         for streams in concurrency:
-            row = measure(engine, streams, args, vocab, top_log_probs)
+            row = measure(engine, streams, args, vocab, top_log_probs, adapters)
             ttft = f"{row['ttft_p50_ms']:.1f}" if row["ttft_p50_ms"] is not None else "-"
             decode, prefill = (f"{row[key]:.2f}" if row[key] is not None else "-" for key in ("decode_ms",
                                                                                             "prefill_ms"))
@@ -409,8 +451,15 @@ def write_results(args, header: dict, modes: dict, baselines: dict | None = None
         lines += ["", "CUDA graphs / eager: " + ", ".join(
             f"{a['streams']} streams {b['tokens_per_s'] / a['tokens_per_s']:.1f}x" for a, b in zip(eager, graphed)
             if a["tokens_per_s"])]
+    base = next(iter(modes.values()))["rows"]
+    if args.compare_lora:
+        lora = list(modes.values())[-1]["rows"]
+        lines += ["", f"{args.compare_lora} LoRA adapters and the base / the base alone: " + ", ".join(
+            f"{a['streams']} streams {b['tokens_per_s'] / a['tokens_per_s']:.2f}" for a, b in zip(base, lora)
+            if a["tokens_per_s"])]
     if args.compare_log_probs:
-        without, logged = (mode["rows"] for mode in list(modes.values())[-2:])
+        without = list(modes.values())[-3 if args.compare_lora else -2]["rows"]
+        logged = list(modes.values())[-2 if args.compare_lora else -1]["rows"]
         lines += ["", f"With top {args.compare_log_probs} log probs / without: " + ", ".join(
             f"{a['streams']} streams {b['tokens_per_s'] / a['tokens_per_s']:.2f}" for a, b in zip(without, logged)
             if a["tokens_per_s"])]
@@ -428,6 +477,9 @@ def main() -> int:
     parser.add_argument("--model", type=Path, default=None, help="a checkpoint folder instead of a shape")
     parser.add_argument("--compare-log-probs", type=int, default=0, metavar="K",
                         help="also measure with each token's log prob and its K likeliest alternatives asked")
+    parser.add_argument("--compare-lora", type=int, default=0, metavar="N",
+                        help="also measure requests spread over N random LoRA adapters and the base model")
+    parser.add_argument("--lora-rank", type=int, default=16)
     parser.add_argument("--compare-transformers", action="store_true",
                         help="also measure transformers' own generate and generate_batch")
     parser.add_argument("--concurrency", default="1,32,128")
@@ -482,12 +534,14 @@ def main() -> int:
         plan = {"eager": (False, 0), "CUDA graphs": (True, 0), gathered: (True, GATHERED_ADMISSION_STEPS)}
     else:
         plan = {"eager" if args.no_cuda_graphs or args.device == "cpu" else "CUDA graphs": (not args.no_cuda_graphs, 0)}
-    plan = {name: (cuda_graphs, wait, 0) for name, (cuda_graphs, wait) in plan.items()}
+    plan = {name: (cuda_graphs, wait, 0, 0) for name, (cuda_graphs, wait) in plan.items()}
+    last, (cuda_graphs, wait, _, _) = list(plan.items())[-1]
     if args.compare_log_probs:
-        last, (cuda_graphs, wait, _) = list(plan.items())[-1]
-        plan[f"{last}, top {args.compare_log_probs} log probs"] = (cuda_graphs, wait, args.compare_log_probs)
-    modes = {name: run_mode(model, args, concurrency, cuda_graphs, wait, top)
-             for name, (cuda_graphs, wait, top) in plan.items()}
+        plan[f"{last}, top {args.compare_log_probs} log probs"] = (cuda_graphs, wait, args.compare_log_probs, 0)
+    if args.compare_lora:  # last: it installs the adapters in the model
+        plan[f"{last}, {args.compare_lora} LoRA adapters and the base"] = (cuda_graphs, wait, 0, args.compare_lora)
+    modes = {name: run_mode(model, args, concurrency, cuda_graphs, wait, top, adapters)
+             for name, (cuda_graphs, wait, top, adapters) in plan.items()}
     # A model of its own: the engine switched this one's attention to its slot attention.
     baselines = run_transformers(make_model(args, dtype), args, concurrency) if args.compare_transformers else None
     header.update(parameters_b=parameters / 1e9, seconds=round(time.perf_counter() - start, 1))
