@@ -37,6 +37,7 @@ from pathlib import Path
 from ..facts.environment import XDG_CACHE_HOME_ENV
 from ..facts.settings import setting
 from .engines import engine_kind
+from .lora import parse_spec
 from .manifest import MANIFEST, options_record
 from .options import BuildOptions
 from .repository import SOURCE_ROOT
@@ -158,6 +159,8 @@ def cache_key(options: BuildOptions, *, extra: tuple = ()) -> str:
         "code": code_digest(),
         "checkpoint": checkpoint_record(options.model),
         "options": settings_record(options, unkeyed=UNKEYED_OPTIONS, paths=PATH_OPTIONS),
+        # Each LoRA adapter by its name and the contents of its folder (a retrained adapter builds anew).
+        "lora": [[name, contents_record(folder)] for name, folder in map(parse_spec, options.lora)],
         "extra": {type(settings).__name__: settings_record(settings) for settings in extra},
         "machine": engine_kind(options.engine).machine_facts(),
     }

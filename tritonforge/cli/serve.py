@@ -60,6 +60,16 @@ def check_repository_engine(repository: Path) -> int:
     return kind.serving_ranks(repository, manifest.build) if kind else 1
 
 
+def lora_adapters_of(repository: Path) -> dict[str, int]:
+    """The LoRA adapters a repository's build recorded (name → task id), which the gateway serves as models."""
+    from ..builder.lora import MANIFEST_KEY
+    from ..builder.manifest import read_manifest
+
+    manifest = read_manifest(repository)
+    records = manifest.engine_record.get(MANIFEST_KEY, []) if manifest is not None else []
+    return {record["name"]: int(record["task_id"]) for record in records}
+
+
 def tool_parser_of(repository: Path) -> str:
     """The tool-call format the repository's model writes, by the markers of its tokenizer's chat template
     (tokenizer_config.json's, or chat_template.jinja beside it)."""
@@ -206,11 +216,14 @@ def serve_command(args: argparse.Namespace) -> int:
                                     model=options.openai_model, served_model_name=options.served_model_name,
                                     api_key=api_key_from_environment(options.api_key),
                                     tool_parser=options.tool_parser or tool_parser_of(repository),
-                                    reasoning_parser=options.reasoning_parser).start()
+                                    reasoning_parser=options.reasoning_parser,
+                                    adapters=lora_adapters_of(repository)).start()
             # At a stop the gateway takes no new request while the server's open ones finish.
             threading.Thread(target=lambda: (stop.wait(), gateway.stop_accepting()), name="gateway-stop",
                              daemon=True).start()
-            print(f"OpenAI API: {gateway.base_url}/v1 (model {options.served_model_name!r} → {options.openai_model})")
+            adapters = "".join(f", LoRA adapter {name!r}" for name in lora_adapters_of(repository))
+            print(f"OpenAI API: {gateway.base_url}/v1 (model {options.served_model_name!r} → {options.openai_model}"
+                  f"{adapters})")
         print(f"serving {repository}: HTTP {server.http_url}, gRPC {server.grpc_url}; log {server.log_path}",
               flush=True)
         say("this terminal is the server's now: send requests from a second terminal "

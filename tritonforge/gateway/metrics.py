@@ -2,11 +2,14 @@
 
 | metric | type | what |
 |---|---|---|
-| `tritonforge_requests_total{endpoint, status}` | counter | finished requests by HTTP status |
+| `tritonforge_requests_total{endpoint, status, model}` | counter | finished requests by HTTP status and model |
 | `tritonforge_requests_in_flight` | gauge | requests being answered now |
 | `tritonforge_time_to_first_token_seconds` | histogram | request received → first text chunk |
 | `tritonforge_inter_token_latency_seconds` | histogram | between consecutive text chunks of a stream |
-| `tritonforge_prompt_tokens_total` / `tritonforge_completion_tokens_total` | counter | tokens in and out |
+| `tritonforge_prompt_tokens_total{model}`, `tritonforge_completion_tokens_total{model}` | counter | tokens |
+
+`model` is the served model's name or the LoRA adapter's a request named (a request refused before its model
+was read counts under the served model's).
 
 Triton 2.51 itself has no time-to-first-token histogram; these are measured where the client sees them.
 With several gateway worker processes (`tritonforge openai --workers N`), each writes its values into the
@@ -37,12 +40,13 @@ def forget_worker(pid: int) -> None:
 
 
 class GatewayMetrics:
-    def __init__(self):
+    def __init__(self, served_model_name: str):
+        self.served_model_name = served_model_name
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
-        self.requests = Counter("tritonforge_requests", "Finished requests by endpoint and HTTP status",
-                                ["endpoint", "status"], registry=self.registry)
+        self.requests = Counter("tritonforge_requests", "Finished requests by endpoint, HTTP status and model",
+                                ["endpoint", "status", "model"], registry=self.registry)
         self.in_flight = Gauge("tritonforge_requests_in_flight", "Requests being answered now",
                                registry=self.registry, multiprocess_mode="livesum")
         self.ttft = Histogram(TTFT_METRIC, "Request received to first text chunk",
@@ -50,9 +54,9 @@ class GatewayMetrics:
         self.itl = Histogram(ITL_METRIC, "Time between text chunks of a stream",
                              buckets=ITL_BUCKETS, registry=self.registry)
         self.prompt_tokens = Counter("tritonforge_prompt_tokens", "Prompt tokens of finished requests",
-                                     registry=self.registry)
+                                     ["model"], registry=self.registry)
         self.completion_tokens = Counter("tritonforge_completion_tokens", "Generated tokens of finished requests",
-                                         registry=self.registry)
+                                         ["model"], registry=self.registry)
 
     @property
     def content_type(self) -> str:
@@ -74,15 +78,18 @@ class GatewayMetrics:
         self.in_flight.inc()
         return _ChunkTimer(self)
 
-    def request_done(self, endpoint: str, status: int, generations=None, *, started: bool = True) -> None:
-        """One request ended with `status`; its tokens counted from its choices' `generations` (`usage`)."""
-        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
+    def request_done(self, endpoint: str, status: int, generations=None, *, started: bool = True,
+                     model: str | None = None) -> None:
+        """One request for `model` (None: the served model) ended with `status`; its tokens counted from its
+        choices' `generations` (`usage`)."""
+        model = model or self.served_model_name
+        self.requests.labels(endpoint=endpoint, status=str(status), model=model).inc()
         if started:
             self.in_flight.dec()
         if generations:
             counted = usage(generations)
-            self.prompt_tokens.inc(counted["prompt_tokens"])
-            self.completion_tokens.inc(counted["completion_tokens"])
+            self.prompt_tokens.labels(model=model).inc(counted["prompt_tokens"])
+            self.completion_tokens.labels(model=model).inc(counted["completion_tokens"])
 
 
 class _ChunkTimer:

@@ -61,10 +61,32 @@ class GatewayOptions:
                                    "token, chunks that many tokens apart); 1 streams each", parse=positive_int)
     tool_parser: str = setting(DEFAULT_TOOL_PARSER, TOOL_PARSER_HELP, choices=tuple(PARSERS))
     reasoning_parser: str | None = setting(None, REASONING_PARSER_HELP, parse=str, choices=REASONING_PARSERS)
+    lora_modules: tuple[str, ...] = setting((), "a LoRA adapter the repository serves, as NAME=TASK_ID (repeat for "
+                                            "more): requests naming `model` NAME run with that lora_task_id, and "
+                                            "/v1/models lists it (`tritonforge serve` passes a build's own; "
+                                            "default: none)",
+                                            repeat=True, metavar="NAME=TASK_ID")
 
     def __post_init__(self):
         if self.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {self.workers}")
+        adapters = lora_modules(self.lora_modules)
+        if self.served_model_name in adapters:
+            raise ValueError(f"--lora-modules names {self.served_model_name!r}, the served model's own name")
+
+
+def lora_modules(specs: tuple[str, ...]) -> dict[str, int]:
+    """NAME=TASK_ID each → {name: task id}, refused in one line where malformed or named twice."""
+    adapters: dict[str, int] = {}
+    for spec in specs:
+        name, sep, task = spec.partition("=")
+        if not sep or not name.strip() or not task.strip().isdigit():
+            raise ValueError(f"--lora-modules {spec!r}: expected NAME=TASK_ID (a name, then the adapter's "
+                             f"lora_task_id)")
+        if name.strip() in adapters:
+            raise ValueError(f"--lora-modules names {name.strip()!r} twice")
+        adapters[name.strip()] = int(task)
+    return adapters
 
 
 def run(options: GatewayOptions, *, on_ready=lambda line: None, on_stop=lambda line: None) -> None:
@@ -78,7 +100,8 @@ def run(options: GatewayOptions, *, on_ready=lambda line: None, on_stop=lambda l
                                  served_model_name=options.served_model_name,
                                  api_key=api_key_from_environment(options.api_key),
                                  stream_interval=options.stream_interval, tool_parser=options.tool_parser,
-                                 reasoning_parser=options.reasoning_parser)
+                                 reasoning_parser=options.reasoning_parser,
+                                 adapters=lora_modules(options.lora_modules))
     if options.workers == 1:
         config = uvicorn.Config(make_app(), host=options.host, port=options.port, log_level="warning",
                                 timeout_graceful_shutdown=STOP_GRACE_S)
@@ -111,13 +134,14 @@ class GatewayThread:
 
     def __init__(self, url: str, *, host: str = "127.0.0.1", port: int = OPENAI_PORT, model: str = DEFAULT_MODEL,
                  served_model_name: str = SERVED_MODEL_NAME, api_key: str | None = None,
-                 tool_parser: str = DEFAULT_TOOL_PARSER, reasoning_parser: str | None = None):
+                 tool_parser: str = DEFAULT_TOOL_PARSER, reasoning_parser: str | None = None,
+                 adapters: dict[str, int] | None = None):
         import threading
 
         import uvicorn
 
         app = create_app(url, model=model, served_model_name=served_model_name, api_key=api_key,
-                         tool_parser=tool_parser, reasoning_parser=reasoning_parser)
+                         tool_parser=tool_parser, reasoning_parser=reasoning_parser, adapters=adapters)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.base_url = f"http://{host}:{port}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -64,6 +65,8 @@ class OpenAIRequest:
     include_usage: bool  # a streamed answer ends with a chunk of the usage
     logprobs: int | None = None  # each token's log probability with this many alternatives (None: not asked)
     echo: bool = False  # completions: the answer starts with the prompt (and its log probabilities)
+    model: str | None = None  # the model the request named: the served model or one of its LoRA adapters
+    lora_task_id: int | None = None  # the adapter's task id where it named one
 
     @property
     def parses_tool_calls(self) -> bool:
@@ -85,12 +88,14 @@ def read_body(raw: bytes):
         raise OpenAIError(400, f"the request body is not valid JSON ({error})") from None
 
 
-def read_request(body, kind: str, served_model_name: str | None = None) -> OpenAIRequest:
+def read_request(body, kind: str, served_model_name: str | None = None,
+                 adapters: Mapping[str, int] | None = None) -> OpenAIRequest:
     """A decoded request body → the request it makes. With `served_model_name`, a request that names another
-    model is answered 404 `model_not_found`, as OpenAI does."""
+    model, nor one of the LoRA `adapters` (name → task id), is answered 404 `model_not_found`, as OpenAI does."""
     if not isinstance(body, dict):
         raise OpenAIError(400, "the request body must be a JSON object")
-    _check_model(body.get("model"), served_model_name)
+    model = body.get("model")
+    lora_task_id = _check_model(model, served_model_name, adapters or {})
     _refuse_unsupported(body)
     # An echoed completion may ask for no new token: the prompt alone, with its log probabilities.
     echo = kind == COMPLETIONS and bool(_boolean(body, "echo"))
@@ -123,7 +128,8 @@ def read_request(body, kind: str, served_model_name: str | None = None) -> OpenA
                          sampling=_sampling(body), echo=echo,
                          stop=_stop(body.get("stop")), stream=bool(body.get("stream", False)),
                          include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
-                         logprobs=logprobs)
+                         logprobs=logprobs, model=model if isinstance(model, str) else None,
+                         lora_task_id=lora_task_id)
 
 
 def _boolean(body: dict, name: str) -> bool | None:
@@ -151,10 +157,15 @@ def _chat_logprobs(body: dict) -> int | None:
     return (top or 0) if logprobs else None
 
 
-def _check_model(model, served_model_name: str | None) -> None:
+def _check_model(model, served_model_name: str | None, adapters: Mapping[str, int]) -> int | None:
+    """The task id of the LoRA adapter `model` names; None for the served model (or none named)."""
+    if model in adapters:
+        return adapters[model]
     if served_model_name is not None and model is not None and model != served_model_name:
-        raise OpenAIError(404, f"The model {model!r} does not exist: this server serves {served_model_name!r} "
-                               f"(GET /v1/models)", "model", code="model_not_found")
+        served = ", ".join(repr(name) for name in [served_model_name, *adapters])
+        raise OpenAIError(404, f"The model {model!r} does not exist: this server serves {served} (GET /v1/models)",
+                          "model", code="model_not_found")
+    return None
 
 
 def _refuse_unsupported(body: dict) -> None:
@@ -323,10 +334,11 @@ class ResponseHead(NamedTuple):
         return cls(kind, f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model)
 
 
-def model_list(served_model_name: str) -> dict:
-    """`GET /v1/models`: the one model served."""
-    return {"object": "list", "data": [{"id": served_model_name, "object": "model", "created": 0,
-                                        "owned_by": "tritonforge"}]}
+def model_list(served_model_name: str, adapters: Mapping[str, int] | None = None) -> dict:
+    """`GET /v1/models`: the model served, then each LoRA adapter on it (its `parent`, as vLLM lists them)."""
+    base = {"id": served_model_name, "object": "model", "created": 0, "owned_by": "tritonforge"}
+    return {"object": "list", "data": [base, *({**base, "id": name, "root": name, "parent": served_model_name}
+                                               for name in adapters or {})]}
 
 
 def object_name(kind: str, chunk: bool) -> str:

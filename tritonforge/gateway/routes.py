@@ -26,18 +26,20 @@ UNAUTHORIZED = OpenAIError(401, "Incorrect or missing API key: send 'Authorizati
 
 def create_app(url: str, *, model: str = DEFAULT_MODEL, served_model_name: str = SERVED_MODEL_NAME,
                api_key: str | None = None, stream_interval: int = DEFAULT_STREAM_INTERVAL,
-               tool_parser: str = DEFAULT_TOOL_PARSER, reasoning_parser: str | None = None):
+               tool_parser: str = DEFAULT_TOOL_PARSER, reasoning_parser: str | None = None,
+               adapters: dict[str, int] | None = None):
     """The ASGI app: OpenAI's API over the repository served at `url` (gRPC). With `api_key`, every request but
     `GET /health` needs `Authorization: Bearer <api_key>`. `stream_interval`: the BLS's engine responses per
     streamed chunk after the first. `tool_parser`: the format of the tool calls the model writes;
-    `reasoning_parser`: of its thinking, set apart as `reasoning_content` (None: none)."""
+    `reasoning_parser`: of its thinking, set apart as `reasoning_content` (None: none). `adapters`: the LoRA
+    adapters served beside the model (name → task id), each a `model` requests may name."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-    metrics = GatewayMetrics()
+    metrics = GatewayMetrics(served_model_name)
     serving = OpenAIServing(url, model=model, served_model_name=served_model_name, metrics=metrics,
                             stream_interval=stream_interval, tool_parser=tool_parser,
-                            reasoning_parser=reasoning_parser)
+                            reasoning_parser=reasoning_parser, adapters=adapters)
     app = FastAPI(title="tritonforge OpenAI gateway")
 
     @app.exception_handler(OpenAIError)
@@ -54,7 +56,7 @@ def create_app(url: str, *, model: str = DEFAULT_MODEL, served_model_name: str =
 
     @app.get("/v1/models")
     async def models():
-        return model_list(served_model_name)
+        return model_list(served_model_name, adapters)
 
     @app.get("/health")
     async def health():

@@ -35,6 +35,7 @@ from ..facts.contract import (
     FREQUENCY_PENALTY,
     GUIDED_DECODING_GUIDE,
     GUIDED_DECODING_GUIDE_TYPE,
+    LORA_TASK_ID,
     MAX_TOKENS,
     MESSAGES,
     MIN_TOKENS,
@@ -141,6 +142,8 @@ def choice_requests(request: OpenAIRequest, stream_interval: int | None = None
     if request.guide is not None:
         base[GUIDED_DECODING_GUIDE_TYPE] = request.guide.guide_type
         base[GUIDED_DECODING_GUIDE] = request.guide.guide
+    if request.lora_task_id is not None:
+        base[LORA_TASK_ID] = request.lora_task_id
     if request.logprobs is not None:
         base[NUM_TOP_LOG_PROBS] = request.logprobs
         if request.echo:
@@ -253,8 +256,9 @@ class OpenAIServing:
 
     def __init__(self, url: str, *, model: str, served_model_name: str, metrics: GatewayMetrics,
                  stream_interval: int = 1, tool_parser: str = DEFAULT_TOOL_PARSER,
-                 reasoning_parser: str | None = None):
+                 reasoning_parser: str | None = None, adapters: dict[str, int] | None = None):
         self.url, self.model, self.served_model_name, self.metrics = url, model, served_model_name, metrics
+        self.adapters = dict(adapters or {})  # LoRA adapters by name (each a `model` of its own): task ids
         # The BLS alone takes a stream interval (the ensemble streams what its engine sends).
         self.stream_interval = stream_interval if model == BLS_MODEL and stream_interval > 1 else None
         self.tool_parser = PARSERS[tool_parser]()
@@ -273,7 +277,7 @@ class OpenAIServing:
     def read(self, kind: str, body, endpoint: str) -> OpenAIRequest:
         """The request a decoded body sent to the `kind` endpoint makes; a refusal is counted, then raised."""
         try:
-            request = read_request(body, kind, self.served_model_name)
+            request = read_request(body, kind, self.served_model_name, self.adapters)
             if request.logprobs is not None and self.model != BLS_MODEL:
                 raise OpenAIError(400, f"'logprobs' needs the gateway in front of {BLS_MODEL} (it calls "
                                        f"{self.model}, which returns no token per text)", "logprobs")
@@ -333,7 +337,9 @@ class _Reply:
         self.metrics, self.endpoint, self.request = serving.metrics, endpoint, request
         self.tool_parser = serving.tool_parser
         self.reasoning_parser = serving.reasoning_parser if request.kind == CHAT else None
-        self.head = ResponseHead.new(request.kind, serving.served_model_name)
+        self.head = ResponseHead.new(request.kind, request.model if request.lora_task_id is not None
+                                     else serving.served_model_name)
+        self.model_name = self.head.model
         choices = choice_requests(request, stream_interval)
         self.generations = [generation for generation, _ in choices]
         self.chunks = [serving.backend.generate(generate, generation) for generation, generate in choices]
@@ -353,7 +359,8 @@ class _Reply:
                 and self.request.logprobs is None)
 
     def done(self, status: int) -> None:
-        self.metrics.request_done(self.endpoint, status, self.generations if status == 200 else None)
+        self.metrics.request_done(self.endpoint, status, self.generations if status == 200 else None,
+                                  model=self.model_name)
 
     def failed(self, error: GenerationError) -> OpenAIError:
         failure = to_openai_error(error, self.endpoint)

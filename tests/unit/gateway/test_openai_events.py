@@ -103,7 +103,7 @@ def test_the_gateways_latency_histograms_time_the_first_chunk_and_each_gap(monke
 
     clock = iter([1.0, 1.5, 1.7, 2.2])
     monkeypatch.setattr(gateway_metrics.time, "perf_counter", lambda: next(clock))
-    metrics = GatewayMetrics()
+    metrics = GatewayMetrics("m")
     timer = metrics.timer()
     for _ in range(3):
         timer.chunk()

@@ -10,6 +10,7 @@ from tritonforge.facts.contract import (
     FREQUENCY_PENALTY,
     GUIDED_DECODING_GUIDE,
     GUIDED_DECODING_GUIDE_TYPE,
+    LORA_TASK_ID,
     NUM_INPUT_TOKENS,
     NUM_OUTPUT_TOKENS,
     PRESENCE_PENALTY,
@@ -230,6 +231,35 @@ def test_another_model_than_the_served_one_is_404_model_not_found():
     error = refused({**PROMPT, "model": "gpt-4"}, served_model_name="tritonforge")
     assert (error.status, error.code) == (404, "model_not_found")
     parse_request({**PROMPT, "model": "tritonforge"}, "completions", "tritonforge")
+
+
+def test_a_lora_adapters_name_asks_for_its_task_id_and_the_base_for_none():
+    adapters = {"support": 1, "legal": 2}
+    for model, task in (("legal", 2), ("support", 1), ("tritonforge", None), (None, None)):
+        request = read_request({**CHAT, "model": model}, "chat", "tritonforge", adapters)
+        assert choice_requests(request)[0][1].parameters.get(LORA_TASK_ID) == task, model
+        assert request.model == model
+    with pytest.raises(OpenAIError, match="serves 'tritonforge', 'support', 'legal'") as error:
+        read_request({**CHAT, "model": "medical"}, "chat", "tritonforge", adapters)
+    assert (error.value.status, error.value.code, error.value.param) == (404, "model_not_found", "model")
+
+
+def test_the_model_list_shows_each_adapter_on_its_parent():
+    from tritonforge.gateway.protocol import model_list
+
+    listed = model_list("tritonforge", {"support": 1})["data"]
+    assert [(entry["id"], entry.get("parent")) for entry in listed] == [("tritonforge", None),
+                                                                        ("support", "tritonforge")]
+
+
+@pytest.mark.parametrize(("specs", "message"), [
+    (("a",), "expected NAME=TASK_ID"), (("a=x",), "expected NAME=TASK_ID"), (("a=1", "a=2"), "names 'a' twice"),
+    (("tritonforge=1",), "the served model's own name")])
+def test_bad_lora_modules_are_refused_in_one_line(specs, message):
+    from tritonforge.gateway.options import GatewayOptions
+
+    with pytest.raises(ValueError, match=message):
+        GatewayOptions(url="localhost:1", served_model_name="tritonforge", lora_modules=specs)
 
 
 def test_a_request_that_names_no_model_is_served_by_the_served_model():

@@ -25,7 +25,7 @@ class RecordingBackendDouble:
 
 
 def asked(model: str, stream: bool, stream_interval: int = DEFAULT_STREAM_INTERVAL) -> GenerateRequest:
-    serving = OpenAIServing("localhost:1", model=model, served_model_name="m", metrics=GatewayMetrics(),
+    serving = OpenAIServing("localhost:1", model=model, served_model_name="m", metrics=GatewayMetrics("m"),
                             stream_interval=stream_interval)
     serving._backend = backend = RecordingBackendDouble()
     body = json.dumps({"model": "m", "prompt": "hi", "max_tokens": 4, "stream": stream}).encode()
