@@ -59,7 +59,8 @@ class BuildOptions:
                                 choices=TEXT_BACKENDS)
     lora: tuple[str, ...] = setting((), "a PEFT LoRA adapter served beside the base model, as NAME=PATH (repeat for "
                                     "more): requests select it by lora_task_id (1, 2, ... in the order given), "
-                                    "the OpenAI gateway by `model` NAME", repeat=True, metavar="NAME=PATH")
+                                    "the OpenAI gateway by `model` NAME (default: none)", repeat=True,
+                                    metavar="NAME=PATH")
     tp_size: int = setting(1, "tensor parallel size: the GPUs one engine's weights are split over (TensorRT-LLM's "
                            "ranks; the transformers engine's torch.distributed ranks, which its model starts)")
     pp_size: int = setting(1, "pipeline parallel size", group=TRT)
