@@ -101,7 +101,7 @@ class EngineRow:
     return_num_output_tokens: bool
     embedding_bias: np.ndarray | None  # [vocab] added to the logits, or None
     guided_decoding: GuidedDecoding | None = None  # the grammar the answer must follow, or None
-    lora_task_id: int | None = None  # the LoRA adapter the row runs with (None: the base model)
+    lora_task_id: int | None = None  # the LoRA adapter the row runs with (None, or 0 given: the base model)
 
 
 def _column(inputs: dict[str, np.ndarray], name: str, batch: int) -> list | None:
@@ -172,7 +172,7 @@ def parse_engine_request(inputs: dict[str, np.ndarray], *, default_exclude_input
             return_num_output_tokens=bool(value(contract.RETURN_NUM_OUTPUT_TOKENS, row, False)),
             embedding_bias=_embedding_bias(inputs, row, batch),
             guided_decoding=guided_decoding(*guides[row]),
-            lora_task_id=None if tasks is None else int(tasks[row]),
+            lora_task_id=int(tasks[row]) or None if tasks is not None else None,  # 0: none (a build's start at 1)
         ))
     return rows
 

@@ -17,7 +17,7 @@ from tritonforge.runtime.engine.requests import (
 # Inputs the parser reads itself, besides the sampling and flag inputs.
 PARSED = {"input_ids", "input_lengths", "request_output_len", "end_id", "stop", "beam_width", "num_return_sequences",
           "stop_words_list", "bad_words_list", "embedding_bias", "guided_decoding_guide_type", "guided_decoding_guide",
-          "num_top_log_probs"}
+          "num_top_log_probs", "lora_task_id"}
 
 
 def request(**extra):
@@ -44,7 +44,7 @@ def test_top_p_above_one_is_still_an_error_naming_the_client_field():
 
 
 @pytest.mark.parametrize(("name", "value", "field"), [
-    ("lora_task_id", np.array([[7]], dtype=np.uint64), "lora_task_id"),
+    ("lora_weights", np.ones((1, 2, 4), dtype=np.float16), "lora_weights"),
     ("prompt_embedding_table", np.ones((1, 2, 4), dtype=np.float16), "prompt_embedding_table"),
     ("return_generation_logits", np.array([[True]]), "return_generation_logits"),
     ("draft_input_ids", np.array([[1, 2]], dtype=np.int32), "draft_input_ids"),
@@ -52,6 +52,16 @@ def test_top_p_above_one_is_still_an_error_naming_the_client_field():
 def test_a_feature_really_asked_for_is_unsupported_naming_the_input(name, value, field):
     with pytest.raises(UnsupportedError, match=f"^{field}"):
         parse_engine_request(request(**{name: value}), default_exclude_input=True)
+
+
+def test_each_rows_lora_task_id_is_read_and_zero_or_empty_is_the_base_model():
+    batch = {"input_ids": np.array([[5, 6], [7, 8], [9, 1]], dtype=np.int32),
+             "input_lengths": np.array([[2]] * 3, dtype=np.int32), "request_output_len": np.array([[4]] * 3, np.int32)}
+    rows = parse_engine_request({**batch, "lora_task_id": np.array([[3], [0], [12]], dtype=np.uint64)},
+                                default_exclude_input=True)
+    assert [row.lora_task_id for row in rows] == [3, None, 12]
+    empty = {**batch, "lora_task_id": np.zeros((0,), dtype=np.uint64)}
+    assert [row.lora_task_id for row in parse_engine_request(empty, default_exclude_input=True)] == [None] * 3
 
 
 def test_empty_or_false_feature_inputs_are_accepted():
