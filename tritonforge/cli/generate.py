@@ -9,6 +9,7 @@ from ..facts.contract import (
     BLS_MODEL,
     DEFAULT_MAX_TOKENS,
     ENSEMBLE_MODEL,
+    LORA_TASK_ID,
     MAX_TOKENS,
     SEED,
     STOP_WORDS,
@@ -41,6 +42,8 @@ class GenerateOptions:
                                         "(default: none; greedy unless this is < 1 or --top-k > 1)", parse=float)
     seed: int | None = setting(None, "sampling seed (default: none: the engine chooses)", parse=int)
     stop: tuple[str, ...] = setting((), "stop phrase, repeatable (default: none)", repeat=True)
+    lora_task_id: int | None = setting(None, "the LoRA adapter to answer with, by the task id its build gave it "
+                                             "(default: none: the base model)", parse=int)
 
     def client(self):
         from ..clients.client import GrpcClient, HttpClient
@@ -56,7 +59,7 @@ class GenerateOptions:
 
     def parameters(self) -> dict:
         parameters = {MAX_TOKENS: self.max_tokens}
-        for name in (TEMPERATURE, TOP_K, TOP_P, SEED):
+        for name in (TEMPERATURE, TOP_K, TOP_P, SEED, LORA_TASK_ID):
             if getattr(self, name) is not None:
                 parameters[name] = getattr(self, name)
         if self.stop:
