@@ -3,9 +3,10 @@ tensor name, wiring entry or message of ours is typed again in a `.cc`.
 
 It holds every tensor and model name of `facts/contract.py` (`TEXT_INPUT` → `kTextInput`, `PRE_INPUT_ID` →
 `kPreInputId`), its numeric limits, the BLS's wiring tables (what each client input feeds in preprocessing and
-in the engine, and the engine's statistics the client gets), and the messages of `facts/errors.py` the C++
-answers with. Committed, as the model configs are; `tests/unit/builder/test_native_contract.py` regenerates it
-and fails on any difference:
+in the engine, and the engine's statistics the client gets), the messages of `facts/errors.py` the C++
+answers with, and the stop protocol of `facts/environment.py` (the launcher's folder, its files, its times and
+the STOPPING file's format). Committed, as the model configs are; `tests/unit/builder/test_native_contract.py`
+regenerates it and fails on any difference:
 
     python -m tritonforge.builder.native_contract
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..facts import contract, errors
+from ..facts import contract, environment, errors
 
 HEADER = Path(__file__).resolve().parent.parent / "runtime" / "native" / "contract.h"
 # The engine inputs the BLS sets itself on every engine request, so no client input is wired to them.
@@ -34,6 +35,12 @@ def _names() -> list[tuple[str, str]]:
     """Every public string constant of the contract: tensor and model names."""
     return [(name, value) for name, value in vars(contract).items()
             if name.isupper() and not name.startswith("_") and isinstance(value, str)]
+
+
+def _whole(seconds: float) -> int:
+    if seconds != int(seconds):
+        raise ValueError(f"{seconds} s: the C++ models count these times in whole seconds")
+    return int(seconds)
 
 
 def _table(name: str, pairs: list[tuple[str, str]], comment: str) -> list[str]:
@@ -75,6 +82,18 @@ def header_text() -> str:
               f"constexpr char kUnavailablePrefix[] = {_string(errors.UNAVAILABLE_PREFIX)};",
               f"constexpr char kInternalPrefix[] = {_string(errors.INTERNAL_PREFIX)};",
               f"constexpr char kResponseNotSent[] = {_string(str(errors.ResponseSendError()))};",
+              f"constexpr char kServerStopping[] = {_string(str(errors.ServerStopping()))};",
+              f"constexpr char kEngineShuttingDown[] = {_string(str(errors.EngineShuttingDown()))};", ""]
+    lines += ["// The stop protocol between a launcher and the models (facts/environment.py): the heartbeat folder's",
+              "// variable, its files, how often the STOPPING file is read, how long a drain may end requests, and",
+              "// the STOPPING file's format: whole nanoseconds of CLOCK_MONOTONIC in decimal digits, a newline.",
+              f"constexpr char kHeartbeatDirEnv[] = {_string(environment.HEARTBEAT_DIR_ENV)};",
+              f"constexpr char kStoppingFile[] = {_string(environment.STOPPING_FILE)};",
+              f"constexpr char kDrainsSuffix[] = {_string(environment.DRAINS_SUFFIX)};",
+              f"constexpr char kDrainedSuffix[] = {_string(environment.DRAINED_SUFFIX)};",
+              f"constexpr int kHeartbeatPeriodSeconds = {_whole(environment.HEARTBEAT_PERIOD_S)};",
+              f"constexpr int kModelDrainEndSeconds = {_whole(environment.MODEL_DRAIN_END_S)};",
+              f"constexpr int kStoppingDigits = {environment.STOPPING_DIGITS};",
               "", "}  // namespace tritonforge::contract", ""]
     return "\n".join(lines)
 

@@ -16,6 +16,26 @@ HEARTBEAT_PERIOD_S = 1.0
 # the signal.
 STOPPING_FILE = "stopping"
 DRAINS_SUFFIX, DRAINED_SUFFIX = ".drains", ".drained"
+# How long a model that drains may take to end the requests still open at the deadline (its drain returns by
+# then at the latest); the C++ models read it from runtime/native/contract.h.
+MODEL_DRAIN_END_S = 5
+STOPPING_DIGITS = 19  # the most digits of the STOPPING file's number (an int64 of nanoseconds)
+
+
+def stopping_text(deadline_s: float) -> str:
+    """The STOPPING file's one stated format, which the Python and the C++ models read alike: the deadline as
+    whole nanoseconds of the machine's monotonic clock (time.monotonic(), CLOCK_MONOTONIC), decimal digits
+    and a newline."""
+    return f"{max(0, round(deadline_s * 1e9))}\n"
+
+
+def stopping_deadline(text: str) -> float | None:
+    """The deadline (time.monotonic seconds) in a STOPPING file's text; None for any text not in the format
+    (the launcher writes the file whole, with a rename: no text means not stopping)."""
+    number = text[:-1]
+    if not text.endswith("\n") or not number.isascii() or not number.isdigit() or len(number) > STOPPING_DIGITS:
+        return None
+    return int(number) / 1e9
 # Written there by the launcher as it starts the server: the server's pid. A stub whose parent is another
 # process was orphaned while it loaded (its server killed before the stub could watch it) and ends at once.
 SERVER_PID_FILE = "server.pid"

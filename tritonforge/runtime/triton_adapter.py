@@ -26,6 +26,7 @@ from ..facts.environment import (
     HEARTBEAT_PERIOD_S,
     SERVER_PID_FILE,
     STOPPING_FILE,
+    stopping_deadline,
 )
 from ..facts.errors import ERROR_CODES, INTERNAL_PREFIX, ErrorKind, ResponseSendError, TritonforgeError
 
@@ -37,8 +38,6 @@ logger = logging.getLogger(__name__)
 # the ensemble request in flight for ever: the server's stop waits its whole exit timeout for it, then cannot
 # unload the ensemble and is killed (core's EnsembleContext::PrepareSteps, fixed upstream in 2026).
 ERROR_AFTER_RESPONSE_S = 1.0
-# How long a model's drain at a server's stop waits for the requests it ended to close (the engine's and the BLS's).
-DRAIN_END_S = 5.0
 _STUB_WATCH = Path(__file__).with_name("stub_watch.py")
 
 
@@ -259,6 +258,6 @@ def _launched_server(folder: Path) -> int | None:
 
 def _deadline(stopping: Path) -> float | None:
     try:
-        return float(stopping.read_text())
-    except (OSError, ValueError):  # not stopping (the launcher writes the file whole, with a rename)
+        return stopping_deadline(stopping.read_text())
+    except (OSError, UnicodeDecodeError):  # not stopping (the launcher writes the file whole, with a rename)
         return None

@@ -49,10 +49,12 @@ from ..facts.environment import (
     ENGINE_GRPC_URL_ENV,
     HEARTBEAT_DIR_ENV,
     HEARTBEAT_PERIOD_S,
+    MODEL_DRAIN_END_S,
     SERVER_PID_FILE,
     SERVER_START_LOCK_ENV,
     STOPPING_FILE,
     TRITONSERVER_ENV,
+    stopping_text,
 )
 from ..facts.ports import check_distinct_ports
 from . import python_env
@@ -78,8 +80,8 @@ DEFAULT_EXIT_TIMEOUT_S = 20.0
 STOP_RESERVE_S = 10.0
 STOP_RESERVE_MIN_S = 5.0
 # After the time open requests get at a stop, how long the engine may take to end the rest (its
-# EngineService.drain waits 5 s) and to say so (a heartbeat later).
-DRAIN_END_S = 5 + 2 * HEARTBEAT_PERIOD_S
+# EngineService.drain waits MODEL_DRAIN_END_S) and to say so (a heartbeat later).
+DRAIN_END_S = MODEL_DRAIN_END_S + 2 * HEARTBEAT_PERIOD_S
 WORK_DIR_PREFIX = "tritonforge-server-"  # in the temporary folder, one per start
 OWNER_RECORD = "owner.json"  # in a work folder: the pids it belongs to
 # A shared-memory prefix names the process that started the server, so that a sweep can tell a dead run's.
@@ -810,7 +812,7 @@ class TritonServer:
         draining = [path.with_suffix(DRAINED_SUFFIX) for path in self.heartbeat_dir.glob(f"*{DRAINS_SUFFIX}")]
         if not draining:
             return
-        _write_whole(self.heartbeat_dir / STOPPING_FILE, repr(drained_by))
+        _write_whole(self.heartbeat_dir / STOPPING_FILE, stopping_text(drained_by))
         give_up = min(drained_by + DRAIN_END_S, deadline)
         while not all(path.exists() for path in draining) and time.monotonic() < give_up:
             if self._process.poll() is not None:

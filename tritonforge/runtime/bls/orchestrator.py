@@ -53,13 +53,14 @@ from ...facts.contract import (
     TOP_LOG_PROBS,
     TOP_TOKEN_IDS,
 )
+from ...facts.environment import MODEL_DRAIN_END_S
 from ...facts.errors import RequestError, ServerStopping
 from ...facts.limits import EngineLimits
 from ..sending import Senders
 from ..text.detokenization import TokenBytes
 from ..text.preprocess import CLIENT_TENSORS, EncodedRequest, Preprocessor
 from ..text.tokenization import decode_utf8
-from ..triton_adapter import DRAIN_END_S, RequestRows, answer_error, request_inputs, requested_outputs
+from ..triton_adapter import RequestRows, answer_error, request_inputs, requested_outputs
 from .engine_stream import EngineStream
 from .row_stream import CANCEL_CHECK_PERIOD_S, RowRequest, RowStream
 from .token_log import requested_top_log_probs
@@ -134,7 +135,7 @@ class BlsOrchestrator:
     def drain(self, deadline: float) -> None:
         """The server is stopping (triton_adapter.start_heartbeat calls this): open rows run until `deadline`
         (time.monotonic); the rest then end with ServerStopping, their engine requests stopped, and so does any
-        request that comes later. Returns once none is open, or DRAIN_END_S later."""
+        request that comes later. Returns once none is open, or MODEL_DRAIN_END_S later."""
         while self._running and time.monotonic() < deadline:
             wait(list(self._running), timeout=min(deadline - time.monotonic(), DRAIN_POLL_S))
         self._server_stopping = True
@@ -144,7 +145,7 @@ class BlsOrchestrator:
         logger.warning("the server is stopping: ending %d open BLS requests", len(open_rows))
         for stream in open_rows.values():
             stream.end_for_server()
-        wait(list(open_rows), timeout=DRAIN_END_S)
+        wait(list(open_rows), timeout=MODEL_DRAIN_END_S)
 
     def _rows(self, inputs: dict[str, np.ndarray], requested: frozenset[str] | None) -> list[RowRequest]:
         encoded = self.preprocessor.encode(inputs, CLIENT_TENSORS)

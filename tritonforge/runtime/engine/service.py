@@ -49,12 +49,12 @@ from ...facts.contract import (
     TOTAL_ACCEPTED_DRAFT_TOKENS,
     TOTAL_DRAFT_TOKENS,
 )
+from ...facts.environment import MODEL_DRAIN_END_S
 from ...facts.errors import RequestError, ResponseSendError, ServerStopping
 from ...facts.limits import EngineLimits
 from ...facts.model_parameters import CANCELLATION_CHECK_PERIOD_MS, EngineParameters, TransformersEngineParameters
 from ..sending import Outbox, Senders
 from ..triton_adapter import (
-    DRAIN_END_S,
     RequestRows,
     answer_error,
     is_decoupled,
@@ -95,7 +95,8 @@ class EngineSettings:
     stream_interval: int = 1  # streamed tokens per response after the first (model_parameters.EngineParameters)
     response_lanes: int = EngineParameters.response_lanes  # sender threads (runtime/sending.py); 0: the engine's
     bos_token_id: int | None = None  # the checkpoint's (config.json): see `streamed_responses`
-    lora_adapters: tuple[AdapterRecord, ...] = ()  # transformers engine: its LoRA adapters, paths absolute
+    # transformers and tensorrtllm-pytorch engines: their LoRA adapters, paths absolute
+    lora_adapters: tuple[AdapterRecord, ...] = ()
 
     @classmethod
     def from_parameters(cls, parameters: EngineParameters, *, decoupled: bool, max_queue_size: int,
@@ -115,7 +116,7 @@ class EngineSettings:
             stream_interval=parameters.stream_interval,
             response_lanes=parameters.response_lanes,
             bos_token_id=checkpoint_bos_token_id(model_path) if model_path else None,
-            lora_adapters=tuple(records_from_parameter(parameters.lora_adapters)) if transformers else (),
+            lora_adapters=tuple(records_from_parameter(getattr(parameters, "lora_adapters", ""))),
         )
 
     @classmethod
@@ -372,7 +373,7 @@ class EngineService:
             if self._open:
                 logger.warning("the server is stopping: ending %d open requests", self._open)
                 self.server_stopping.set()
-                self._open_changed.wait_for(lambda: self._open == 0, timeout=DRAIN_END_S)
+                self._open_changed.wait_for(lambda: self._open == 0, timeout=MODEL_DRAIN_END_S)
 
     def publish_metrics(self, model: str, version: str, instance: str | None = None) -> None:
         """The backend's nv_trt_llm_* families on Triton's /metrics; `instance`: this instance's name, a label

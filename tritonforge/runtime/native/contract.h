@@ -220,5 +220,18 @@ constexpr const char* kBlsEngineStatistics[] = {
 constexpr char kUnavailablePrefix[] = "unavailable: ";
 constexpr char kInternalPrefix[] = "internal error: ";
 constexpr char kResponseNotSent[] = "a streamed response could not be sent; the generation was stopped";
+constexpr char kServerStopping[] = "unavailable: the server is shutting down; the generation was stopped";
+constexpr char kEngineShuttingDown[] = "unavailable: the engine is shutting down";
+
+// The stop protocol between a launcher and the models (facts/environment.py): the heartbeat folder's
+// variable, its files, how often the STOPPING file is read, how long a drain may end requests, and
+// the STOPPING file's format: whole nanoseconds of CLOCK_MONOTONIC in decimal digits, a newline.
+constexpr char kHeartbeatDirEnv[] = "TRITONFORGE_HEARTBEAT_DIR";
+constexpr char kStoppingFile[] = "stopping";
+constexpr char kDrainsSuffix[] = ".drains";
+constexpr char kDrainedSuffix[] = ".drained";
+constexpr int kHeartbeatPeriodSeconds = 1;
+constexpr int kModelDrainEndSeconds = 5;
+constexpr int kStoppingDigits = 19;
 
 }  // namespace tritonforge::contract

@@ -1,13 +1,12 @@
 // How a C++ model takes part in a launcher's stop (serve/server.py TritonServer._drain), as the Python models do
 // through triton_adapter.start_heartbeat: where the launcher names a heartbeat folder, an instance says it drains
 // (a `.drains` file), watches the folder's STOPPING file, and once that holds a deadline (Python's
-// time.monotonic()) lets its open requests run until then, ends the rest with kServerStopping, and says it has
+// time.monotonic(), in the format facts/environment.py states) lets its open requests run until then, ends the rest with kServerStopping, and says it has
 // drained (a `.drained` file): the launcher signals the server only then, and the server exits by itself.
 // Triton-free: the replay engine, the coalescer and the BLS use it.
 #pragma once
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -26,17 +25,19 @@
 
 #include <unistd.h>
 
+#include "contract.h"
+
 namespace tritonforge::server_stop {
 
-// The launcher's names (facts/environment.py) and what a request still open at the deadline is told
-// (facts/errors.py ServerStopping).
-constexpr char kServerStopping[] = "unavailable: the server is shutting down; the generation was stopped";
-constexpr std::chrono::seconds kDrainEnd{5};  // service.DRAIN_END_S: how long ending the rest may take
-constexpr std::chrono::seconds kHeartbeatPeriod{1};  // environment.HEARTBEAT_PERIOD_S: how often STOPPING is read
-constexpr char kHeartbeatDirEnv[] = "TRITONFORGE_HEARTBEAT_DIR";  // environment.HEARTBEAT_DIR_ENV
-constexpr char kStoppingFile[] = "stopping";  // environment.STOPPING_FILE
-constexpr char kDrainsSuffix[] = ".drains";  // environment.DRAINS_SUFFIX
-constexpr char kDrainedSuffix[] = ".drained";  // environment.DRAINED_SUFFIX
+// The launcher's names and times, and what a request still open at the deadline is told: contract.h, from
+// facts/environment.py and facts/errors.py.
+using contract::kDrainedSuffix;
+using contract::kDrainsSuffix;
+using contract::kHeartbeatDirEnv;
+using contract::kServerStopping;
+using contract::kStoppingFile;
+constexpr std::chrono::seconds kDrainEnd{contract::kModelDrainEndSeconds};  // how long ending the rest may take
+constexpr std::chrono::seconds kHeartbeatPeriod{contract::kHeartbeatPeriodSeconds};  // how often STOPPING is read
 
 using Clock = std::chrono::steady_clock;
 
@@ -53,53 +54,23 @@ inline Clock::duration Span(double seconds) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(bounded));
 }
 
-// Python's float(text): whitespace around it, a sign, then inf, infinity or nan in any case, or a decimal
-// number (digits, single underscores between them, around an optional point, an optional exponent).
-inline std::optional<double> PythonFloat(std::string text) {
-  const char* space = " \t\n\v\f\r";
-  const size_t first = text.find_first_not_of(space);
-  if (first == std::string::npos) return std::nullopt;
-  text = text.substr(first, text.find_last_not_of(space) + 1 - first);
-  std::string plain;  // the number without its underscores, for strtod
-  size_t i = 0;
-  if (text[i] == '+' || text[i] == '-') plain += text[i++];
-  std::string word = text.substr(i);
-  for (char& c : word) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (word == "inf" || word == "infinity") return plain == "-" ? -HUGE_VAL : HUGE_VAL;
-  if (word == "nan") return std::nan("");
-  const auto is_digit = [&text](size_t at) { return at < text.size() && text[at] >= '0' && text[at] <= '9'; };
-  const auto digits = [&]() {  // a digit part: false where none starts here
-    if (!is_digit(i)) return false;
-    while (is_digit(i) || (i < text.size() && text[i] == '_' && is_digit(i + 1))) {
-      if (text[i] != '_') plain += text[i];
-      ++i;
-    }
-    return true;
-  };
-  const bool whole = digits();
-  bool fraction = false;
-  if (i < text.size() && text[i] == '.') {
-    plain += text[i++];
-    fraction = digits();
-  }
-  if (!whole && !fraction) return std::nullopt;
-  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
-    plain += text[i++];
-    if (i < text.size() && (text[i] == '+' || text[i] == '-')) plain += text[i++];
-    if (!digits()) return std::nullopt;
-  }
-  if (i != text.size()) return std::nullopt;
-  return std::strtod(plain.c_str(), nullptr);  // out of range: inf or 0, as Python's
+// The deadline in a STOPPING file's text, in its one format (facts/environment.py stopping_text): whole
+// nanoseconds of CLOCK_MONOTONIC in decimal digits, then a newline; nothing for any other text.
+inline std::optional<double> StoppingDeadline(const std::string& text) {
+  const size_t digits = text.size() - 1;
+  if (text.empty() || text.back() != '\n' || digits == 0 || digits > contract::kStoppingDigits) return std::nullopt;
+  if (!std::all_of(text.begin(), text.end() - 1, [](char c) { return c >= '0' && c <= '9'; })) return std::nullopt;
+  return static_cast<double>(std::stoll(text.substr(0, digits))) * 1e-9;
 }
 
-// triton_adapter._deadline: the time.monotonic() by which a stopping server's open requests must end, or
-// nothing while the server is not stopping (no file, or no number in it: the launcher writes it whole).
+// The deadline (MonotonicSeconds) by which a stopping server's open requests must end, or nothing while the
+// server is not stopping (no file, or not the format: the launcher writes it whole, with a rename).
 inline std::optional<double> StopDeadline(const std::string& path) {
   std::ifstream file(path);
   if (!file) return std::nullopt;
   std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
   if (file.bad()) return std::nullopt;
-  return PythonFloat(std::move(text));
+  return StoppingDeadline(text);
 }
 
 inline void Touch(const std::string& path) {

@@ -76,7 +76,7 @@ void LogError(const char* what, TRITONSERVER_Error* error) {
 
 // What the Python engines answer (tritonforge/facts/errors.py, runtime/triton_adapter.py); the stop's files and
 // clock are server_stop.h's.
-constexpr char kEngineShuttingDown[] = "unavailable: the engine is shutting down";  // errors.EngineShuttingDown
+using tritonforge::contract::kEngineShuttingDown;  // errors.EngineShuttingDown
 constexpr std::chrono::seconds kErrorAfterResponse{1};  // triton_adapter.ERROR_AFTER_RESPONSE_S
 using server_stop::kDrainEnd;
 using server_stop::kServerStopping;

@@ -190,22 +190,24 @@ def _constants(path) -> tuple[dict[str, str], dict[str, float]]:
 
 
 def test_the_cpp_models_stop_with_the_files_times_and_messages_of_the_python_ones():
-    """server_stop.h (the C++ replay engine's, the BLS's and the coalescer's part in a server's stop) and the
-    replay engine keep their own copies of what a stop is made of (the heartbeat folder's variable and files, the
-    poll period, the time a model gets to end its streams, the wait before a last error response) and of what
-    they answer: each must be the Python value."""
+    """server_stop.h (the C++ replay engine's, the BLS's and the coalescer's part in a server's stop) takes what a
+    stop is made of from contract.h, generated from facts/ (the heartbeat folder's variable and files, the poll
+    period, the time a model gets to end its streams, what a request still open is told); the replay engine and
+    the coalescer keep one time of their own (the wait before a last error response), which must be Python's."""
     from tritonforge.builder.native import COALESCER, INCLUDE_DIR, REPLAY
+    from tritonforge.builder.native_contract import header_text
     from tritonforge.facts import environment
-    from tritonforge.facts.errors import EngineShuttingDown, ServerStopping, answered_kind
+    from tritonforge.facts.errors import ServerStopping, answered_kind
     from tritonforge.runtime import triton_adapter
 
-    strings, seconds = _constants(INCLUDE_DIR / "server_stop.h")
-    assert strings == {"kServerStopping": str(ServerStopping()), "kHeartbeatDirEnv": environment.HEARTBEAT_DIR_ENV,
-                       "kStoppingFile": environment.STOPPING_FILE, "kDrainsSuffix": environment.DRAINS_SUFFIX,
-                       "kDrainedSuffix": environment.DRAINED_SUFFIX}
-    assert seconds == {"kDrainEnd": triton_adapter.DRAIN_END_S, "kHeartbeatPeriod": environment.HEARTBEAT_PERIOD_S}
-    assert answered_kind(strings["kServerStopping"]) is ErrorKind.UNAVAILABLE  # as a client reads the message
+    assert _constants(INCLUDE_DIR / "server_stop.h") == ({}, {})
+    header = header_text()
+    for name, value in (("kHeartbeatDirEnv", environment.HEARTBEAT_DIR_ENV),
+                        ("kStoppingFile", environment.STOPPING_FILE), ("kServerStopping", str(ServerStopping()))):
+        assert f'constexpr char {name}[] = "{value}";' in header
+    assert f"constexpr int kModelDrainEndSeconds = {environment.MODEL_DRAIN_END_S};" in header
+    assert answered_kind(str(ServerStopping())) is ErrorKind.UNAVAILABLE  # as a client reads the message
     strings, seconds = _constants(REPLAY.source)
-    assert strings == {"kEngineShuttingDown": str(EngineShuttingDown())}
+    assert strings == {}
     assert seconds == {"kErrorAfterResponse": triton_adapter.ERROR_AFTER_RESPONSE_S}
     assert _constants(COALESCER.source)[1] == {"kErrorAfterResponse": triton_adapter.ERROR_AFTER_RESPONSE_S}
