@@ -509,7 +509,16 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelIns
   const char* name = nullptr;
   error = TRITONBACKEND_ModelInstanceName(instance, &name);
   if (error != nullptr) return error;
-  return TRITONBACKEND_ModelInstanceSetState(instance, new Engine(std::move(settings), name));
+  std::unique_ptr<Engine> engine;
+  try {  // its threads start here: nothing they throw may cross the C ABI into the server
+    engine = std::make_unique<Engine>(std::move(settings), name);
+  } catch (const std::exception& failure) {
+    const std::string message = std::string("tritonforge_replay: the engine could not start: ") + failure.what();
+    return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, message.c_str());
+  }
+  error = TRITONBACKEND_ModelInstanceSetState(instance, engine.get());
+  if (error == nullptr) engine.release();  // the instance owns it now; else it stops its threads here
+  return error;
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance* instance) {
@@ -529,12 +538,21 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
   for (uint32_t i = 0; i < count; ++i) {
     TRITONBACKEND_ResponseFactory* factory = nullptr;
     error = TRITONBACKEND_ResponseFactoryNew(&factory, requests[i]);
-    if (error != nullptr) {
-      LogError("response factory", error);
-      continue;  // Triton answers a request that an instance releases without a response
+    if (error != nullptr) {  // no stream can be answered: the request gets its error, then is released
+      TRITONBACKEND_Response* response = nullptr;
+      LogError("new response", TRITONBACKEND_ResponseNew(&response, requests[i]));
+      if (response != nullptr)
+        LogError("send error", TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, error));
+      TRITONSERVER_ErrorDelete(error);
+      LogError("release request", TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL));
+      continue;
     }
     Stream* stream = nullptr;
-    error = Accept(engine, requests[i], factory, &stream);
+    try {  // nothing may cross the C ABI into the server
+      error = Accept(engine, requests[i], factory, &stream);
+    } catch (const std::exception& failure) {
+      error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, failure.what());
+    }
     const uint64_t accepted_ns = NowNs();
     LogError("statistics", TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[i], error == nullptr,
                                                                        started_ns, started_ns, accepted_ns,
@@ -549,7 +567,11 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
       TRITONSERVER_ErrorDelete(error);
       LogError("delete response factory", TRITONBACKEND_ResponseFactoryDelete(factory));
     } else if (stream != nullptr) {
-      engine->Submit(stream);
+      try {
+        engine->Submit(stream);
+      } catch (const std::exception& failure) {  // out of memory: logged, never thrown into the server
+        std::fprintf(stderr, "tritonforge_replay: a request could not be queued: %s\n", failure.what());
+      }
     }
   }
   const uint64_t ended_ns = NowNs();
