@@ -1,6 +1,6 @@
 // What tritonforge's C++ backends share at their edge to Triton: owned errors, log lines, the clock Triton's
-// statistics use, and the model's config read as JSON with its string parameters. Header-only, included after
-// "detokenizer.h" (its JSON reader) and "triton_backend_api.h".
+// statistics use, and the model's config read as JSON with its string parameters. Header-only; the floor of the
+// native backends (runtime/native/), which includes nothing above it.
 #pragma once
 
 #include <chrono>
@@ -10,9 +10,10 @@
 #include <string>
 #include <string_view>
 
-namespace tritonforge::backend {
+#include "json.h"
+#include "triton_backend_api.h"
 
-namespace json = tritonforge::text::json;
+namespace tritonforge::backend {
 
 inline uint64_t NowNs() {  // the clock Triton's own statistics use
   return std::chrono::duration_cast<std::chrono::nanoseconds>(

@@ -223,6 +223,15 @@ constexpr char kResponseNotSent[] = "a streamed response could not be sent; the 
 constexpr char kServerStopping[] = "unavailable: the server is shutting down; the generation was stopped";
 constexpr char kEngineShuttingDown[] = "unavailable: the engine is shutting down";
 
+// The config parameters the C++ replay engine reads (facts/model_parameters.py NativeReplayEngineParameters).
+constexpr char kReplayParameterReplayTokens[] = "replay_tokens";
+constexpr char kReplayParameterReplayStepMs[] = "replay_step_ms";
+constexpr char kReplayParameterMaxBatchSize[] = "max_batch_size";
+constexpr char kReplayParameterExcludeInputInOutput[] = "exclude_input_in_output";
+constexpr char kReplayParameterReplaySenderThreads[] = "replay_sender_threads";
+constexpr char kReplayParameterStreamInterval[] = "stream_interval";
+constexpr char kReplayParameterReplayReadsStop[] = "replay_reads_stop";
+
 // The stop protocol between a launcher and the models (facts/environment.py): the heartbeat folder's
 // variable, its files, how often the STOPPING file is read, how long a drain may end requests, and
 // the STOPPING file's format: whole nanoseconds of CLOCK_MONOTONIC in decimal digits, a newline.

@@ -74,7 +74,7 @@
 namespace {
 
 namespace text = tritonforge::text;
-namespace json = tritonforge::text::json;
+namespace json = tritonforge::json;
 namespace backend = tritonforge::backend;
 namespace server_stop = tritonforge::server_stop;
 

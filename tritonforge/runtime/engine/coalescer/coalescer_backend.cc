@@ -54,7 +54,7 @@
 
 namespace {
 
-namespace json = tritonforge::text::json;
+namespace json = tritonforge::json;
 namespace backend = tritonforge::backend;
 namespace coalescing = tritonforge::coalescing;
 namespace server_stop = tritonforge::server_stop;

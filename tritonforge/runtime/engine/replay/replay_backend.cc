@@ -39,7 +39,6 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -49,34 +48,33 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
-#include "triton_backend_api.h"
+#include "backend_support.h"
+#include "json.h"
 #include "server_stop.h"
+#include "triton_backend_api.h"
 
 namespace {
 
+namespace backend = tritonforge::backend;
+namespace contract = tritonforge::contract;
+namespace json = tritonforge::json;
 namespace server_stop = tritonforge::server_stop;
 
+using backend::NowNs;
 using Clock = std::chrono::steady_clock;
+constexpr char kBackend[] = "tritonforge_replay";
 
-uint64_t NowNs() {  // the clock Triton's own statistics use
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
-}
-
-void LogError(const char* what, TRITONSERVER_Error* error) {
-  if (error == nullptr) return;
-  std::fprintf(stderr, "tritonforge_replay: %s: %s\n", what, TRITONSERVER_ErrorMessage(error));
-  TRITONSERVER_ErrorDelete(error);
-}
+// Triton's log, as the other backends write it (backend_support.h).
+#define LogError(what, error) backend::LogIfError(kBackend, (error), (what), __FILE__, __LINE__)
 
 // What the Python engines answer (tritonforge/facts/errors.py, runtime/triton_adapter.py); the stop's files and
 // clock are server_stop.h's.
-using tritonforge::contract::kEngineShuttingDown;  // errors.EngineShuttingDown
+using contract::kEngineShuttingDown;  // errors.EngineShuttingDown
 constexpr std::chrono::seconds kErrorAfterResponse{1};  // triton_adapter.ERROR_AFTER_RESPONSE_S
 using server_stop::kDrainEnd;
 using server_stop::kServerStopping;
@@ -96,26 +94,20 @@ struct Settings {
 
 // The string value of a model parameter in the config's compact JSON ("key":{"string_value":"..."}), or "".
 // The whole pattern is matched: a parameter may share its name with a top-level field (max_batch_size).
-std::string Parameter(const std::string& config_json, const std::string& key) {
-  const std::string marker = "\"" + key + "\":{\"string_value\":\"";
-  size_t at = config_json.find(marker);
-  if (at == std::string::npos) return "";
-  at += marker.size();
-  return config_json.substr(at, config_json.find('"', at) - at);
-}
-
-std::vector<int32_t> ReadTokenIds(const std::string& path) {  // a JSON list of integers
+// The recording (a JSON list of token ids); throws where the file is missing or anything else is in it.
+std::vector<int32_t> ReadTokenIds(const std::string& path) {
   std::ifstream file(path);
-  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  if (!file) throw std::runtime_error("cannot be read");
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  const json::Value list = json::Parse(text);
+  if (list.kind != json::Value::Kind::kArray) throw std::runtime_error("is not a list");
   std::vector<int32_t> ids;
-  for (size_t i = 0; i < text.size();) {
-    if (text[i] == '-' || (text[i] >= '0' && text[i] <= '9')) {
-      size_t used = 0;
-      ids.push_back(static_cast<int32_t>(std::stol(text.substr(i, 16), &used)));
-      i += used;
-    } else {
-      ++i;
-    }
+  for (const json::Value& item : list.items) {
+    if (item.kind != json::Value::Kind::kNumber || item.text.find_first_of(".eE") != std::string::npos)
+      throw std::runtime_error("holds something other than an integer");
+    const long long id = std::stoll(item.text);
+    if (id < INT32_MIN || id > INT32_MAX) throw std::runtime_error("holds a token id past int32");
+    ids.push_back(static_cast<int32_t>(id));
   }
   return ids;
 }
@@ -150,7 +142,7 @@ bool Send(Stream* stream, const int32_t* ids, size_t count, bool final, TRITONSE
     int64_t memory_id = 0;
     if (stream->want_output_ids) {
       const int64_t shape[3] = {1, 1, static_cast<int64_t>(count)};
-      failed = TRITONBACKEND_ResponseOutput(response, &output, "output_ids", TRITONSERVER_TYPE_INT32, shape, 3);
+      failed = TRITONBACKEND_ResponseOutput(response, &output, contract::kOutputIds, TRITONSERVER_TYPE_INT32, shape, 3);
       if (failed == nullptr)
         failed = TRITONBACKEND_OutputBuffer(output, &buffer, count * sizeof(int32_t), &memory_type, &memory_id);
       if (failed == nullptr && count > 0) std::memcpy(buffer, ids, count * sizeof(int32_t));
@@ -158,7 +150,8 @@ bool Send(Stream* stream, const int32_t* ids, size_t count, bool final, TRITONSE
     if (failed == nullptr && stream->want_sequence_length) {
       const int64_t shape[2] = {1, 1};
       const int32_t length = static_cast<int32_t>(count);
-      failed = TRITONBACKEND_ResponseOutput(response, &output, "sequence_length", TRITONSERVER_TYPE_INT32, shape, 2);
+      failed = TRITONBACKEND_ResponseOutput(response, &output, contract::kSequenceLength, TRITONSERVER_TYPE_INT32,
+                                            shape, 2);
       if (failed == nullptr)
         failed = TRITONBACKEND_OutputBuffer(output, &buffer, sizeof(int32_t), &memory_type, &memory_id);
       if (failed == nullptr) std::memcpy(buffer, &length, sizeof(int32_t));
@@ -283,7 +276,8 @@ class Engine {
     const auto done = [this] { return stopping_ || open_ == 0; };
     std::unique_lock<std::mutex> lock(mutex_);
     if (open_changed_.wait_for(lock, Span(deadline - MonotonicSeconds()), done)) return;
-    std::fprintf(stderr, "tritonforge_replay: the server is stopping: ending %d open requests\n", open_);
+    backend::Log(kBackend, TRITONSERVER_LOG_INFO, __FILE__, __LINE__,
+                 "the server is stopping: ending " + std::to_string(open_) + " open requests");
     server_stopping_ = true;
     std::deque<Stream*> waiting;
     waiting.swap(waiting_);  // the running streams end at their workers' next step
@@ -430,7 +424,7 @@ TRITONSERVER_Error* Accept(Engine* engine, TRITONBACKEND_Request* request, TRITO
   LogError("request id", TRITONBACKEND_RequestId(request, &id));
   std::vector<int32_t> stop, prompt, output_len, streaming, exclude;
   int64_t batch = 1;
-  TRITONSERVER_Error* error = ReadInput(request, "stop", &stop, nullptr);
+  TRITONSERVER_Error* error = ReadInput(request, contract::kStop, &stop, nullptr);
   if (error == nullptr && !stop.empty() && stop[0]) {
     if (id == nullptr || id[0] == '\0') return InvalidArg("stop: needs the request id of the request to stop");
     engine->Stop(id);
@@ -438,10 +432,10 @@ TRITONSERVER_Error* Accept(Engine* engine, TRITONBACKEND_Request* request, TRITO
     LogError("delete response factory", TRITONBACKEND_ResponseFactoryDelete(factory));
     return nullptr;
   }
-  if (error == nullptr) error = ReadInput(request, "input_ids", &prompt, &batch);
-  if (error == nullptr) error = ReadInput(request, "request_output_len", &output_len, nullptr);
-  if (error == nullptr) error = ReadInput(request, "streaming", &streaming, nullptr);
-  if (error == nullptr) error = ReadInput(request, "exclude_input_in_output", &exclude, nullptr);
+  if (error == nullptr) error = ReadInput(request, contract::kInputIds, &prompt, &batch);
+  if (error == nullptr) error = ReadInput(request, contract::kRequestOutputLen, &output_len, nullptr);
+  if (error == nullptr) error = ReadInput(request, contract::kStreaming, &streaming, nullptr);
+  if (error == nullptr) error = ReadInput(request, contract::kExcludeInputInOutput, &exclude, nullptr);
   if (error != nullptr) return error;
   if (batch != 1)
     return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED, "input_ids: the replay engine takes one row");
@@ -452,8 +446,8 @@ TRITONSERVER_Error* Accept(Engine* engine, TRITONBACKEND_Request* request, TRITO
   stream->max_new_tokens = output_len[0];
   stream->streaming = !streaming.empty() && streaming[0];
   stream->exclude_input = exclude.empty() ? engine->settings().exclude_input_in_output : exclude[0] != 0;
-  stream->want_output_ids = Requested(request, "output_ids");
-  stream->want_sequence_length = Requested(request, "sequence_length");
+  stream->want_output_ids = Requested(request, contract::kOutputIds);
+  stream->want_sequence_length = Requested(request, contract::kSequenceLength);
   int64_t sum = 0;
   for (int32_t token : prompt) sum += token;
   stream->offset = static_cast<size_t>(sum % static_cast<int64_t>(engine->settings().tokens.size()));
@@ -469,14 +463,10 @@ extern "C" {
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance* instance) {
   TRITONBACKEND_Model* model = nullptr;
   TRITONSERVER_Error* error = TRITONBACKEND_ModelInstanceModel(instance, &model);
-  TRITONSERVER_Message* message = nullptr;
-  if (error == nullptr) error = TRITONBACKEND_ModelConfig(model, 1, &message);
-  const char* json = nullptr;
-  size_t size = 0;
-  if (error == nullptr) error = TRITONSERVER_MessageSerializeToJson(message, &json, &size);
+  json::Value config;
+  if (error == nullptr) error = backend::ReadConfig(model, &config);
   if (error != nullptr) return error;
-  const std::string config(json, size);
-  LogError("delete message", TRITONSERVER_MessageDelete(message));
+  using backend::Parameter;
   TRITONBACKEND_ArtifactType artifact;
   const char* location = nullptr;
   error = TRITONBACKEND_ModelRepository(model, &artifact, &location);
@@ -484,28 +474,31 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelIns
 
   Settings settings;
   try {
-    settings.step_ms = std::stod(Parameter(config, "replay_step_ms"));
-    settings.max_batch_size = std::stoi(Parameter(config, "max_batch_size"));
-    const std::string threads = Parameter(config, "replay_sender_threads");
+    settings.step_ms = std::stod(Parameter(config, contract::kReplayParameterReplayStepMs));
+    settings.max_batch_size = std::stoi(Parameter(config, contract::kReplayParameterMaxBatchSize));
+    const std::string threads = Parameter(config, contract::kReplayParameterReplaySenderThreads);
     settings.sender_threads = threads.empty() ? 1 : std::stoi(threads);
-    settings.exclude_input_in_output = Parameter(config, "exclude_input_in_output") != "false";
-    settings.reads_stop = Parameter(config, "replay_reads_stop") != "false";
-    const std::string interval = Parameter(config, "stream_interval");
+    settings.exclude_input_in_output = Parameter(config, contract::kReplayParameterExcludeInputInOutput) != "false";
+    settings.reads_stop = Parameter(config, contract::kReplayParameterReplayReadsStop) != "false";
+    const std::string interval = Parameter(config, contract::kReplayParameterStreamInterval);
     settings.stream_interval = interval.empty() ? 1 : std::stoi(interval);
   } catch (const std::exception&) {
     return InvalidArg("tritonforge_replay: parameters replay_step_ms and max_batch_size must be numbers");
   }
-  const std::string tokens_path = std::string(location) + "/" + Parameter(config, "replay_tokens");
+  const std::string tokens_path =
+      std::string(location) + "/" + Parameter(config, contract::kReplayParameterReplayTokens);
   try {
     settings.tokens = ReadTokenIds(tokens_path);
-  } catch (const std::exception&) {  // nothing may cross the C ABI into the server
-    return InvalidArg("tritonforge_replay: " + tokens_path + " is not a JSON list of token ids");
+  } catch (const std::exception& failure) {  // nothing may cross the C ABI into the server
+    return InvalidArg("tritonforge_replay: " + tokens_path + " is not a JSON list of token ids: " + failure.what());
   }
   if (settings.tokens.empty()) return InvalidArg("tritonforge_replay: no token ids in " + tokens_path);
   if (settings.step_ms <= 0 || settings.max_batch_size < 1 || settings.stream_interval < 1)
     return InvalidArg("tritonforge_replay: replay_step_ms must be > 0, max_batch_size and stream_interval >= 1");
-  std::fprintf(stderr, "tritonforge_replay: the REPLAY engine (benchmarking only): %d slots, %.3f ms a step, "
-               "%d sender threads\n", settings.max_batch_size, settings.step_ms, settings.sender_threads);
+  backend::Log(kBackend, TRITONSERVER_LOG_INFO, __FILE__, __LINE__,
+               "the REPLAY engine (benchmarking only): " + std::to_string(settings.max_batch_size) + " slots, " +
+                   std::to_string(settings.step_ms) + " ms a step, " + std::to_string(settings.sender_threads) +
+                   " sender threads");
   const char* name = nullptr;
   error = TRITONBACKEND_ModelInstanceName(instance, &name);
   if (error != nullptr) return error;
@@ -570,7 +563,8 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
       try {
         engine->Submit(stream);
       } catch (const std::exception& failure) {  // out of memory: logged, never thrown into the server
-        std::fprintf(stderr, "tritonforge_replay: a request could not be queued: %s\n", failure.what());
+        backend::Log(kBackend, TRITONSERVER_LOG_ERROR, __FILE__, __LINE__,
+                     std::string("a request could not be queued: ") + failure.what());
       }
     }
   }

@@ -155,7 +155,7 @@ extern "C" {
 TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
   const char* name = nullptr;
   if (TRITONSERVER_Error* error = TRITONBACKEND_ModelName(model, &name)) return error;
-  text::json::Value config;
+  tritonforge::json::Value config;
   if (TRITONSERVER_Error* error = ReadConfig(model, &config)) return error;
   if (Decoupled(config))
     return NewError(TRITONSERVER_ERROR_INVALID_ARG, std::string(name) + ": tritonforge_postprocessing answers each "
