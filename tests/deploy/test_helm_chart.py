@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tritonforge.cli import make_parser
+from tritonforge.cli.build import build_options
 from tritonforge.facts.settings import given
 from tritonforge.serve.options import ServeOptions
 
@@ -74,6 +75,11 @@ VARIANTS = {
                        "build": {"checkpointClaimName": "ckpt", "resources": {"requests": {"cpu": "4"}}}},
         "autoscaling": {"enabled": True, "maxReplicas": 8},
         "inferencePool": {"enabled": True},
+    },
+    "build-with-lora": {
+        "repository": {"source": "build", "build": {"checkpointClaimName": "ckpt"}},
+        "lora": {"claimName": "adapters", "subPath": "loras",
+                 "adapters": [{"name": "sql", "path": "sql-v2"}, {"name": "chat", "path": "chat"}]},
     },
     "four-nodes-of-four": merged(MINIMAL, {
         "parallelism": {"tensor": 4, "pipeline": 4},
@@ -300,6 +306,25 @@ def test_a_built_repository_is_built_by_an_init_container_for_the_same_path_and_
     assert "emptyDir" in volumes["repository"] and volumes["checkpoint"]["persistentVolumeClaim"]["readOnly"]
 
 
+def test_lora_adapters_on_a_claim_reach_the_build_as_lora_flags_in_their_order():
+    template = pod_templates(render(VARIANTS["build-with-lora"]))["server"]
+    (build,) = template["spec"]["initContainers"]
+    assert build_options(make_parser().parse_args(build["command"][1:])).lora == ("sql=/lora/sql-v2", "chat=/lora/chat")
+    mounts = {m["name"]: m for m in build["volumeMounts"]}
+    assert mounts["lora"] == {"name": "lora", "mountPath": "/lora", "readOnly": True, "subPath": "loras"}
+    volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+    assert volumes["lora"]["persistentVolumeClaim"] == {"claimName": "adapters", "readOnly": True}
+    # The repository carries what the build made of them: the server mounts no adapters.
+    assert "lora" not in {m["name"] for m in container(template)["volumeMounts"]}
+
+
+def test_without_adapters_the_build_gets_no_lora_flag_and_no_lora_volume():
+    template = pod_templates(render(example("tp4")))["server"]
+    (build,) = template["spec"]["initContainers"]
+    assert not [argument for argument in build["command"] if argument.startswith("--lora")]
+    assert "lora" not in {v["name"] for v in template["spec"]["volumes"]}
+
+
 def test_shared_memory_and_tmp_are_memory_and_scratch_under_a_read_only_root():
     template = pod_templates(render(example("tp4")))["server"]
     volumes = {v["name"]: v for v in template["spec"]["volumes"]}
@@ -319,6 +344,8 @@ def test_shared_memory_and_tmp_are_memory_and_scratch_under_a_read_only_root():
     ({"shm": {"sizeLimit": "two gigs"}}, "/shm/sizeLimit"),
     ({"repository": {"source": "s3"}}, "/repository/source"),
     ({"preStopSleepSeconds": -1}, "/preStopSleepSeconds"),
+    ({"lora": {"adapters": [{"name": "a b", "path": "x"}]}}, "/lora/adapters/0/name"),
+    ({"lora": {"adapters": [{"name": "a", "path": "/abs"}]}}, "/lora/adapters/0/path"),
 ])
 def test_the_schema_refuses_a_bad_value_naming_it(override, message):
     with pytest.raises(helm().HelmValuesError, match=message):
@@ -335,6 +362,10 @@ def test_the_schema_refuses_a_bad_value_naming_it(override, message):
     (merged(MINIMAL, {"apiKey": {"existingSecret": "s", "value": "v"}}), "not both"),
     (merged(MINIMAL, {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}), "minReplicas"),
     (merged(MINIMAL, {"terminationGracePeriodSeconds": 15}), r"leaves tritonforge serve 5 s to stop"),
+    (merged(MINIMAL, {"lora": {"claimName": "a", "adapters": [{"name": "a", "path": "a"}]}}),
+     "lora.adapters needs repository.source=build"),
+    ({"repository": {"source": "build", "build": {"checkpointClaimName": "c"}},
+      "lora": {"adapters": [{"name": "a", "path": "a"}]}}, "lora.adapters needs lora.claimName"),
 ])
 def test_the_chart_refuses_values_that_cannot_work_together(values, message):
     with pytest.raises(helm().HelmRenderError, match=message):

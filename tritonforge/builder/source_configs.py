@@ -51,7 +51,8 @@ def source_configs() -> dict[str, str]:
     limits = EngineLimits(max_batch_size=options.max_batch_size, max_input_len=options.max_input_len,
                                       max_seq_len=options.max_seq_len)
     plan = RepositoryPlan(output=options.output, engine=transformers.KIND.name, frontends=configs.FRONTENDS,
-                          serving=options.serving, limits=limits, engine_parameters=transformers.parameters(options),
+                          serving=options.serving, limits=limits,
+                          engine_parameters=transformers.parameters(options, []),
                           engine_source=transformers.KIND.model_source)
     default = build_configs(plan)
     trt_options = dataclasses.replace(options, engine=tensorrtllm.KIND.name)

@@ -170,6 +170,9 @@ class TrtBuildSpec:
     examples_dir: str
     calib_dataset: str | None
     use_paged_context_fmha: bool = True  # needed by KV-cache reuse and chunked context
+    # --lora (builder/trtllm_lora.py): TensorRT-LLM's modules the LoRA plugin adapts (none: no plugin), largest rank.
+    lora_target_modules: tuple[str, ...] = ()
+    max_lora_rank: int = 0
 
     @property
     def workers(self) -> int:
@@ -225,7 +228,9 @@ def check_inputs(spec: TrtBuildSpec) -> None:
 #   --max_seq_len, --max_num_tokens, --kv_cache_type {continuous,paged,disabled} (--paged_kv_cache deprecated),
 #   --workers; tensorrt_llm/plugin/plugin.py @c20322ff:
 #   --remove_input_padding, --context_fmha, --use_paged_context_fmha {enable,disable}, --gpt_attention_plugin
-#   auto, --gemm_plugin {auto,fp8,...}, --tokens_per_block (32).
+#   auto, --gemm_plugin {auto,fp8,...}, --tokens_per_block (32), --lora_plugin {auto,float16,...,disable}; and
+#   build.py's "LoRA arguments": --max_lora_rank (int, default 64), --lora_target_modules (nargs "+", choices
+#   LoraManager.LORA_MODULE_IDS), with which the plugin builds without --lora_dir.
 def convert_command(spec: TrtBuildSpec) -> list[str]:
     """Step 1: HF checkpoint → TensorRT-LLM checkpoint (parallelism and quantization are fixed here)."""
     parallel = ["--tp_size", str(spec.tp_size), "--pp_size", str(spec.pp_size)]
@@ -256,6 +261,9 @@ def build_command(spec: TrtBuildSpec) -> list[str]:
                "--use_paged_context_fmha", "enable" if spec.use_paged_context_fmha else "disable",
                "--gpt_attention_plugin", "auto", "--gemm_plugin", "fp8" if spec.quantization == "fp8" else "auto",
                "--tokens_per_block", str(TOKENS_PER_BLOCK), "--workers", str(spec.workers)]
+    if spec.lora_target_modules:
+        command += ["--lora_plugin", "auto", "--max_lora_rank", str(spec.max_lora_rank),
+                    "--lora_target_modules", *spec.lora_target_modules]
     return command
 
 

@@ -190,3 +190,5 @@ class PyTorchEngineParameters(EngineParameters):
     max_num_tokens: int = 8192
     enable_block_reuse: bool = True
     enable_chunked_prefill: bool = False
+    # LoRA adapters (build --lora NAME=PATH), JSON: [{"name", "task_id", "path" (relative to the model's folder)}]
+    lora_adapters: str = written_when_set("")

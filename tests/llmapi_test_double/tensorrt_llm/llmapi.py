@@ -11,9 +11,11 @@ token id → object with `.logprob` as the PyTorch backend gives them, the top `
 
 What it generates: `double_tokens(prompt, n, ...)`, one token every STEP_S, `stream_interval` tokens per
 streamed output; a guide constrains nothing here. As the real LLM: `guided_decoding_backend` without a tokenizer
-fails (`get_guided_decoding_config` asserts one). Unknown here, so chosen and stated: an end id that ends the
-generation is included in `token_ids`; a guided request to an LLM made without `guided_decoding_backend` is
-refused with ValueError.
+fails (`get_guided_decoding_config` asserts one); a `lora_config` with other than one `lora_dir` must name its
+`lora_target_modules` (`_torch/pyexecutor/_util.py` asserts it). Unknown here, so chosen and stated: an end id that
+ends the generation is included in `token_ids`; a guided request to an LLM made without `guided_decoding_backend`,
+and a request with a `lora_request` to an LLM made without `lora_config`, are refused with ValueError. A LoRA
+adapter changes nothing the double generates; `lora_requests` records each request's.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ STEP_S = 0.004  # one "decoding step" of the double
 # LLM API's TorchLlmArgs. The real LLM refuses a key that is no field with "LLM got invalid argument: <key>";
 # the double, stricter, refuses any key tritonforge is not known to pass.
 _LLM_FIELDS = {"pipeline_parallel_size", "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",
-               "enable_chunked_prefill", "stream_interval", "kv_cache_config", "guided_decoding_backend"}
+               "enable_chunked_prefill", "stream_interval", "kv_cache_config", "guided_decoding_backend",
+               "lora_config"}
 GUIDED_DECODING_BACKENDS = ("xgrammar", "llguidance")  # TorchLlmArgs.guided_decoding_backend's values
 
 
@@ -167,6 +170,9 @@ class LLM:
             if backend not in GUIDED_DECODING_BACKENDS:
                 raise ValueError(f"Unsupported guided decoding backend {backend}")
             assert tokenizer is not None and not skip_tokenizer_init  # get_guided_decoding_config's assertion
+        lora_config = kwargs.get("lora_config")
+        if lora_config is not None and len(lora_config.lora_dir) != 1:
+            assert len(lora_config.lora_target_modules) >= 1, "Expecting at least one lora target module"
         self.tokenizer = tokenizer
         with open(os.path.join(model, "config.json")) as file:
             self.vocab_size = json.load(file)["vocab_size"]
@@ -174,6 +180,7 @@ class LLM:
         self.tensor_parallel_size, self.trust_remote_code = tensor_parallel_size, trust_remote_code
         self.kwargs = kwargs
         self.requests: list[tuple[dict, SamplingParams, bool]] = []
+        self.lora_requests: list = []  # each request's lora_request, None for the base model
         self.shut_down = False
         LLM.instances.append(self)
 
@@ -191,10 +198,13 @@ class LLM:
             params.guided_decoding._validate()
             if self.kwargs.get("guided_decoding_backend") is None:
                 raise ValueError("guided decoding needs the LLM's guided_decoding_backend")
+        if lora_request is not None and self.kwargs.get("lora_config") is None:
+            raise ValueError("a lora_request needs an LLM made with lora_config")
         prompt = inputs["prompt_token_ids"] if isinstance(inputs, dict) else list(inputs)
         if not self.kwargs.get("enable_chunked_prefill") and len(prompt) > self.kwargs.get("max_num_tokens", 8192):
             raise ValueError(f"The sum of prompt length ({len(prompt)}) should not exceed max_num_tokens")
         self.requests.append((inputs, params, streaming))
+        self.lora_requests.append(lora_request)
         return RequestOutput(self, list(prompt), params, streaming)
 
     def shutdown(self) -> None:

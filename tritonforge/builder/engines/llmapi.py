@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...facts.contract import ENGINE_MODEL, PREPROCESSING_MODEL
 from ...facts.model_parameters import PyTorchEngineParameters
+from ...facts.trtllm_lora import trtllm_module
+from ...runtime.engine.lora import ADAPTER_CONFIG, AdapterError, records_to_parameter
 from .. import trtllm
+from ..lora import BuiltAdapter, copy_adapters, manifest_record, plan_adapters
 from ..repository import CHECKPOINT_SUBDIR, TOKENIZER_SUBDIR
 from . import TENSORRT_LLM_OPTIONS, EngineKind, EnginePlan, Progress
 
@@ -37,9 +42,10 @@ def check(options: BuildOptions) -> None:
                          f"({options.max_input_len}) unless --chunked-context splits prompts")
 
 
-def parameters(options: BuildOptions, vocab_size: int) -> dict[str, str]:
-    """The checkpoint, its tokenizer (preprocessing's: the LLM's guided decoding reads it) and the `LLM(...)`
-    settings."""
+def parameters(options: BuildOptions, vocab_size: int,
+               adapters: list[BuiltAdapter] | None = None) -> dict[str, str]:
+    """The checkpoint, its tokenizer (preprocessing's: the LLM's guided decoding reads it), the `LLM(...)`
+    settings and the LoRA adapters the engine hands the LLM."""
     return PyTorchEngineParameters(
         model_path=f"1/{CHECKPOINT_SUBDIR}", tokenizer_dir=f"../{PREPROCESSING_MODEL}/{TOKENIZER_SUBDIR}",
         vocab_size=vocab_size, max_batch_size=options.max_batch_size,
@@ -50,13 +56,41 @@ def parameters(options: BuildOptions, vocab_size: int) -> dict[str, str]:
         max_num_tokens=options.max_num_tokens, enable_block_reuse=options.enable_kv_cache_reuse,
         enable_chunked_prefill=options.enable_chunked_context, stream_interval=options.stream_interval,
         response_lanes=options.response_lanes,
-        exclude_input_in_output=options.serving.exclude_input_in_output).to_config()
+        exclude_input_in_output=options.serving.exclude_input_in_output,
+        lora_adapters=records_to_parameter([built.record for built in adapters]) if adapters else "").to_config()
+
+
+def check_adapters(adapters: list[BuiltAdapter]) -> None:
+    """What TensorRT-LLM's loader of PEFT folders (lora_manager.py `load_from_hf`) serves as PEFT does: layers it
+    has a LoRA module for, each scaled by lora_alpha over its rank (or its square root with rsLoRA); it reads no
+    alpha_pattern, so an adapter whose pattern changes a layer's scale is refused rather than served wrong."""
+    for built in adapters:
+        name = built.record.name
+        for module in built.adapter.target_modules:
+            trtllm_module(name, module)
+        config = json.loads((built.adapter.folder / ADAPTER_CONFIG).read_text())
+        for path, module in built.adapter.modules.items():
+            nvidia = config.get("lora_alpha", 8) / (math.sqrt(module.rank) if config.get("use_rslora") else module.rank)
+            if not math.isclose(module.scaling, nvidia, rel_tol=1e-6):
+                raise AdapterError(f"LoRA adapter {name}: alpha_pattern scales {path} by {module.scaling:g}, and "
+                                   f"TensorRT-LLM's LLM API scales every layer by lora_alpha / rank ({nvidia:g}); "
+                                   f"serve it with --engine tensorrtllm or transformers")
 
 
 def plan(options: BuildOptions, checkpoint_config: dict, progress: Progress) -> EnginePlan:
     serving = dataclasses.replace(options.serving, target_triton=options.target_triton or trtllm.TRITON_VERSION)
-    return EnginePlan(parameters=parameters(options, checkpoint_config["vocab_size"]), serving=serving,
-                      manifest={"tensorrt_llm": trtllm.TRTLLM_VERSION, "image": trtllm.TRITON_IMAGE})
+    adapters = plan_adapters(options.lora, options.model)
+    check_adapters(adapters)
+    if adapters:
+        progress(f"LoRA adapters: {', '.join(f'{b.record.name} (task id {b.record.task_id})' for b in adapters)}")
+    return EnginePlan(parameters=parameters(options, checkpoint_config["vocab_size"], adapters), serving=serving,
+                      manifest={"tensorrt_llm": trtllm.TRTLLM_VERSION, "image": trtllm.TRITON_IMAGE,
+                                **(manifest_record(adapters) if adapters else {})})
+
+
+def write_engine(options: BuildOptions, checkpoint_config: dict, version_dir: Path, progress: Progress) -> None:
+    """The adapters' PEFT folders under tensorrt_llm/1/lora/NAME/, which the LLM loads by path per request."""
+    copy_adapters(plan_adapters(options.lora, options.model), version_dir)
 
 
 def _installed() -> bool:
@@ -85,5 +119,6 @@ def check_installed() -> None:
 KIND = EngineKind(
     name="tensorrtllm-pytorch", summary="TensorRT-LLM's PyTorch workflow (the LLM API): the checkpoint served with "
     "no engine build", model_source="tensorrt_llm_pytorch", runtime_room="llmapi", plan=plan, check=check,
-    serving_ranks=serving_ranks, check_installed=check_installed, weight_patterns=("*.safetensors",),
-    needs_vocab_size=True, serves_checkpoint=True, own_options=TENSORRT_LLM_OPTIONS)
+    write_engine=write_engine, serving_ranks=serving_ranks, check_installed=check_installed,
+    weight_patterns=("*.safetensors",), needs_vocab_size=True, serves_checkpoint=True,
+    own_options=(*TENSORRT_LLM_OPTIONS, "lora"))

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING
 
 from ...facts.contract import PREPROCESSING_MODEL
 from ...facts.model_parameters import CANCELLATION_CHECK_PERIOD_MS
-from .. import trtllm
+from ...runtime.engine.lora import checkpoint_shapes
+from .. import trtllm, trtllm_lora
+from ..lora import LORA_SUBDIR, BuiltAdapter, manifest_record, plan_adapters
 from ..model_configs import ENGINE_MODEL
 from ..planner import ModelShape, plan_memory
 from ..repository import ENGINE_SUBDIR, TOKENIZER_SUBDIR
@@ -47,14 +49,16 @@ def check(options: BuildOptions) -> None:
                          f"({options.max_input_len}) unless --chunked-context splits prompts")
 
 
-def parameters(options: BuildOptions, guided_decoding: bool = True) -> dict[str, str]:
+def parameters(options: BuildOptions, guided_decoding: bool = True,
+               lora: dict[str, str] | None = None) -> dict[str, str]:
     """Every key of NVIDIA's `tensorrt_llm/config.pbtxt` template (`trtllm.BACKEND_PARAMETER_KEYS`), explicit.
 
     "" is what the backend treats as unset: it then takes its own default. The KV cache is sized by
     `kv_cache_free_gpu_mem_fraction` alone (`max_tokens_in_paged_kv_cache` unset), so the engine gets all
     the memory the fraction gives; the build's memory plan only checks that one max-length sequence fits.
     `guided_decoding`: xgrammar guides requests, from the tokenizer file `write_engine` writes (the C++ backend
-    ignores `tokenizer_dir`, logging so; NVIDIA's Python engine model reads it instead).
+    ignores `tokenizer_dir`, logging so; NVIDIA's Python engine model reads it instead). `lora`: the `lora_*` keys
+    of a build with adapters (`lora_parameters`).
     """
     def flag(value: bool) -> str:
         return "true" if value else "false"
@@ -88,6 +92,7 @@ def parameters(options: BuildOptions, guided_decoding: bool = True) -> dict[str,
                                             f"{trtllm.XGRAMMAR_TOKENIZER_INFO}",
             "tokenizer_dir": f"{options.repository_mount}/{PREPROCESSING_MODEL}/{TOKENIZER_SUBDIR}",
         })
+    ours.update(lora or {})
     unknown = set(ours) - set(trtllm.BACKEND_PARAMETER_KEYS)
     if unknown:
         raise ValueError(f"not parameters of the tensorrtllm backend {trtllm.TRTLLM_VERSION}: {sorted(unknown)}")
@@ -119,11 +124,16 @@ def _gpu_memory_gib(options: BuildOptions) -> float:
     return memory
 
 
-def build_spec(options: BuildOptions, checkpoint_config: dict) -> trtllm.TrtBuildSpec:
-    """The engine build of these options: paths beside the output, dtype resolved from the checkpoint."""
+def build_spec(options: BuildOptions, checkpoint_config: dict,
+               adapters: list[BuiltAdapter] | None = None) -> trtllm.TrtBuildSpec:
+    """The engine build of these options: paths beside the output, dtype resolved from the checkpoint, the LoRA
+    plugin's modules and rank from the adapters (`options.lora`'s, read here unless given)."""
     dtype = options.dtype if options.dtype != "auto" else (
         "bfloat16" if checkpoint_config.get("torch_dtype", checkpoint_config.get("dtype")) == "bfloat16"
         else "float16")
+    lora = trtllm_lora.engine_lora(plan_adapters(options.lora, options.model) if adapters is None else adapters)
+    if lora is not None:
+        trtllm_lora.check_dtype(dtype)
     return trtllm.TrtBuildSpec(
         checkpoint=options.model.resolve(), work_dir=(options.output.parent / f"{options.output.name}.build").resolve(),
         engine_dir=(options.output / ENGINE_MODEL / "1" / ENGINE_SUBDIR).resolve(),
@@ -131,7 +141,20 @@ def build_spec(options: BuildOptions, checkpoint_config: dict) -> trtllm.TrtBuil
         tp_size=options.tp_size, pp_size=options.pp_size, quantization=options.quantization,
         kv_cache_dtype=options.kv_cache_dtype, max_batch_size=options.max_batch_size,
         max_input_len=options.max_input_len, max_seq_len=options.max_seq_len, max_num_tokens=options.max_num_tokens,
-        examples_dir=options.examples_dir, calib_dataset=options.calib_dataset)
+        examples_dir=options.examples_dir, calib_dataset=options.calib_dataset,
+        lora_target_modules=lora.target_modules if lora else (), max_lora_rank=lora.max_rank if lora else 0)
+
+
+def lora_parameters(options: BuildOptions, checkpoint_config: dict, spec: trtllm.TrtBuildSpec,
+                    adapters: list[BuiltAdapter]) -> dict[str, str]:
+    """The backend's `lora_*` keys: the prefetch folder `write_engine` fills, and the cache sized for the adapters."""
+    if not adapters:
+        return {}
+    lora = trtllm_lora.EngineLora(target_modules=spec.lora_target_modules, max_rank=spec.max_lora_rank)
+    return trtllm_lora.cache_parameters(
+        adapters, lora, prefetch_dir=f"{options.repository_mount}/{ENGINE_MODEL}/1/{LORA_SUBDIR}",
+        base_shapes=checkpoint_shapes(options.model), num_layers=int(checkpoint_config["num_hidden_layers"]),
+        tp_size=options.tp_size, pp_size=options.pp_size, dtype=spec.dtype)
 
 
 def _tokenizer_info(options: BuildOptions) -> dict | None:
@@ -145,7 +168,9 @@ def plan(options: BuildOptions, checkpoint_config: dict, progress: Progress) -> 
     build that cannot run asks for nothing else)."""
     if not options.dry_run:
         trtllm.require_trtllm()
-    spec = build_spec(options, checkpoint_config)
+    adapters = plan_adapters(options.lora, options.model)
+    spec = build_spec(options, checkpoint_config, adapters)
+    lora = lora_parameters(options, checkpoint_config, spec, adapters)
     guided_decoding = _tokenizer_info(options) is not None
     if not guided_decoding:
         progress("guided decoding off: the checkpoint's tokenizer has no fast (tokenizer.json) form, which the "
@@ -166,6 +191,9 @@ def plan(options: BuildOptions, checkpoint_config: dict, progress: Progress) -> 
         progress("  " + " ".join(command))
     serving = dataclasses.replace(options.serving, target_triton=options.target_triton or trtllm.TRITON_VERSION)
     progress(target_triton_note(serving.target_triton))
+    if adapters:
+        progress(f"LoRA adapters (rank <= {spec.max_lora_rank}, modules {' '.join(spec.lora_target_modules)}): "
+                 + ", ".join(f"{b.record.name} (task id {b.record.task_id})" for b in adapters))
     if options.planned_instances:
         serving = dataclasses.replace(serving, preprocessing_instances=memory.preprocessing_instances,
                                       postprocessing_instances=memory.postprocessing_instances,
@@ -173,17 +201,23 @@ def plan(options: BuildOptions, checkpoint_config: dict, progress: Progress) -> 
                                       bls_max_concurrency=memory.bls_max_concurrency,
                                       max_queue_size=options.serving.max_queue_size or memory.max_queue_size)
     record = {"memory_plan": dataclasses.asdict(memory), "commands": commands,
-              "tensorrt_llm": trtllm.TRTLLM_VERSION, "image": trtllm.TRITON_IMAGE, "dry_run": options.dry_run}
-    return EnginePlan(parameters=parameters(options, guided_decoding), serving=serving, backend=BACKEND,
+              "tensorrt_llm": trtllm.TRTLLM_VERSION, "image": trtllm.TRITON_IMAGE, "dry_run": options.dry_run,
+              **(manifest_record(adapters) if adapters else {})}
+    return EnginePlan(parameters=parameters(options, guided_decoding, lora), serving=serving, backend=BACKEND,
                       manifest=record)
 
 
 def write_engine(options: BuildOptions, checkpoint_config: dict, version_dir: Path, progress: Progress) -> None:
-    """The tokenizer file of guided decoding (a dry run's configs name it too); then convert (or quantize) and
-    build the engine into tensorrt_llm/1/engine, unless --dry-run."""
+    """The tokenizer file of guided decoding and the adapters' LoRA tensors (a dry run's configs name them too);
+    then convert (or quantize) and build the engine into tensorrt_llm/1/engine, unless --dry-run."""
     info = _tokenizer_info(options)
     if info is not None:
         (version_dir / trtllm.XGRAMMAR_TOKENIZER_INFO).write_text(json.dumps(info))
+    adapters = plan_adapters(options.lora, options.model)
+    if adapters:
+        folder = trtllm_lora.write_prefetch(adapters, version_dir,
+                                            build_spec(options, checkpoint_config, adapters).dtype)
+        progress(f"LoRA tensors of {len(adapters)} adapter(s) in {folder}")
     if options.dry_run:
         return
     spec = build_spec(options, checkpoint_config)
@@ -208,4 +242,4 @@ KIND = EngineKind(
     serving_ranks=serving_ranks, check_installed=trtllm.require_trtllm, machine_facts=trtllm.runtime_facts,
     weight_patterns=("*.safetensors", "*.bin"),
     own_options=(*TENSORRT_LLM_OPTIONS, "quantization", "batch_scheduler_policy", "cuda_graphs", "gpu_memory_gib",
-                 "examples_dir", "calib_dataset", "dry_run"))
+                 "examples_dir", "calib_dataset", "dry_run", "lora"))

@@ -83,6 +83,12 @@ app.kubernetes.io/component: server
 {{- if and .Values.multiNode.enabled (lt (int (include "tritonforge.groupSize" .)) 2) -}}
 {{- fail (printf "multiNode: tensor × pipeline = %s fits on one node of %v GPUs; leave multiNode.enabled false" (include "tritonforge.worldSize" .) .Values.multiNode.gpusPerNode) -}}
 {{- end -}}
+{{- if and .Values.lora.adapters (ne .Values.repository.source "build") -}}
+{{- fail "lora.adapters needs repository.source=build: a built repository on a claim carries the adapters it was built with (tritonforge build --lora NAME=PATH)" -}}
+{{- end -}}
+{{- if and .Values.lora.adapters (not .Values.lora.claimName) -}}
+{{- fail "lora.adapters needs lora.claimName: the claim that holds the adapters' folders" -}}
+{{- end -}}
 {{- if and .Values.apiKey.existingSecret .Values.apiKey.value -}}
 {{- fail "apiKey: set existingSecret or value, not both" -}}
 {{- end -}}
@@ -221,6 +227,12 @@ livenessProbe:
   persistentVolumeClaim:
     claimName: {{ .Values.repository.build.checkpointClaimName }}
     readOnly: true
+{{- if .Values.lora.adapters }}
+- name: lora
+  persistentVolumeClaim:
+    claimName: {{ .Values.lora.claimName }}
+    readOnly: true
+{{- end }}
 {{- end }}
 - name: dshm
   emptyDir:
@@ -261,6 +273,9 @@ livenessProbe:
     {{- range .Values.repository.build.args }}
     - {{ . | quote }}
     {{- end }}
+    {{- range .Values.lora.adapters }}
+    - {{ printf "--lora=%s=%s/%s" .name $.Values.lora.mountPath .path | quote }}
+    {{- end }}
   env:
     - name: HOME
       value: /tmp
@@ -284,6 +299,14 @@ livenessProbe:
       {{- with .Values.repository.build.checkpointSubPath }}
       subPath: {{ . }}
       {{- end }}
+    {{- if .Values.lora.adapters }}
+    - name: lora
+      mountPath: {{ .Values.lora.mountPath }}
+      readOnly: true
+      {{- with .Values.lora.subPath }}
+      subPath: {{ . }}
+      {{- end }}
+    {{- end }}
     - name: dshm
       mountPath: /dev/shm
     - name: tmp

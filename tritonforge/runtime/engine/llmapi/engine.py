@@ -26,7 +26,15 @@ itself could not be resolved): `tensorrt_llm/llmapi/llm.py` @4c05a748 (`LLM.__in
 - `async for output in result`: `output.finished`, `output.outputs[0].token_ids` (all tokens generated so
   far), `.logprobs` (per token: a float, or a dict of token id to an object with `.logprob`),
   `.finish_reason` (`length`, `stop`, `cancelled`, `timeout`);
-- `result.abort()` stops a request (cancellation and the `stop` input); `LLM.shutdown()` at unload.
+- `result.abort()` stops a request (cancellation and the `stop` input); `LLM.shutdown()` at unload;
+- LoRA (build --lora): `LLM(..., lora_config=LoraConfig(lora_dir=[...], max_lora_rank=, max_loras=, max_cpu_loras=,
+  lora_target_modules=[...]))` and per request `generate_async(..., lora_request=LoRARequest(name, task_id, path))`,
+  the LLM loading the PEFT folder on first use (`tensorrt_llm/lora_helper.py` @037d4ba1 `LoraConfig`,
+  `tensorrt_llm/executor/request.py` `LoRARequest`, imported from `tensorrt_llm.lora_manager` and
+  `tensorrt_llm.executor.request` as NVIDIA's LoRA guide, features/lora.md @050db34b, does). With one folder the LLM
+  reads the modules from it, with several it needs them named (`_torch/pyexecutor/_util.py` as stored): they are
+  named always, q/k/v completed, so that it fills no k or v of its own (it would with the hidden size, wrong for a
+  model with fewer key-value heads).
 
 Stop sequences are matched here, on the generated token ids (the LLM API takes multi-token stop words only
 as strings, which need its tokenizer); a match aborts the request and keeps the matched tokens, as the
@@ -42,13 +50,16 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from ....facts.contract import BAD_WORDS_LIST, GUIDED_DECODING_GUIDE_TYPE, RETURN_PROMPT_LOG_PROBS
-from ....facts.errors import EngineShuttingDown, UnsupportedError
+from ....facts.contract import BAD_WORDS_LIST, GUIDED_DECODING_GUIDE_TYPE, LORA_TASK_ID, RETURN_PROMPT_LOG_PROBS
+from ....facts.errors import EngineShuttingDown, RequestError, UnsupportedError
 from ....facts.limits import EngineLimits
 from ....facts.model_parameters import PyTorchEngineParameters
+from ....facts.trtllm_lora import target_modules, trtllm_module
 from ..generation import EngineStats, GenerationRequest, GenerationResult, TopTokens, check_limits
 from ..guided import EBNF_GRAMMAR, JSON, JSON_SCHEMA, REGEX, STRUCTURAL_TAG, GuidedDecoding
+from ..lora import AdapterRecord, read_adapter
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +88,12 @@ def load_llm_api():
     return api
 
 
+def load_lora_api():
+    """TensorRT-LLM's (LoraConfig, LoRARequest)."""
+    return (importlib.import_module("tensorrt_llm.lora_manager").LoraConfig,
+            importlib.import_module("tensorrt_llm.executor.request").LoRARequest)
+
+
 _BUILT = PyTorchEngineParameters  # the model parameters a build writes: their defaults are these settings'
 
 
@@ -95,9 +112,19 @@ class LlmApiSettings:
     enable_block_reuse: bool = _BUILT.enable_block_reuse
     enable_chunked_prefill: bool = _BUILT.enable_chunked_prefill
     stream_interval: int = _BUILT.stream_interval
+    lora_adapters: tuple[AdapterRecord, ...] = ()  # paths absolute
 
 
-def llm_arguments(api, settings: LlmApiSettings, limits: EngineLimits) -> dict:
+def lora_arguments(adapters: tuple[AdapterRecord, ...]) -> dict:
+    """The keyword arguments of `LoraConfig(...)`: every adapter's folder, the largest rank, TensorRT-LLM's modules
+    any adapter adapts (q/k/v completed), and room for every adapter on the GPU and in the host cache."""
+    read = [read_adapter(record.name, Path(record.path)) for record in adapters]
+    modules = {trtllm_module(adapter.name, name) for adapter in read for name in adapter.target_modules}
+    return {"lora_dir": [record.path for record in adapters], "max_lora_rank": max(a.max_rank for a in read),
+            "max_loras": len(adapters), "max_cpu_loras": len(adapters), "lora_target_modules": target_modules(modules)}
+
+
+def llm_arguments(api, settings: LlmApiSettings, limits: EngineLimits, lora_config=None) -> dict:
     """The keyword arguments of `LLM(...)`: every one a field of the LLM API's `TorchLlmArgs` at 1.2."""
     if settings.tokenizer_dir:
         tokenizer = {"tokenizer": settings.tokenizer_dir, "skip_tokenizer_init": False,
@@ -120,6 +147,7 @@ def llm_arguments(api, settings: LlmApiSettings, limits: EngineLimits) -> dict:
         "kv_cache_config": api.KvCacheConfig(
             free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction,
             enable_block_reuse=settings.enable_block_reuse, dtype=settings.kv_cache_dtype),
+        **({"lora_config": lora_config} if lora_config is not None else {}),
     }
 
 
@@ -243,7 +271,12 @@ class LlmApiEngine:
         self.limits = limits
         self.vocab_size = vocab_size
         self.check_period_s = check_period_s
-        self.llm = api.LLM(**llm_arguments(api, settings, limits))
+        self.adapters = {record.task_id: record for record in settings.lora_adapters}
+        lora_config = None
+        if self.adapters:
+            lora_config_class, self._lora_request = load_lora_api()
+            lora_config = lora_config_class(**lora_arguments(settings.lora_adapters))
+        self.llm = api.LLM(**llm_arguments(api, settings, limits, lora_config))
         self.stats = EngineStats()
         self._running: dict[str, list[_Running]] = {}  # by Triton request id ("" for anonymous): loop only
         # Requests submitted and not yet ended. The LLM queues those beyond its max_batch_size itself; they are
@@ -259,9 +292,10 @@ class LlmApiEngine:
     def for_model(cls, parameters, settings, api=None) -> LlmApiEngine:
         """The engine of a `tensorrt_llm` model: its typed parameters (`PyTorchEngineParameters`) and the
         `EngineSettings` made from them (limits, the checkpoint's absolute path, the cancellation period)."""
-        llm = LlmApiSettings(model_path=settings.model_path, tokenizer_dir=settings.tokenizer_dir,
+        own = ("model_path", "tokenizer_dir", "lora_adapters")  # what the settings resolved (absolute paths)
+        llm = LlmApiSettings(**{name: getattr(settings, name) for name in own},
                              **{item.name: getattr(parameters, item.name) for item in dataclasses.fields(LlmApiSettings)
-                                if item.name not in ("model_path", "tokenizer_dir")})
+                                if item.name not in own})
         return cls(api or load_llm_api(), llm, settings.limits, vocab_size=parameters.vocab_size,
                    check_period_s=settings.cancellation_check_period_ms / 1000)
 
@@ -279,6 +313,10 @@ class LlmApiEngine:
         if request.guided_decoding is not None and not self.guided:
             raise UnsupportedError(GUIDED_DECODING_GUIDE_TYPE, "guided decoding needs the LLM's tokenizer, which "
                                                                "this repository's build did not name: rebuild it")
+        if request.lora_task_id is not None and request.lora_task_id not in self.adapters:
+            known = ", ".join(f"{task} ({record.name})" for task, record in sorted(self.adapters.items()))
+            raise RequestError(LORA_TASK_ID, f"no LoRA adapter has task id {request.lora_task_id} in this engine; its "
+                                             f"adapters: {known or 'none (tritonforge build --lora NAME=PATH)'}")
 
     def submit(self, request: GenerationRequest) -> None:
         with self._lock:
@@ -356,8 +394,11 @@ class LlmApiEngine:
             if request.guided_decoding is not None:
                 arguments["guided_decoding"] = guided_decoding_params(self.api, request.guided_decoding)
             params = self.api.SamplingParams(**arguments)
+            adapter = self.adapters.get(request.lora_task_id)
+            lora = None if adapter is None else self._lora_request(adapter.name, adapter.task_id, adapter.path)
             running.result = self.llm.generate_async({"prompt_token_ids": list(request.prompt_ids)},
-                                                     sampling_params=params, streaming=request.stream)
+                                                     sampling_params=params, lora_request=lora,
+                                                     streaming=request.stream)
             request.sink.scheduled()
             self._publish()
             reason = None

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tritonforge.facts.errors import ErrorKind, QueueFullError, UnsupportedError
+from tritonforge.facts.errors import ErrorKind, QueueFullError, RequestError, UnsupportedError
 from tritonforge.facts.limits import EngineLimits
 from tritonforge.facts.release import TRITON_IMAGE
 from tritonforge.runtime.engine.generation import GenerationRequest
@@ -22,6 +22,7 @@ from tritonforge.runtime.engine.llmapi.engine import (
     LlmApiSettings,
     load_llm_api,
 )
+from tritonforge.runtime.engine.lora import AdapterRecord
 from tritonforge.runtime.engine.sampling import SamplingParams
 
 DOUBLE = Path(__file__).resolve().parents[4] / "llmapi_test_double"
@@ -330,3 +331,75 @@ def test_the_model_reads_the_tokenizer_its_build_named(api, tmp_path):
     settings = EngineSettings.from_model_args(args, parameters)
     LlmApiEngine.for_model(parameters, settings, api=api).shutdown()
     assert api.LLM.instances[-1].tokenizer == str(tmp_path / "preprocessing" / "tokenizer")
+
+
+@pytest.fixture(scope="module")
+def peft_adapters(tiny_models, tmp_path_factory):
+    """Two PEFT adapters of the tiny checkpoint (the double reads only their folders' files, as the LLM would)."""
+    from tritonforge.tools.tiny_model import make_lora_adapter
+
+    folder = tmp_path_factory.mktemp("adapters")
+    return (AdapterRecord("sql", 1, str(make_lora_adapter(tiny_models["bpe"], folder / "sql", rank=2,
+                                                          target_modules=("q_proj", "v_proj")))),
+            AdapterRecord("chat", 2, str(make_lora_adapter(tiny_models["bpe"], folder / "chat", rank=8,
+                                                           target_modules=("o_proj", "up_proj")))))
+
+
+def test_the_adapters_reach_the_llm_as_one_lora_config(api, checkpoint, peft_adapters):
+    make_engine(api, checkpoint, lora_adapters=peft_adapters).shutdown()
+    lora_config = importlib.import_module("tensorrt_llm.lora_manager").LoraConfig
+    # TensorRT-LLM's names, q/k/v completed: up_proj is its mlp_gate.
+    assert api.LLM.instances[-1].kwargs["lora_config"] == lora_config(
+        lora_dir=[record.path for record in peft_adapters], max_lora_rank=8, max_loras=2, max_cpu_loras=2,
+        lora_target_modules=["attn_q", "attn_k", "attn_v", "attn_dense", "mlp_gate"])
+
+
+def test_without_adapters_the_llm_gets_no_lora_config(api, engine):
+    assert "lora_config" not in api.LLM.instances[-1].kwargs
+
+
+def test_a_request_runs_with_the_adapter_its_task_id_names(api, checkpoint, peft_adapters):
+    engine = make_engine(api, checkpoint, lora_adapters=peft_adapters)
+    try:
+        chat = run(engine, lora_task_id=2)
+        base = run(engine)
+    finally:
+        engine.shutdown()
+    assert chat.error is None and base.error is None
+    lora_request = importlib.import_module("tensorrt_llm.executor.request").LoRARequest
+    assert api.LLM.instances[-1].lora_requests == [lora_request("chat", 2, peft_adapters[1].path), None]
+
+
+@pytest.mark.parametrize("with_adapters, known", [(True, r"1 \(sql\), 2 \(chat\)"),
+                                                  (False, r"none \(tritonforge build --lora NAME=PATH\)")])
+def test_an_unknown_task_id_is_the_clients_mistake_naming_lora_task_id(api, checkpoint, peft_adapters, with_adapters,
+                                                                       known):
+    engine = make_engine(api, checkpoint, lora_adapters=peft_adapters if with_adapters else ())
+    try:
+        with pytest.raises(RequestError, match=rf"^lora_task_id: no LoRA adapter has task id 7 in this engine; its "
+                                               rf"adapters: {known}$") as caught:
+            run(engine, lora_task_id=7)
+    finally:
+        engine.shutdown()
+    assert caught.value.kind is ErrorKind.CLIENT and not api.LLM.instances[-1].requests
+
+
+def test_the_model_hands_the_llm_the_adapters_its_build_copied(api, tmp_path, peft_adapters):
+    """The build names each adapter's folder relative to the model; the LLM gets it absolute."""
+    import json
+    import shutil
+
+    from tritonforge.facts.model_parameters import PyTorchEngineParameters
+    from tritonforge.runtime.engine.lora import records_to_parameter
+    from tritonforge.runtime.engine.service import EngineSettings
+
+    model_dir = tmp_path / "tensorrt_llm"
+    (model_dir / "1" / "checkpoint").mkdir(parents=True)
+    (model_dir / "1" / "checkpoint" / "config.json").write_text(json.dumps({"vocab_size": VOCAB}))
+    shutil.copytree(peft_adapters[0].path, model_dir / "1" / "lora" / "sql")
+    parameters = PyTorchEngineParameters(model_path="1/checkpoint", vocab_size=VOCAB, max_batch_size=4,
+                                         max_input_len=16, max_seq_len=600,
+                                         lora_adapters=records_to_parameter([AdapterRecord("sql", 1, "1/lora/sql")]))
+    settings = EngineSettings.from_model_args({"model_config": "{}", "model_repository": str(model_dir)}, parameters)
+    LlmApiEngine.for_model(parameters, settings, api=api).shutdown()
+    assert api.LLM.instances[-1].kwargs["lora_config"].lora_dir == [str(model_dir / "1" / "lora" / "sql")]
