@@ -26,12 +26,15 @@ import os
 import tempfile
 import time
 
-from ....facts.contract import GUIDED_DECODING_GUIDE_TYPE, LORA_TASK_ID, NUM_TOP_LOG_PROBS, RETURN_PROMPT_LOG_PROBS
+from ....facts.contract import GUIDED_DECODING_GUIDE_TYPE, LORA_TASK_ID, RETURN_PROMPT_LOG_PROBS
 from ....facts.errors import EngineShuttingDown, UnsupportedError
 from ....facts.limits import EngineLimits
-from ..generation import EngineStats, EngineThread, GenerationRequest, GenerationResult, check_limits
+from ..generation import EngineStats, EngineThread, GenerationRequest, GenerationResult, TopTokens, check_limits
 
 logger = logging.getLogger(__name__)
+
+
+IMPOSSIBLE_LOG_PROB = -9999.0  # what OpenAI answers for a token of no probability
 
 
 class _Replay:
@@ -114,9 +117,6 @@ class ReplayEngine(EngineThread):
         if request.guided_decoding is not None:  # its tokens are a recording: no grammar could hold them
             raise UnsupportedError(GUIDED_DECODING_GUIDE_TYPE, "guided decoding is not supported by the replay "
                                                                "engine, which streams recorded tokens")
-        if request.num_top_log_probs:  # a recording has no distribution to take alternatives from
-            raise UnsupportedError(NUM_TOP_LOG_PROBS, "the replay engine streams recorded tokens and has no likeliest "
-                                                      "tokens beside them; ask for 0")
         if request.lora_task_id is not None:
             raise UnsupportedError(LORA_TASK_ID, "the replay engine streams recorded tokens and applies no LoRA "
                                                  "adapter")
@@ -158,6 +158,12 @@ class ReplayEngine(EngineThread):
             return False if slot is None else slot
         return None if len(self._running) < self.limits.max_batch_size else False
 
+    def _alternatives(self, token: int, request: GenerationRequest) -> TopTokens:
+        """Fixed values, as a recording has no distribution: the recorded token is certain (log prob 0) and the
+        ids after it are the alternatives, at OpenAI's log prob of the impossible."""
+        ids = [(token + i) % self.vocab_size for i in range(min(request.num_top_log_probs, self.vocab_size))]
+        return TopTokens(ids, [0.0] + [IMPOSSIBLE_LOG_PROB] * (len(ids) - 1))
+
     def _release(self, replay: _Replay) -> None:
         if replay.slot is not None:
             self.shared_batch.release(replay.slot)
@@ -187,10 +193,13 @@ class ReplayEngine(EngineThread):
             replay.generated.append(token)
             if len(replay.generated) >= request.max_new_tokens:  # the last token goes out with `finish`
                 self._release(replay)
-                request.sink.finish(GenerationResult(replay.generated, [0.0] * len(replay.generated), "length"),
+                top = [self._alternatives(t, request) for t in replay.generated] if request.num_top_log_probs else None
+                request.sink.finish(GenerationResult(replay.generated, [0.0] * len(replay.generated), "length", top),
                                     None)
                 continue
-            if request.stream:
+            if request.stream and request.num_top_log_probs:
+                request.sink.tokens([token], [0.0], [self._alternatives(token, request)])
+            elif request.stream:
                 request.sink.tokens([token], [0.0])
             still_running.append(replay)
         self._running = still_running

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from tritonforge.facts.errors import ErrorKind, RequestError, UnsupportedError
+from tritonforge.facts.errors import ErrorKind, RequestError
 from tritonforge.facts.limits import EngineLimits
-from tritonforge.runtime.engine.generation import GenerationRequest
+from tritonforge.runtime.engine.generation import GenerationRequest, TopTokens
 from tritonforge.runtime.engine.replay.engine import ReplayEngine
 
 TOKENS = list(range(10, 50))
@@ -18,17 +18,18 @@ WAIT_S = 60
 class Sink:
     def __init__(self, name: str, log: list):
         self.name, self.log = name, log
-        self.done, self.streamed, self.result = threading.Event(), [], None
+        self.done, self.streamed, self.result, self.tops, self.error = threading.Event(), [], None, [], None
 
     def scheduled(self):
         pass
 
-    def tokens(self, ids, log_probs):
+    def tokens(self, ids, log_probs, top=None):
         self.streamed += ids
+        self.tops += top or []
         self.log.append(("token", self.name))
 
     def finish(self, result, error):
-        assert error is None
+        self.error = error
         self.result = result
         self.log.append(("finish", self.name))
         self.done.set()
@@ -111,13 +112,18 @@ def test_engine_limits_are_enforced(engine, prompt, max_new_tokens, field):
     assert error.value.field == field
 
 
-def test_the_likeliest_tokens_are_refused_naming_them_and_the_chosen_ones_log_probs_served(engine):
-    request = GenerationRequest(request_id="top", prompt_ids=[1], max_new_tokens=2, sink=None, num_top_log_probs=2)
-    with pytest.raises(UnsupportedError) as error:
-        engine.validate(request)
-    assert error.value.field == "num_top_log_probs"
-    engine.validate(GenerationRequest(request_id="plain", prompt_ids=[1], max_new_tokens=2, sink=None,
-                                      return_log_probs=True))
+def test_the_likeliest_tokens_are_fixed_values_the_recorded_one_certain(engine):
+    """A recording has no distribution: each token comes with log prob 0 and the ids after it as alternatives at
+    OpenAI's log prob of the impossible, streamed and in the result alike."""
+    sink = Sink("top", [])
+    request = GenerationRequest(request_id="top", prompt_ids=[1], max_new_tokens=3, sink=sink, stream=True,
+                                return_log_probs=True, num_top_log_probs=3)
+    engine.validate(request)
+    engine.submit(request)
+    assert sink.done.wait(WAIT_S) and sink.error is None
+    expected = [TopTokens([t, (t + 1) % 100, (t + 2) % 100], [0.0, -9999.0, -9999.0]) for t in sink.result.token_ids]
+    assert sink.result.top == expected
+    assert sink.tops == expected[:len(sink.tops)] and sink.tops
 
 
 def test_instances_share_one_batch_through_the_lock_file(tmp_path):
