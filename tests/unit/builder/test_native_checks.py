@@ -53,3 +53,25 @@ def test_the_differential_tests_pass_with_the_cpp_under_the_sanitizers():
                                 *DIFFERENTIAL_TESTS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert completed.returncode == 0, (completed.stdout[-4000:], completed.stderr[-4000:])
     assert " passed" in completed.stdout
+
+
+def test_the_backends_check_the_backend_api_of_the_server_they_are_tested_on():
+    """backend_support.h's kApiMajor.kApiMinor is the TRITONBACKEND API of the Triton the suite runs (2.51, the
+    oldest the project serves on): every C++ backend refuses an older one as it loads."""
+    import re
+
+    libraries = sorted(Path(sys.prefix).rglob("libtritonserver*.so"))
+    if not libraries:
+        pytest.skip("needs libtritonserver (the nvidia-pytriton wheel's Triton 2.51)")
+    # In a process of its own: the library finds the libraries beside it through LD_LIBRARY_PATH alone.
+    ask = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); a, b = ctypes.c_uint32(), ctypes.c_uint32(); "
+           "lib.TRITONBACKEND_ApiVersion(ctypes.byref(a), ctypes.byref(b)); print(a.value, b.value)")
+    answer = subprocess.run([sys.executable, "-c", ask, str(libraries[0])], capture_output=True, text=True, check=True,
+                            env={**os.environ, "LD_LIBRARY_PATH": str(libraries[0].parent)})
+    major, minor = (int(value) for value in answer.stdout.split())
+    support = (native.INCLUDE_DIR / "backend_support.h").read_text()
+    declared = {name: int(value) for name, value in re.findall(r"constexpr uint32_t (kApiM\w+) = (\d+);", support)}
+    assert declared == {"kApiMajor": major, "kApiMinor": minor}
+    for kind in (native.BLS, native.COALESCER, native.REPLAY, native.POSTPROCESSING):
+        assert "TRITONBACKEND_Initialize(TRITONBACKEND_Backend*) { return backend::CheckApiVersion(" in (
+            kind.source.read_text()), kind.source.name

@@ -72,6 +72,22 @@ inline TRITONSERVER_Error* DeallocateCpu(TRITONSERVER_ResponseAllocator*, void* 
   return nullptr;
 }
 
+// The TRITONBACKEND API these backends are written against: Triton 2.51's, 1.19 (its libtritonserver's
+// TRITONBACKEND_ApiVersion; tests/unit/builder/test_native_checks.py reads it there). A server of another major
+// version, or an older minor one, may lack what they call: the backend refuses to load there, as NVIDIA's do.
+constexpr uint32_t kApiMajor = 1;
+constexpr uint32_t kApiMinor = 19;
+
+inline TRITONSERVER_Error* CheckApiVersion(const char* backend) {
+  uint32_t major = 0, minor = 0;
+  if (TRITONSERVER_Error* error = TRITONBACKEND_ApiVersion(&major, &minor)) return error;
+  if (major == kApiMajor && minor >= kApiMinor) return nullptr;
+  const std::string message = std::string(backend) + ": this server's backend API is " + std::to_string(major) +
+                              "." + std::to_string(minor) + "; this backend needs " + std::to_string(kApiMajor) +
+                              "." + std::to_string(kApiMinor) + " or a later 1.x (Triton 2.51 or newer)";
+  return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED, message.c_str());
+}
+
 // The model's config as Triton holds it (JSON), parsed.
 inline TRITONSERVER_Error* ReadConfig(TRITONBACKEND_Model* model, json::Value* config) {
   TRITONSERVER_Message* raw = nullptr;

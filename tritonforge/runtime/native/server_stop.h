@@ -1,8 +1,9 @@
 // How a C++ model takes part in a launcher's stop (serve/server.py TritonServer._drain), as the Python models do
 // through triton_adapter.start_heartbeat: where the launcher names a heartbeat folder, an instance says it drains
 // (a `.drains` file), watches the folder's STOPPING file, and once that holds a deadline (Python's
-// time.monotonic(), in the format facts/environment.py states) lets its open requests run until then, ends the rest with kServerStopping, and says it has
-// drained (a `.drained` file): the launcher signals the server only then, and the server exits by itself.
+// time.monotonic(), in the format facts/environment.py states) lets its open requests run until then, ends the
+// rest with kServerStopping, and says it has drained (a `.drained` file): the launcher signals the server only
+// then, and the server exits by itself.
 // Triton-free: the replay engine, the coalescer and the BLS use it.
 #pragma once
 

@@ -13,6 +13,7 @@ extern "C" {
 
 struct TRITONSERVER_Error;
 struct TRITONSERVER_Message;
+struct TRITONBACKEND_Backend;
 struct TRITONBACKEND_Model;
 struct TRITONBACKEND_ModelInstance;
 struct TRITONBACKEND_Request;
@@ -70,6 +71,8 @@ TRITONSERVER_Error* TRITONSERVER_MessageSerializeToJson(TRITONSERVER_Message* me
                                                         size_t* byte_size);
 TRITONSERVER_Error* TRITONSERVER_MessageDelete(TRITONSERVER_Message* message);
 
+// The TRITONBACKEND API the server implements (major, minor): what a backend checks as it loads.
+TRITONSERVER_Error* TRITONBACKEND_ApiVersion(uint32_t* major, uint32_t* minor);
 TRITONSERVER_Error* TRITONBACKEND_ModelConfig(TRITONBACKEND_Model* model, uint32_t config_version,
                                               TRITONSERVER_Message** model_config);
 TRITONSERVER_Error* TRITONBACKEND_ModelRepository(TRITONBACKEND_Model* model,

@@ -1470,6 +1470,9 @@ TRITONSERVER_Error* Refuse(const std::string& model, const std::string& what) {
 
 extern "C" {
 
+// Loads only into a server whose backend API has what this backend calls.
+TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend*) { return backend::CheckApiVersion(kBackend); }
+
 static TRITONSERVER_Error* InitializeModel(TRITONBACKEND_Model* model) {  // ModelInitialize, which may throw
   auto state = std::make_unique<ModelState>();
   const char* name = nullptr;

@@ -631,6 +631,9 @@ TRITONSERVER_Error* InitializeModel(TRITONBACKEND_Model* model) {
 
 extern "C" {
 
+// Loads only into a server whose backend API has what this backend calls.
+TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend*) { return backend::CheckApiVersion(kBackend); }
+
 TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
   try {
     return InitializeModel(model);

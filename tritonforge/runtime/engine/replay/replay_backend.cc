@@ -460,6 +460,9 @@ TRITONSERVER_Error* Accept(Engine* engine, TRITONBACKEND_Request* request, TRITO
 
 extern "C" {
 
+// Loads only into a server whose backend API has what this backend calls.
+TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend*) { return backend::CheckApiVersion(kBackend); }
+
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance* instance) {
   TRITONBACKEND_Model* model = nullptr;
   TRITONSERVER_Error* error = TRITONBACKEND_ModelInstanceModel(instance, &model);

@@ -152,6 +152,9 @@ TRITONSERVER_Error* Answer(const ModelState& state, TRITONBACKEND_Request* reque
 
 extern "C" {
 
+// Loads only into a server whose backend API has what this backend calls.
+TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend*) { return backend::CheckApiVersion(kBackend); }
+
 TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
   const char* name = nullptr;
   if (TRITONSERVER_Error* error = TRITONBACKEND_ModelName(model, &name)) return error;
