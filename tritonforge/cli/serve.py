@@ -74,7 +74,7 @@ def tool_parser_of(repository: Path) -> str:
     """The tool-call format the repository's model writes, by the markers of its tokenizer's chat template
     (tokenizer_config.json's, or chat_template.jinja beside it)."""
     from ..builder.repository import tokenizer_dir
-    from ..gateway.tool_calls import parser_for_chat_template
+    from ..gateway.tool_parsers import parser_for_chat_template
 
     folder = tokenizer_dir(repository)
     templates = []

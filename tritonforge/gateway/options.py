@@ -21,7 +21,7 @@ from .metrics import MULTIPROCESS_DIR_ENV, forget_worker
 from .reasoning import REASONING_PARSERS
 from .routes import create_app
 from .serving import DEFAULT_MODEL, DEFAULT_STREAM_INTERVAL, DEFAULT_TOOL_PARSER, SERVED_MODEL_NAME
-from .tool_calls import PARSERS
+from .tool_parsers import PARSERS
 
 FORCED_EXIT_S = 2.0  # uvicorn's way out once told to stop waiting for open connections: a tick of its loop
 

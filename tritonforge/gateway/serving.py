@@ -80,7 +80,8 @@ from .protocol import (
 )
 from .reasoning import ReasoningReader, split_reasoning
 from .responses_api import ResponseEvents, chat_body_from_responses, response_from_chat, sse
-from .tool_calls import PARSERS, calls_from_guided_output
+from .tool_calls import calls_from_guided_output
+from .tool_parsers import PARSERS
 
 # OpenAI's sampling fields → the ensemble's inputs (the BLS takes the same names).
 SAMPLING_INPUTS = {"temperature": TEMPERATURE, "top_p": TOP_P, "top_k": TOP_K, "seed": SEED,

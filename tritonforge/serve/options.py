@@ -13,7 +13,7 @@ from ..gateway.options import API_KEY_HELP, REASONING_PARSER_HELP, TOOL_PARSER_H
 from ..gateway.reasoning import REASONING_PARSERS
 from ..gateway.serving import DEFAULT_MODEL as OPENAI_DEFAULT_MODEL
 from ..gateway.serving import SERVED_MODEL_NAME
-from ..gateway.tool_calls import PARSERS
+from ..gateway.tool_parsers import PARSERS
 from .liveness import DEFAULT_WEDGED_AFTER_S
 from .server import DEFAULT_EXIT_TIMEOUT_S, STOP_RESERVE_MIN_S, STOP_RESERVE_S
 

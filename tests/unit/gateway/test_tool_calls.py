@@ -13,15 +13,14 @@ import xgrammar
 from tritonforge.gateway.protocol import OpenAIError
 from tritonforge.gateway.tool_calls import (
     EBNF_GRAMMAR,
-    PARSERS,
     ToolCall,
     ToolChoice,
     calls_from_guided_output,
-    parser_for_chat_template,
     read_response_format,
     read_tools,
     tool_guide,
 )
+from tritonforge.gateway.tool_parsers import PARSERS, parser_for_chat_template
 from tritonforge.runtime.engine.guided import GUIDE_TYPES
 
 WEATHER_PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"},
