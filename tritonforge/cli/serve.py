@@ -8,10 +8,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import os
 import signal
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +18,6 @@ from ..facts.settings import add_arguments, given
 from ..serve.options import ServeOptions
 from .arguments import say
 
-GATEWAY_END_S = 2.0  # once the server is gone, how long the gateway gets at least to send its streams' last events
 # The build options `serve CHECKPOINT` does not take: the checkpoint is its argument (build's --model); the
 # repository goes into the cache, in the folder of its key, which is never replaced (--output, --force); and a
 # dry run builds nothing to serve.
@@ -169,72 +165,17 @@ def repository_to_serve(args: argparse.Namespace, options: ServeOptions) -> Path
 
 
 def serve_command(args: argparse.Namespace) -> int:
-    from ..serve.server import RESTRICTED_APIS, TritonServer, check_ports_free, check_repository
-    from ..serve.supervisor import Supervisor
+    from ..serve.server import check_ports_free, check_repository
+    from ..serve.session import GatewaySettings, ServeSession
 
     options = ServeOptions(**given(args, ServeOptions))
     repository = repository_to_serve(args, options)
     models = check_repository(repository)
     world_size = check_repository_engine(repository)
     check_ports_free(options.address, options.ports())
-    server = TritonServer(repository, executable=options.tritonserver, http_port=options.http_port,
-                          grpc_port=options.grpc_port, metrics_port=options.metrics_port, address=options.address,
-                          log_verbose=options.log_verbose, world_size=world_size,
-                          restricted_apis="" if options.open_apis else RESTRICTED_APIS, log_file=options.log_file,
-                          exit_timeout_s=options.exit_timeout_s)
-    supervisor = Supervisor(server, wedged_after_s=options.wedged_after_s)
-    stop, serving = threading.Event(), threading.Event()
-    stopping_since: list[float] = []
-
-    def on_signal(*_) -> None:
-        # While the server is still loading, a signal interrupts the wait (the start stops what it started).
-        # Once it serves, the first SIGINT / SIGTERM stops cleanly, within the exit timeout; another one kills
-        # the server's process group at once. Neither interrupts the cleanup.
-        if not serving.is_set():
-            raise KeyboardInterrupt
-        if stop.is_set() and server.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(server.pid, signal.SIGKILL)
-            return
-        stopping_since.append(time.monotonic())
-        stop.set()
-        say(f"stopping tritonserver: open streams get up to {server.drain_s:g} s to finish; it exits within "
-            f"{server.exit_timeout_s:g} s (--exit-timeout-s) (Ctrl-C again: stop at once)")
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    say(f"starting tritonserver on {repository} ({', '.join(models)}); loading takes a few seconds to "
-         f"minutes ...")
-    supervisor.start()
-    serving.set()
-    gateway = None
-    try:
-        if options.openai_port:
-            from ..gateway.options import GatewayThread, api_key_from_environment
-
-            gateway = GatewayThread(server.grpc_url, host=options.address, port=options.openai_port,
-                                    model=options.openai_model, served_model_name=options.served_model_name,
-                                    api_key=api_key_from_environment(options.api_key),
-                                    tool_parser=options.tool_parser or tool_parser_of(repository),
-                                    reasoning_parser=options.reasoning_parser,
-                                    adapters=lora_adapters_of(repository)).start()
-            # At a stop the gateway takes no new request while the server's open ones finish.
-            threading.Thread(target=lambda: (stop.wait(), gateway.stop_accepting()), name="gateway-stop",
-                             daemon=True).start()
-            adapters = "".join(f", LoRA adapter {name!r}" for name in lora_adapters_of(repository))
-            print(f"OpenAI API: {gateway.base_url}/v1 (model {options.served_model_name!r} → {options.openai_model}"
-                  f"{adapters})")
-        print(f"serving {repository}: HTTP {server.http_url}, gRPC {server.grpc_url}; log {server.log_path}",
-              flush=True)
-        say("this terminal is the server's now: send requests from a second terminal "
-             "(tritonforge generate \"Hello\"); Ctrl-C stops it")
-        supervisor.run(stop)  # restarts the server when it or a Python stub dies; stops it on the way out
-    finally:
-        server.stop()  # already stopped by run(), unless the gateway could not start
-        if gateway is not None:  # its streams ended with the server: it gets what is left of the exit timeout
-            left = options.exit_timeout_s - (time.monotonic() - stopping_since[0]) if stopping_since else 0
-            gateway.stop(max(left, GATEWAY_END_S))
-    say("tritonserver stopped")
+    gateway = (GatewaySettings(tool_parser=tool_parser_of(repository), adapters=lora_adapters_of(repository))
+               if options.openai_port else None)
+    ServeSession(repository, options, models=models, world_size=world_size, gateway=gateway, say=say).run()
     return 0
 
 
