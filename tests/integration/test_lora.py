@@ -2,6 +2,8 @@
 as PEFT does in transformers, through the ensemble and the BLS by `lora_task_id` and through the gateway by the
 `model` the real `openai` client names; an unknown task id is the request's own error."""
 
+import urllib.request
+
 import openai
 import pytest
 import torch
@@ -107,3 +109,7 @@ def test_the_openai_client_chooses_an_adapter_by_model(served, references):
         assert answer.choices[0].text == references[None if name == MODEL else name], name
     with pytest.raises(openai.NotFoundError, match="'summaries', 'support'"):
         client.completions.create(model="legal", prompt=PROMPT, max_tokens=2)
+    with urllib.request.urlopen(f"{gateway.base_url}/metrics", timeout=30) as answer:
+        metrics = answer.read().decode()
+    for name in (MODEL, *TASK_IDS):  # each answered under its own name
+        assert f'tritonforge_completion_tokens_total{{model="{name}"}} {float(TOKENS)}' in metrics, name
