@@ -4,7 +4,7 @@ tensor name, wiring entry or message of ours is typed again in a `.cc`.
 It holds every tensor and model name of `facts/contract.py` (`TEXT_INPUT` → `kTextInput`, `PRE_INPUT_ID` →
 `kPreInputId`), its numeric limits, the BLS's wiring tables (what each client input feeds in preprocessing and
 in the engine, and the engine's statistics the client gets), the messages of `facts/errors.py` the C++
-answers with, the config parameters the C++ replay engine reads, and the stop protocol of
+answers with, the config parameters the C++ models read, and the stop protocol of
 `facts/environment.py` (the launcher's folder, its files, its times and the STOPPING file's format).
 Committed, as the model configs are; `tests/unit/builder/test_native_contract.py` regenerates it and fails on
 any difference:
@@ -17,8 +17,17 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ..facts import contract, environment, errors
-from ..facts.model_parameters import NativeReplayEngineParameters
+from ..facts import contract, environment, errors, model_parameters
+from ..facts.model_parameters import (
+    BlsParameters,
+    CoalescerParameters,
+    NativeReplayEngineParameters,
+    PostprocessingParameters,
+)
+
+# The C++ models' parameters (facts/model_parameters.py), by the prefix of their keys' names in the header.
+NATIVE_PARAMETERS = {"replay": NativeReplayEngineParameters, "bls": BlsParameters,
+                     "postprocessing": PostprocessingParameters, "coalescer": CoalescerParameters}
 
 HEADER = Path(__file__).resolve().parent.parent / "runtime" / "native" / "contract.h"
 # The engine inputs the BLS sets itself on every engine request, so no client input is wired to them.
@@ -87,10 +96,15 @@ def header_text() -> str:
               f"constexpr char kResponseNotSent[] = {_string(str(errors.ResponseSendError()))};",
               f"constexpr char kServerStopping[] = {_string(str(errors.ServerStopping()))};",
               f"constexpr char kEngineShuttingDown[] = {_string(str(errors.EngineShuttingDown()))};", ""]
-    lines += ["// The config parameters the C++ replay engine reads (facts/model_parameters.py "
-              "NativeReplayEngineParameters).",
-              *(f"constexpr char {cpp_name('replay_parameter_' + field.name)}[] = {_string(field.name)};"
-                for field in dataclasses.fields(NativeReplayEngineParameters)), ""]
+    lines += ["// The config parameters the C++ models read (facts/model_parameters.py: NativeReplayEngineParameters,",
+              "// BlsParameters, PostprocessingParameters, CoalescerParameters), and the defaults they share."]
+    for prefix, parameters in NATIVE_PARAMETERS.items():
+        lines += [f"constexpr char {cpp_name(prefix + '_parameter_' + field.name)}[] = {_string(field.name)};"
+                  for field in dataclasses.fields(parameters)]
+    lines += [f"constexpr int64_t kBlsMaxConcurrency = {model_parameters.BLS_MAX_CONCURRENCY};",
+              f"constexpr int kCancellationCheckPeriodMs = {model_parameters.CANCELLATION_CHECK_PERIOD_MS};",
+              f"constexpr int64_t kCoalescerMaxResponsesPerSecond = "
+              f"{model_parameters.COALESCER_MAX_RESPONSES_PER_SECOND};", ""]
     lines += ["// The stop protocol between a launcher and the models (facts/environment.py): the heartbeat folder's",
               "// variable, its files, how often the STOPPING file is read, how long a drain may end requests, and",
               "// the STOPPING file's format: whole nanoseconds of CLOCK_MONOTONIC in decimal digits, a newline.",

@@ -223,7 +223,8 @@ constexpr char kResponseNotSent[] = "a streamed response could not be sent; the 
 constexpr char kServerStopping[] = "unavailable: the server is shutting down; the generation was stopped";
 constexpr char kEngineShuttingDown[] = "unavailable: the engine is shutting down";
 
-// The config parameters the C++ replay engine reads (facts/model_parameters.py NativeReplayEngineParameters).
+// The config parameters the C++ models read (facts/model_parameters.py: NativeReplayEngineParameters,
+// BlsParameters, PostprocessingParameters, CoalescerParameters), and the defaults they share.
 constexpr char kReplayParameterReplayTokens[] = "replay_tokens";
 constexpr char kReplayParameterReplayStepMs[] = "replay_step_ms";
 constexpr char kReplayParameterMaxBatchSize[] = "max_batch_size";
@@ -231,6 +232,19 @@ constexpr char kReplayParameterExcludeInputInOutput[] = "exclude_input_in_output
 constexpr char kReplayParameterReplaySenderThreads[] = "replay_sender_threads";
 constexpr char kReplayParameterStreamInterval[] = "stream_interval";
 constexpr char kReplayParameterReplayReadsStop[] = "replay_reads_stop";
+constexpr char kBlsParameterTokenizerDir[] = "tokenizer_dir";
+constexpr char kBlsParameterMaxInputLen[] = "max_input_len";
+constexpr char kBlsParameterMaxSeqLen[] = "max_seq_len";
+constexpr char kBlsParameterTensorrtLlmModelName[] = "tensorrt_llm_model_name";
+constexpr char kBlsParameterEngineGrpcUrl[] = "engine_grpc_url";
+constexpr char kBlsParameterMaxConcurrency[] = "max_concurrency";
+constexpr char kBlsParameterAddSpecialTokens[] = "add_special_tokens";
+constexpr char kPostprocessingParameterTokenizerDir[] = "tokenizer_dir";
+constexpr char kCoalescerParameterTensorrtLlmModelName[] = "tensorrt_llm_model_name";
+constexpr char kCoalescerParameterMaxResponsesPerSecond[] = "max_responses_per_second";
+constexpr int64_t kBlsMaxConcurrency = 256;
+constexpr int kCancellationCheckPeriodMs = 100;
+constexpr int64_t kCoalescerMaxResponsesPerSecond = 8000;
 
 // The stop protocol between a launcher and the models (facts/environment.py): the heartbeat folder's
 // variable, its files, how often the STOPPING file is read, how long a drain may end requests, and

@@ -83,14 +83,14 @@ namespace server_stop = tritonforge::server_stop;
 constexpr char kBackend[] = "tritonforge_bls";
 using namespace tritonforge::contract;  // NOLINT: the contract's names, as the Python models import them
 
-// BlsParameters' keys and defaults.
-constexpr char kTokenizerDir[] = "tokenizer_dir";
-constexpr char kMaxInputLen[] = "max_input_len";
-constexpr char kMaxSeqLen[] = "max_seq_len";
-constexpr char kEngineModelKey[] = "tensorrt_llm_model_name";
-constexpr char kMaxConcurrency[] = "max_concurrency";
-constexpr int64_t kDefaultMaxConcurrency = 256;  // model_parameters.BLS_MAX_CONCURRENCY
-constexpr int kCheckPeriodMs = 100;  // model_parameters.CANCELLATION_CHECK_PERIOD_MS
+// BlsParameters' keys and defaults (facts/model_parameters.py, through contract.h).
+constexpr const char* kTokenizerDir = kBlsParameterTokenizerDir;
+constexpr const char* kMaxInputLen = kBlsParameterMaxInputLen;
+constexpr const char* kMaxSeqLen = kBlsParameterMaxSeqLen;
+constexpr const char* kEngineModelKey = kBlsParameterTensorrtLlmModelName;
+constexpr const char* kMaxConcurrency = kBlsParameterMaxConcurrency;
+constexpr int64_t kDefaultMaxConcurrency = kBlsMaxConcurrency;
+constexpr int kCheckPeriodMs = kCancellationCheckPeriodMs;
 constexpr int kSenderThreads = 2;  // a send is a few microseconds here: two keep one slow client from the rest
 
 using tritonforge::server_stop::kServerStopping;

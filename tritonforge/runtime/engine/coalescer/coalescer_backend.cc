@@ -65,9 +65,11 @@ using backend::NowNs;
 constexpr char kBackend[] = "tritonforge_coalescer";
 using tritonforge::contract::kBeamWidth;  // facts/contract.py, through contract.h
 using tritonforge::contract::kStreaming;
-constexpr char kEngineModelParameter[] = "tensorrt_llm_model_name";
-constexpr char kMaxResponsesParameter[] = "max_responses_per_second";
-constexpr int kCheckPeriodMs = 100;  // model_parameters.CANCELLATION_CHECK_PERIOD_MS, as the engines poll
+using tritonforge::contract::kCoalescerParameterMaxResponsesPerSecond;
+using tritonforge::contract::kCoalescerParameterTensorrtLlmModelName;
+constexpr const char* kEngineModelParameter = kCoalescerParameterTensorrtLlmModelName;
+constexpr const char* kMaxResponsesParameter = kCoalescerParameterMaxResponsesPerSecond;
+constexpr int kCheckPeriodMs = tritonforge::contract::kCancellationCheckPeriodMs;  // as the engines poll
 // triton_adapter.ERROR_AFTER_RESPONSE_S: a stream's last response, when it is an error, leaves no sooner than this
 // after the response before it, time for that one to pass the ensemble's postprocessing (Triton 2.51 keeps an
 // ensemble request whose error overtook its last chunk there in flight for ever).

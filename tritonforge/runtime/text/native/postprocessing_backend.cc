@@ -35,7 +35,7 @@ namespace backend = tritonforge::backend;
 
 using tritonforge::contract::kInternalPrefix;  // facts/, through contract.h
 using tritonforge::contract::kPostOutput;
-constexpr char kTokenizerDir[] = "tokenizer_dir";  // PostprocessingParameters.tokenizer_dir
+constexpr const char* kTokenizerDir = tritonforge::contract::kPostprocessingParameterTokenizerDir;
 
 constexpr char kBackend[] = "tritonforge_postprocessing";
 
