@@ -138,9 +138,10 @@ def test_metrics_move_with_the_load(client, gateway):
     before = scrape()
     client.completions.create(model=MODEL, prompt="Count", max_tokens=5, extra_body={"min_tokens": 5})
     after = scrape()
-    ok = 'tritonforge_requests_total{endpoint="/v1/completions",status="200"}'
+    ok = f'tritonforge_requests_total{{endpoint="/v1/completions",model="{MODEL}",status="200"}}'
+    tokens = f'tritonforge_completion_tokens_total{{model="{MODEL}"}}'
     assert after[ok] == before.get(ok, 0) + 1
-    assert after["tritonforge_completion_tokens_total"] == before.get("tritonforge_completion_tokens_total", 0) + 5
+    assert after[tokens] == before.get(tokens, 0) + 5
     assert after["tritonforge_time_to_first_token_seconds_count"] > before.get(
         "tritonforge_time_to_first_token_seconds_count", 0)
     assert after["tritonforge_requests_in_flight"] == 0
@@ -195,7 +196,7 @@ def test_gateway_workers_share_the_port_and_their_metrics(tiny_servers, tmp_path
             return answers
 
         assert all(answer.choices[0].text for answer in asyncio.run(many()))
-        ok = 'tritonforge_requests_total{endpoint="/v1/completions",status="200"}'
+        ok = f'tritonforge_requests_total{{endpoint="/v1/completions",model="{MODEL}",status="200"}}'
         for _ in range(2 * WORKERS):  # each scrape may reach another worker: every one must see the sum
             with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as response:
                 lines = response.read().decode().splitlines()
