@@ -289,7 +289,7 @@ def test_the_engine_model_loads_the_tokenizer_its_build_named_and_without_one_tu
 
     shutil.copytree(tiny_models["bpe"], tmp_path / "preprocessing" / "tokenizer")
     (tmp_path / "tensorrt_llm" / "1" / "checkpoint").mkdir(parents=True)
-    built = parameters(BuildOptions(model=tiny_models["bpe"], output=tmp_path / "unused"))
+    built = parameters(BuildOptions(model=tiny_models["bpe"], output=tmp_path / "unused"), [])
 
     def settings(values):
         args = {"model_config": json.dumps({"parameters": {key: {"string_value": value}
