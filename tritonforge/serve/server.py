@@ -433,9 +433,20 @@ def only_models(*models: str) -> list[str]:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports: each socket stays bound until all are chosen (ports picked one after another
+    can repeat, and a server given one port twice refuses to start)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 @dataclass
@@ -587,9 +598,10 @@ class TritonServer:
         except BaseException:
             self._remove_work_dir()
             raise
-        self.http_port = self.http_port or free_port()
-        self.grpc_port = self.grpc_port or free_port()
-        self.metrics_port = self.metrics_port or free_port()
+        picked = iter(free_ports(3))
+        self.http_port = self.http_port or next(picked)
+        self.grpc_port = self.grpc_port or next(picked)
+        self.metrics_port = self.metrics_port or next(picked)
         self.log_path = Path(self.log_file) if self.log_file else self._work_dir / "tritonserver.log"
         command = self.mpi_command(binary)
         logger.info("starting %s", redacted(command))
