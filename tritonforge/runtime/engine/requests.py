@@ -172,7 +172,7 @@ def parse_engine_request(inputs: dict[str, np.ndarray], *, default_exclude_input
             return_num_output_tokens=bool(value(contract.RETURN_NUM_OUTPUT_TOKENS, row, False)),
             embedding_bias=_embedding_bias(inputs, row, batch),
             guided_decoding=guided_decoding(*guides[row]),
-            lora_task_id=int(tasks[row]) or None if tasks is not None else None,  # 0: none (a build's start at 1)
+            lora_task_id=(int(tasks[row]) or None) if tasks else None,  # 0: none (a build's start at 1)
         ))
     return rows
 
