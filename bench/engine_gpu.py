@@ -451,18 +451,18 @@ def write_results(args, header: dict, modes: dict, baselines: dict | None = None
         lines += ["", "CUDA graphs / eager: " + ", ".join(
             f"{a['streams']} streams {b['tokens_per_s'] / a['tokens_per_s']:.1f}x" for a, b in zip(eager, graphed)
             if a["tokens_per_s"])]
-    base = next(iter(modes.values()))["rows"]
+    # The added modes come last (log probs, then LoRA), each beside the plain mode they were added to.
+    rows = [mode["rows"] for mode in modes.values()]
+    plain = rows[len(rows) - 1 - bool(args.compare_log_probs) - bool(args.compare_lora)]
+
+    def ratios(label: str, added: list[dict]) -> list[str]:
+        return ["", f"{label}: " + ", ".join(f"{a['streams']} streams {b['tokens_per_s'] / a['tokens_per_s']:.2f}"
+                                             for a, b in zip(plain, added) if a["tokens_per_s"])]
+
     if args.compare_lora:
-        lora = list(modes.values())[-1]["rows"]
-        lines += ["", f"{args.compare_lora} LoRA adapters and the base / the base alone: " + ", ".join(
-            f"{a['streams']} streams {b['tokens_per_s'] / a['tokens_per_s']:.2f}" for a, b in zip(base, lora)
-            if a["tokens_per_s"])]
+        lines += ratios(f"{args.compare_lora} LoRA adapters and the base / the base alone", rows[-1])
     if args.compare_log_probs:
-        without = list(modes.values())[-3 if args.compare_lora else -2]["rows"]
-        logged = list(modes.values())[-2 if args.compare_lora else -1]["rows"]
-        lines += ["", f"With top {args.compare_log_probs} log probs / without: " + ", ".join(
-            f"{a['streams']} streams {b['tokens_per_s'] / a['tokens_per_s']:.2f}" for a, b in zip(without, logged)
-            if a["tokens_per_s"])]
+        lines += ratios(f"With top {args.compare_log_probs} log probs / without", rows[-2 if args.compare_lora else -1])
     if baselines:
         lines += ["", "transformers' own on the same model (greedy, the same lengths):", "",
                   "| transformers | streams | tokens/s |", "|---|---|---|"]
