@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -30,9 +31,18 @@ RACE_RUNS = 5
 
 
 def tritonforge(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The command's result; one that hangs is stopped with SIGABRT, which Python's fault handler (turned on
+    here) answers with every thread's stack, so the failure says where it hung."""
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "tritonforge.cli", *args], capture_output=True, text=True,
-                            timeout=ANSWER_WITHIN_S * 4, env=env)
+    command = [sys.executable, "-X", "faulthandler", "-m", "tritonforge.cli", *args]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=ANSWER_WITHIN_S * 4)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)
+            stdout, stderr = process.communicate()
+            pytest.fail(f"`tritonforge {' '.join(args)}` hung; its threads:\n{stderr}")
+    result = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
     result.seconds = time.monotonic() - started
     return result
 

@@ -67,7 +67,6 @@ def _demo_serve(options: DemoOptions, repository: Path) -> int:
     say("starting tritonserver (loading the models takes 10-60 s) ...")
     with TritonServer(repository) as server:
         print(f"tritonserver ready: HTTP {server.http_url}, gRPC {server.grpc_url}")
-        grpc_client = GrpcClient(server.grpc_url)
         prompt = options.prompt or DEFAULT_PROMPTS[options.model]
         # The real model is a chat model: its question goes as a chat, which preprocessing renders with the
         # model's chat template; the tiny one continues the text.
@@ -75,13 +74,13 @@ def _demo_serve(options: DemoOptions, repository: Path) -> int:
                    GenerateRequest(messages=[{"role": "user", "content": prompt}], max_tokens=options.max_tokens))
         print(f"prompt: {prompt!r}" + ("" if options.model == TINY else " (as a chat)"))
         print("gRPC stream:   ", end="", flush=True)
-        for text in grpc_client.stream(request):
-            print(text, end="", flush=True)
+        with GrpcClient(server.grpc_url) as grpc_client:
+            for text in grpc_client.stream(request):
+                print(text, end="", flush=True)
         print()
         http_client = HttpClient(server.http_url)
         print(f"HTTP generate: {http_client.generate(request)}")
         print("HTTP stream:   " + "".join(http_client.stream(request)))
-        grpc_client.close()
         say("stopping tritonserver (its models unload: a few seconds) ...")
     if options.model == TINY:
         print("(random weights: the text is gibberish; the streams differ from the whole text only where a "

@@ -72,13 +72,13 @@ def generate_command(args: argparse.Namespace) -> int:
     if options.stays_greedy():
         say(f"note: --temperature {options.temperature:g} alone stays greedy (TensorRT-LLM's semantics): add "
             f"--top-k K (> 1) or --top-p P (< 1) to sample")
-    client = options.client()
-    if options.stream:
-        for text in client.stream(args.prompt, **options.parameters()):
-            print(text, end="", flush=True)
-        print()
-    else:
-        print(client.generate(args.prompt, **options.parameters()))
+    with options.client() as client:
+        if options.stream:
+            for text in client.stream(args.prompt, **options.parameters()):
+                print(text, end="", flush=True)
+            print()
+        else:
+            print(client.generate(args.prompt, **options.parameters()))
     return 0
 
 

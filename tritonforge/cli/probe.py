@@ -31,16 +31,15 @@ def probe_command(args: argparse.Namespace) -> int:
     from ..clients.client import GenerateRequest, GenerationError, GrpcClient
 
     options = ProbeOptions(**given(args, ProbeOptions))
-    client = GrpcClient(options.url, model=options.model)
     started = time.monotonic()
     try:
-        for _ in client.stream_bytes(GenerateRequest(text_input="ping", max_tokens=1), timeout_s=options.timeout_s):
-            pass
+        with GrpcClient(options.url, model=options.model) as client:
+            for _ in client.stream_bytes(GenerateRequest(text_input="ping", max_tokens=1),
+                                         timeout_s=options.timeout_s):
+                pass
     except GenerationError as error:
         print(f"not live: {error}", file=sys.stderr)
         return 1
-    finally:
-        client.close()
     print(f"live: {options.model} at {options.url} answered a one-token generation in "
           f"{time.monotonic() - started:.2f} s")
     return 0

@@ -472,7 +472,15 @@ class GrpcClient:
         return data.decode("utf-8", errors="replace")
 
     def close(self) -> None:
+        """Closes the channel: one left to the interpreter's exit can hold the process there (gRPC's reconnecting
+        channel is torn down by garbage collection during finalisation)."""
         self.client.close()
+
+    def __enter__(self) -> GrpcClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class _SilenceWatch:
@@ -716,6 +724,15 @@ class HttpClient:
     def stream(self, prompt: str | GenerateRequest, **parameters) -> Iterator[str]:
         request = prompt if isinstance(prompt, GenerateRequest) else _request(prompt, parameters)
         yield from _texts(self.stream_bytes(request))
+
+    def close(self) -> None:
+        """Nothing held between requests: each request is its own connection, closed with its answer."""
+
+    def __enter__(self) -> HttpClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _answer(response: http.client.HTTPResponse, address: str) -> dict:

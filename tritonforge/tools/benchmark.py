@@ -433,14 +433,11 @@ def expected_answers(url: str, path: str, prompts, output_tokens: int) -> dict[s
     from ..clients.client import GenerateRequest, GrpcClient
 
     def answer(text: str) -> bytes:
-        client = GrpcClient(url, PATH_MODELS[path])  # one stream each: a client's stream serves one request
-        try:
-            # The streams' own settings: the prompt left out whatever the repository's default.
-            request = GenerateRequest(text, output_tokens, parameters={MIN_TOKENS: output_tokens,
-                                                                       EXCLUDE_INPUT_IN_OUTPUT: True})
+        # The streams' own settings: the prompt left out whatever the repository's default.
+        request = GenerateRequest(text, output_tokens, parameters={MIN_TOKENS: output_tokens,
+                                                                   EXCLUDE_INPUT_IN_OUTPUT: True})
+        with GrpcClient(url, PATH_MODELS[path]) as client:  # one stream each: a client's stream serves one request
             return b"".join(client.stream_bytes(request, stream=False))
-        finally:
-            client.close()
 
     texts = [text for text, _ in prompts]
     with ThreadPoolExecutor(max_workers=ANSWER_CONCURRENCY) as pool:

@@ -85,12 +85,21 @@ def test_generate_with_a_temperature_alone_says_on_stderr_that_it_stays_greedy(m
     from tritonforge.cli import generate as generate_module
     from tritonforge.cli import main
 
-    class Client:
+    class ClientDouble:  # a test double: answers without a server, and records that the command closed it
+        closed = False
+
         def generate(self, prompt, **parameters):
             return "answer"
 
-    monkeypatch.setattr(generate_module.GenerateOptions, "client", lambda self: Client())
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            ClientDouble.closed = True
+
+    monkeypatch.setattr(generate_module.GenerateOptions, "client", lambda self: ClientDouble())
     assert main(["generate", "hi", "--temperature", "0.7"]) == 0
+    assert ClientDouble.closed  # a gRPC channel left open to the interpreter's exit can hold the process there
     said = capsys.readouterr()
     assert said.out == "answer\n"
     assert said.err.startswith("note: --temperature 0.7 alone stays greedy (TensorRT-LLM's semantics)")
