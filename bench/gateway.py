@@ -32,7 +32,8 @@ from tritonforge.facts.contract import BLS_MODEL, ENSEMBLE_MODEL
 from tritonforge.facts.settings import positive_ints
 from tritonforge.gateway.metrics import ITL_METRIC, TTFT_METRIC
 from tritonforge.gateway.serving import DEFAULT_MODEL, SERVED_MODEL_NAME
-from tritonforge.serve.server import TritonServer, free_port
+from tritonforge.serve.ports import free_port
+from tritonforge.serve.server import TritonServer
 from tritonforge.tools.benchmark import (
     Timing,
     asyncio_load,

@@ -16,7 +16,7 @@ from tritonclient.grpc import service_pb2_grpc
 from xdist.scheduler import LoadFileScheduling
 
 from tritonforge.facts.environment import SERVER_START_LOCK_ENV
-from tritonforge.serve.server import free_port
+from tritonforge.serve.ports import free_port
 from tritonforge.tools.tiny_model import TOKENIZER_FAMILIES, make_tiny_model
 
 

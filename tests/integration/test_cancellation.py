@@ -14,7 +14,7 @@ from tritonforge.builder.build import BuildOptions, build
 from tritonforge.clients.client import AsyncGrpcClient, GenerateRequest, GrpcClient, HttpClient, ResponseTimeout
 from tritonforge.gateway.options import GatewayThread
 from tritonforge.runtime.text.tokenization import load_tokenizer
-from tritonforge.serve.server import free_port
+from tritonforge.serve.ports import free_port
 
 from .conftest import ascii_only, engine_stream, lean_serving, running
 

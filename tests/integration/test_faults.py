@@ -17,8 +17,10 @@ import pytest
 from tritonforge.builder.build import BuildOptions, build
 from tritonforge.clients.client import GrpcClient
 from tritonforge.facts.errors import ErrorKind
+from tritonforge.serve.leftovers import SHARED_MEMORY_DIR
+from tritonforge.serve.ports import free_port
 from tritonforge.serve.processes import all_stub_pids
-from tritonforge.serve.server import SHARED_MEMORY_DIR, TritonServer, free_port
+from tritonforge.serve.server import TritonServer
 from tritonforge.serve.supervisor import Supervisor
 
 from .conftest import child_pids, lean_serving

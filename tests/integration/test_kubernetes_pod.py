@@ -27,8 +27,8 @@ import pytest
 import yaml
 
 from tritonforge.builder.build import BuildOptions, build
+from tritonforge.serve.ports import free_port
 from tritonforge.serve.processes import all_stub_pids
-from tritonforge.serve.server import free_port
 
 from ..deploy.chart import CHART, NAMESPACE, RECORDING_RULES, render
 from ..deploy.prometheus import adapter_metrics_query, adapter_rule, tool

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from tritonforge.builder.build import BuildOptions, build
-from tritonforge.serve.server import free_port
+from tritonforge.serve.ports import free_port
 
 from ..deploy.chart import render
 from .conftest import MAX_INPUT_LEN, MAX_SEQ_LEN, lean_serving

@@ -12,7 +12,7 @@ from tritonforge.facts.contract import BLS_MODEL, ENSEMBLE_MODEL
 from tritonforge.gateway.options import GatewayThread
 from tritonforge.runtime.text.detokenization import TokenBytes
 from tritonforge.runtime.text.tokenization import load_tokenizer
-from tritonforge.serve.server import free_port
+from tritonforge.serve.ports import free_port
 
 from .conftest import MAX_INPUT_LEN, MAX_SEQ_LEN, lean_serving, running
 

@@ -16,7 +16,7 @@ from tritonforge.clients.client import GenerationError, GrpcClient
 from tritonforge.facts.contract import BLS_MODEL, ENSEMBLE_MODEL, LORA_TASK_ID
 from tritonforge.gateway.options import GatewayThread
 from tritonforge.runtime.text.tokenization import load_tokenizer
-from tritonforge.serve.server import free_port
+from tritonforge.serve.ports import free_port
 from tritonforge.tools.tiny_model import make_lora_adapter
 
 from .conftest import MAX_INPUT_LEN, MAX_SEQ_LEN, lean_serving, running

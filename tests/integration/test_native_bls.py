@@ -24,7 +24,8 @@ from tritonforge.builder.build import BuildOptions, build
 from tritonforge.clients.client import GrpcClient
 from tritonforge.facts.contract import BLS_MODEL, FINAL_RESPONSE_PARAMETER, TEXT_OUTPUT
 from tritonforge.facts.errors import ErrorKind, answered_kind
-from tritonforge.serve.server import ServerError, only_models
+from tritonforge.serve.errors import ServerError
+from tritonforge.serve.server import only_models
 
 from .conftest import DONE_S, MAX_INPUT_LEN, MAX_SEQ_LEN, lean_serving, running
 

@@ -22,8 +22,9 @@ from tritonforge.builder.repository import tokenizer_dir
 from tritonforge.clients.client import GenerateRequest, GrpcClient
 from tritonforge.facts.contract import POST_OUTPUT, POST_SEQUENCE_LENGTH, POST_TOKENS_BATCH, POSTPROCESSING_MODEL
 from tritonforge.runtime.text.detokenization import TABLE_FILE, TokenBytes
+from tritonforge.serve.errors import ServerError
 from tritonforge.serve.processes import all_stub_pids
-from tritonforge.serve.server import ServerError, only_models
+from tritonforge.serve.server import only_models
 
 from .conftest import DONE_S, MAX_INPUT_LEN, MAX_SEQ_LEN, lean_serving, running
 

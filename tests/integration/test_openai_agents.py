@@ -15,7 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 from tritonforge.gateway.options import GatewayThread
-from tritonforge.serve.server import free_port
+from tritonforge.serve.ports import free_port
 
 from .conftest import serve_tiny
 

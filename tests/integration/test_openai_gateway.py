@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from tritonforge.gateway.options import GatewayThread
-from tritonforge.serve.server import free_port
+from tritonforge.serve.ports import free_port
 
 MODEL = "tiny"
 

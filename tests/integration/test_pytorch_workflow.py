@@ -22,7 +22,7 @@ from tritonforge.clients.client import GenerateRequest, GrpcClient
 from tritonforge.facts.contract import stop_request_inputs
 from tritonforge.gateway.options import GatewayThread
 from tritonforge.runtime.text.tokenization import load_tokenizer
-from tritonforge.serve.server import free_port
+from tritonforge.serve.ports import free_port
 
 from .conftest import engine_stream, running
 

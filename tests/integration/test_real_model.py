@@ -98,7 +98,7 @@ def openai_client(served):
     """The real `openai` client, through the gateway in front of the served model."""
     openai = pytest.importorskip("openai", reason="needs the openai client (the test extra)")
     from tritonforge.gateway.options import GatewayThread
-    from tritonforge.serve.server import free_port
+    from tritonforge.serve.ports import free_port
 
     gateway = GatewayThread(served.grpc_url, port=free_port(), served_model_name="smollm2").start()
     yield openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="none", max_retries=0)

@@ -31,16 +31,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonforge.builder.build import BuildOptions, build
 from tritonforge.clients.client import GrpcClient
 from tritonforge.facts.contract import ENGINE_MODEL
+from tritonforge.serve.leftovers import OWNER_RECORD, SHARED_MEMORY_DIR
+from tritonforge.serve.ports import free_port
 from tritonforge.serve.processes import all_stub_pids
-from tritonforge.serve.server import (
-    DEFAULT_EXIT_TIMEOUT_S,
-    DRAIN_END_S,
-    OWNER_RECORD,
-    SHARED_MEMORY_DIR,
-    TritonServer,
-    free_port,
-    only_models,
-)
+from tritonforge.serve.server import DEFAULT_EXIT_TIMEOUT_S, DRAIN_END_S, TritonServer, only_models
 from tritonforge.serve.supervisor import Supervisor
 
 from .conftest import child_pids, lean_serving
@@ -540,7 +534,7 @@ def test_what_a_kill_of_serve_and_its_reaper_leaves_the_next_start_removes_sayin
     try:
         left, _, stub_regions = kill_under_streams(killed, with_reaper=True)
         assert left["work_dir"].exists() and left["python_env"].exists()  # left: nobody was there to clean up
-        with caplog.at_level(logging.WARNING, logger="tritonforge.serve.server"):
+        with caplog.at_level(logging.WARNING, logger="tritonforge.serve.leftovers"):
             with TritonServer(repository, extra_args=only_models(ENGINE_MODEL)):  # any start sweeps: the quickest
                 assert not left["work_dir"].exists(), "the next start left the dead run's work folder"
                 assert not [region for region in stub_regions if region.exists()], "and its shared memory"

@@ -95,9 +95,9 @@ def test_a_start_waits_while_another_holds_the_start_lock_then_serves(tmp_path, 
     another thread holds the lock, as another process would, until the start says it waits."""
     lock_path = tmp_path / "starts.lock"
     monkeypatch.setenv(SERVER_START_LOCK_ENV, str(lock_path))
-    caplog.set_level(logging.INFO, logger="tritonforge.serve.server")
+    caplog.set_level(logging.INFO, logger="tritonforge.serve.start_lock")
     waiting = _Seen("waiting for another server's start to end")
-    logging.getLogger("tritonforge.serve.server").addHandler(waiting)
+    logging.getLogger("tritonforge.serve.start_lock").addHandler(waiting)
     server = TritonServer(repository(tmp_path, "pass", failures=0), ready_timeout_s=60)
     held = open(lock_path, "a")  # noqa: SIM115 - closed by the other thread: that releases the lock
     fcntl.flock(held, fcntl.LOCK_EX)
@@ -116,7 +116,7 @@ def test_a_start_waits_while_another_holds_the_start_lock_then_serves(tmp_path, 
         assert waiting.event.is_set() and launched_while_held == [None]  # nothing launched while the lock was held
         assert server.is_running()
     finally:
-        logging.getLogger("tritonforge.serve.server").removeHandler(waiting)
+        logging.getLogger("tritonforge.serve.start_lock").removeHandler(waiting)
         releaser.join(60)
         held.close()
         server.stop()

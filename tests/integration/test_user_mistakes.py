@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tritonforge.builder.build import BuildOptions, build
-from tritonforge.serve.server import free_port
+from tritonforge.serve.ports import free_port
 
 # Seconds a mistake may take to be answered: starting Python and importing tritonforge and its clients take
 # most of it (2-4 s on the loaded 2-core CI machine); a loop or a wait for a server would take far longer.
@@ -176,7 +176,7 @@ def test_bench_of_a_checkpoint_suggests_a_build_that_works(tiny_models, tmp_path
     built = subprocess.run([sys.executable, "-m", "tritonforge.cli", *suggested[1:]], cwd=tmp_path,
                            capture_output=True, text=True, timeout=ANSWER_WITHIN_S * 4)
     assert built.returncode == 0, (line, built.stderr, time.monotonic() - started)
-    from tritonforge.serve.server import check_repository
+    from tritonforge.serve.repository import check_repository
 
     assert check_repository(tmp_path / suggested[suggested.index("--output") + 1])
 

@@ -46,7 +46,7 @@ def require_tool(name: str) -> None:
 
 def repository_tokenizer(repository: Path) -> Path:
     """A built repository's tokenizer folder; refuses a path that is none."""
-    from ..serve.server import check_repository
+    from ..serve.repository import check_repository
 
     check_repository(repository)
     tokenizer = tokenizer_dir(repository)

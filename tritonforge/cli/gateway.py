@@ -12,7 +12,7 @@ from .arguments import say
 
 def openai_command(args: argparse.Namespace) -> int:
     from ..gateway.options import run
-    from ..serve.server import check_ports_free
+    from ..serve.ports import check_ports_free
 
     options = GatewayOptions(**given(args, GatewayOptions))
     check_ports_free(options.host, {"--host/--port": options.port})

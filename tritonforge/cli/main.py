@@ -74,7 +74,8 @@ def make_parser() -> argparse.ArgumentParser:
 def _exit_status(error: BaseException) -> int | None:
     """2 for a usage error (the command line names something wrong), 1 for a runtime one; None: not ours."""
     from ..facts.errors import TritonforgeError
-    from ..serve.server import PortInUse, ServerError
+    from ..serve.errors import ServerError
+    from ..serve.ports import PortInUse
 
     if isinstance(error, PortInUse):
         return 2

@@ -107,7 +107,7 @@ def checkpoint_repository(checkpoint: Path, args: argparse.Namespace, options: S
     same checkpoint files and options completed before, else built (and gated, where asked) into it."""
     from ..builder.cache import BuildCache, CacheOptions, cache_key, default_cache_dir
     from ..builder.engines import engine_kind
-    from ..serve.server import check_ports_free
+    from ..serve.ports import check_ports_free
     from ..tools.accuracy_gate import AccuracyGateFailed
     from .build import build_options, build_repository, gate_options
 
@@ -143,7 +143,7 @@ def checkpoint_repository(checkpoint: Path, args: argparse.Namespace, options: S
 def repository_to_serve(args: argparse.Namespace, options: ServeOptions) -> Path:
     """The repository `serve` runs: the path given, or the one built from the checkpoint given; one line names
     what else the path is."""
-    from ..serve.server import RepositoryError
+    from ..serve.repository import RepositoryError
     from .build import build_flags_given
 
     path = args.path
@@ -165,7 +165,8 @@ def repository_to_serve(args: argparse.Namespace, options: ServeOptions) -> Path
 
 
 def serve_command(args: argparse.Namespace) -> int:
-    from ..serve.server import check_ports_free, check_repository
+    from ..serve.ports import check_ports_free
+    from ..serve.repository import check_repository
     from ..serve.session import GatewaySettings, ServeSession
 
     options = ServeOptions(**given(args, ServeOptions))

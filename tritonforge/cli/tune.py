@@ -35,7 +35,7 @@ def tune_command(args: argparse.Namespace) -> int:
     import datetime
     import json
 
-    from ..serve.server import serving_processes
+    from ..serve.leftovers import serving_processes
     from ..tools.benchmark import machine_description
     from ..tools.tuning import current, grid, plot, tune
 

@@ -52,7 +52,7 @@ API_KEY_ENV = "TRITONFORGE_API_KEY"
 # The tritonserver binary to run, where --tritonserver names none.
 TRITONSERVER_ENV = "TRITONSERVER"
 
-# A lock file that makes the servers started on one machine load one at a time (serve/server.py): loads side by
+# A lock file that makes the servers started on one machine load one at a time (serve/start_lock.py): loads side by
 # side starve each other's Python stubs, which Triton 2.51 can wedge. Unset: servers start side by side.
 SERVER_START_LOCK_ENV = "TRITONFORGE_SERVER_START_LOCK"
 

@@ -5,7 +5,7 @@ remove the run's work folder, its stubs' shared memory and the Python backend's 
 `TritonServer` starts one per server, in a session of its own, its standard input a pipe that only the launcher
 holds open. The read ends when the launcher closes it (its `stop`, which cleaned up already: the work folder is
 gone) or dies. In the second case it waits for the server's process group to end (SIGKILL after GROUP_GONE_S),
-removes what the run left (`server.remove_killed_run`) and exits, within a few seconds of the kill.
+removes what the run left (`leftovers.remove_killed_run`) and exits, within a few seconds of the kill.
 
 Usage: python -m tritonforge.serve.reaper WORK_DIR SERVER_PID
 """
@@ -52,7 +52,7 @@ def main(work_dir: Path, server_pid: int) -> None:
         except ProcessLookupError:
             pass
         _wait_group_gone(server_pid, GROUP_GONE_S)
-    from .server import remove_killed_run  # only now: its imports cost a third of a second
+    from .leftovers import remove_killed_run  # only now: a reaper that a stop ends needs none of it
 
     remove_killed_run(work_dir)
 

@@ -1,9 +1,7 @@
 """Start and stop a real `tritonserver` on a model repository (`tritonforge serve`, tests, benchmarks).
 
-Finds the server in this order: an explicit path (argument or `TRITONSERVER`), `tritonserver` on PATH
-(NVIDIA's containers; backends at `<bin>/../backends`), the nvidia-pytriton wheel's bundle (whose Python
-backend stub for the running interpreter is copied into a private backends folder). The running
-interpreter's `bin/` goes first on PATH, because the stub embeds the first `python3` it finds there.
+The server to run is found by `binary.locate_server`. The running interpreter's `bin/` goes first on PATH,
+because the stub embeds the first `python3` it finds there.
 
 Model control and repository APIs are not exposed to clients: the load API can upload code.
 
@@ -14,16 +12,13 @@ Nothing is left behind, even by a run killed from outside: the server dies with 
 it (PR_SET_PDEATHSIG), its stubs end once it is gone (runtime/stub_watch.py), their temporary files go into
 its work folder, which records the pids it belongs to, their shared-memory regions carry the starting process's
 pid in their names, and the record names the Python backend's folder in /tmp (`python_env`); every start removes
-what such dead runs left (`sweep_leftovers`), and says so.
+what such dead runs left (`leftovers.sweep_leftovers`), and says so.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
-import fcntl
-import functools
 import json
 import logging
 import math
@@ -31,7 +26,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -51,24 +45,26 @@ from ..facts.environment import (
     HEARTBEAT_PERIOD_S,
     MODEL_DRAIN_END_S,
     SERVER_PID_FILE,
-    SERVER_START_LOCK_ENV,
     STOPPING_FILE,
-    TRITONSERVER_ENV,
     stopping_text,
 )
-from ..facts.ports import check_distinct_ports
 from . import python_env
-from .processes import STUB_PROGRAM
+from .binary import ServerBinary, locate_server, note_no_http_limit, supports_option
+from .errors import ServerError
+from .leftovers import OWNER_RECORD, SHARED_MEMORY_DIR, WORK_DIR_PREFIX, sweep_leftovers
+from .ports import PortInUse, check_ports_free, free_ports
+
+# Only for tests/unit/runtime/bls/test_engine_stream.py, which another change holds: point its import at
+# serve/ports.py, then drop this line.
+from .ports import free_port as free_port
+from .repository import check_repository
+from .start_lock import machine_start_lock
 
 logger = logging.getLogger(__name__)
 
 # APIs a client of an LLM server never needs; restricted behind a header that only an operator knows.
 RESTRICTED_APIS = "model-repository,model-config,shared-memory,statistics,trace,logging"
 HTTP_MAX_INPUT_BYTES = 8 * 1024 * 1024  # a prompt of max_input_len tokens is far smaller
-# Where the Python backend keeps each stub's shared-memory region. A stub that is killed (a crash, the
-# supervisor's restart, a stop that had to SIGKILL) leaves its region there, a file of RAM: each server names
-# its regions with a prefix of its own, and removes what is left under that prefix once it has exited.
-SHARED_MEMORY_DIR = Path("/dev/shm")
 USAGE_TEXT_INDENTS = ("  --", "\t")  # the lines of tritonserver's --help text
 # A stop ends within the exit timeout. Open requests get all of it but a reserve kept for the models to end those
 # still open (about a second: a last response that is an error waits `ERROR_AFTER_RESPONSE_S`), the server to
@@ -82,10 +78,6 @@ STOP_RESERVE_MIN_S = 5.0
 # After the time open requests get at a stop, how long the engine may take to end the rest (its
 # EngineService.drain waits MODEL_DRAIN_END_S) and to say so (a heartbeat later).
 DRAIN_END_S = MODEL_DRAIN_END_S + 2 * HEARTBEAT_PERIOD_S
-WORK_DIR_PREFIX = "tritonforge-server-"  # in the temporary folder, one per start
-OWNER_RECORD = "owner.json"  # in a work folder: the pids it belongs to
-# A shared-memory prefix names the process that started the server, so that a sweep can tell a dead run's.
-_SHM_PREFIX = re.compile(r"tritonforge_pid(\d+)_[0-9a-f]+_")
 _PR_SET_PDEATHSIG = 1
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # where `tritonforge` imports from, for the reaper
 REAPER_EXIT_S = 5.0  # how long a stop waits for the reaper, which has nothing to do then, to end
@@ -104,14 +96,6 @@ _ERROR_LINE = re.compile(r"\bE\d{4}|error|Error|Traceback|terminate called|what\
 _LOG_PREFIX = re.compile(r"^[EWI]\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] ")
 
 
-class ServerError(RuntimeError):
-    """The server did not start or died; the message quotes its log."""
-
-
-class PortInUse(ServerError):
-    """A port the server must listen on is taken: starting again cannot help."""
-
-
 class StubLaunchWedged(ServerError):
     """The Python backend waits forever on a stub that failed its health check while loading (STUB_WEDGE_S)."""
 
@@ -126,33 +110,6 @@ RETRIED_AT_START = (StubLaunchWedged, CrashedWhileLoading)
 # Starts in all before such a failure is the caller's: a machine loaded with several servers starting at once has
 # wedged two starts in a row, never three.
 START_ATTEMPTS = 3
-
-
-@contextlib.contextmanager
-def machine_start_lock():
-    """Held from a server's launch until it is ready or failed, where SERVER_START_LOCK_ENV names a lock file:
-    the starts of every process that names the same file then load one at a time (a lock the system releases
-    when its holder dies, however it dies). Without the variable, nothing is held."""
-    path = os.environ.get(SERVER_START_LOCK_ENV)
-    if not path:
-        yield
-        return
-    with open(path, "a") as lock:  # created if absent, never truncated
-        if not _try_lock(lock):
-            logger.info("waiting for another server's start to end (%s=%s)", SERVER_START_LOCK_ENV, path)
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _try_lock(lock) -> bool:
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
 
 
 def threads_waiting_for_a_child(pid: int) -> bool:
@@ -170,251 +127,11 @@ def threads_waiting_for_a_child(pid: int) -> bool:
     return False
 
 
-class RepositoryError(ValueError):
-    """A path that is no model repository Triton could serve."""
-
-
-def check_repository(repository: Path) -> list[str]:
-    """The models a repository holds (folders with a config.pbtxt); refuses a path Triton would serve nothing
-    from, before a server claims to serve it."""
-    if not repository.exists():
-        raise RepositoryError(f"{repository} does not exist: pass the folder `tritonforge build` wrote "
-                              f"(its --output, model_repository by default)")
-    if not repository.is_dir():
-        raise RepositoryError(f"{repository} is not a folder: pass the folder `tritonforge build` wrote")
-    models = sorted(child.name for child in repository.iterdir() if (child / "config.pbtxt").is_file())
-    if models:
-        return models
-    if (repository / "config.json").is_file():
-        output = _repository_beside(repository)
-        raise RepositoryError(f"{repository} is a Hugging Face checkpoint, not a model repository: build one from it "
-                              f"with `tritonforge build --model {repository} --output {output}`, then serve {output}")
-    # The build writes only into an empty or new folder.
-    output = repository if not any(repository.iterdir()) else _repository_beside(repository)
-    raise RepositoryError(f"{repository} holds no model (no <model>/config.pbtxt): it is not a model repository; "
-                          f"build one with `tritonforge build --model CHECKPOINT --output {output}`")
-
-
-def _repository_beside(folder: Path) -> Path:
-    """Where to build a repository for a folder that cannot hold one (a checkpoint, a folder of other files):
-    the build's default folder, unless this one is, or holds, the working directory."""
-    folder, cwd = folder.resolve(), Path.cwd().resolve()
-    if cwd == folder or folder in cwd.parents:
-        return folder.parent / f"{folder.name}-repository"
-    return Path("model_repository")
-
-
-def check_ports_free(address: str, ports: dict[str, int]) -> None:
-    """Refuse to start on a port something already listens on, or on one port twice: the server would fail to
-    bind, and a readiness check could reach the other server."""
-    check_distinct_ports(ports)
-    for name, port in ports.items():
-        if not port:
-            continue
-        family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        with socket.socket(family) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is no owner
-            try:
-                probe.bind((address, port))
-            except OSError as error:
-                if error.errno == errno.EADDRINUSE:
-                    raise PortInUse(f"{name}: {address}:{port} is already in use (another tritonserver, or a "
-                                    f"`tritonforge serve` still running?): stop what holds it, or choose another "
-                                    f"port") from None
-                raise PortInUse(f"{name}: cannot listen on {address}:{port} ({error.strerror}): check the "
-                                f"address") from None
-
-
-def _pid_alive(pid: int) -> bool:
-    """Whether process `pid` runs: one that exited and that its adopter has not reaped yet (a zombie, as a killed
-    run's tritonserver is for a moment) does not."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another user's process
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return True  # no /proc to tell: it answers signals
-
-
-def sweep_leftovers(temporary_dir: Path | None = None, shared_memory_dir: Path | None = None) -> list[Path]:
-    """Remove what servers of runs that were killed from outside left, and say so in one line: work folders whose
-    recorded processes are all gone (with the Python stubs still running from them, and the Python backend's
-    folder the record names), and shared-memory regions whose starting process is gone. Folders and regions
-    without our record are never touched. Returns what was removed."""
-    removed: list[Path] = []
-    ended: list[int] = []
-    runs: set[int] = set()
-    for folder in Path(temporary_dir or tempfile.gettempdir()).glob(f"{WORK_DIR_PREFIX}*"):
-        try:
-            record = json.loads((folder / OWNER_RECORD).read_text())
-            pids = [int(pid) for pid in record["pids"]]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # not ours to judge
-        if pids and not any(_pid_alive(pid) for pid in pids):
-            folder_removed, stubs_ended = _remove_run(folder, record)
-            removed += folder_removed
-            ended += stubs_ended
-            runs.add(pids[0])
-    regions = 0
-    for region in Path(shared_memory_dir or SHARED_MEMORY_DIR).glob("tritonforge_pid*"):
-        match = _SHM_PREFIX.match(region.name)
-        if match and not _pid_alive(int(match.group(1))):
-            region.unlink(missing_ok=True)
-            removed.append(region)
-            regions += 1
-            runs.add(int(match.group(1)))
-    if removed:
-        envs = sum(1 for path in removed if python_env.is_python_env(path))
-        left = ", ".join(part for part in (_count(len(removed) - regions - envs, "work folder"),
-                                           _count(regions, "shared-memory region"),
-                                           _count(envs, "Python backend folder")) if part)
-        stubs = f"; ended {_count(len(ended), 'stub')} still running" if ended else ""
-        logger.warning("removed what killed tritonforge servers (started by pid %s) left: %s%s",
-                       ", ".join(map(str, sorted(runs))), left, stubs)
-    return removed
-
-
-def _remove_run(folder: Path, record: dict) -> tuple[list[Path], list[int]]:
-    """Remove what a run whose processes are all gone left: the stubs still running from its work folder, the
-    folder, and the Python backend's folder its record names. Returns what was removed and the stubs ended."""
-    ended = []
-    for pid in _stubs_of_run(folder, record.get("shm_prefix")):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-            ended.append(pid)
-    shutil.rmtree(folder, ignore_errors=True)
-    removed = [folder]
-    env = Path(record["python_env"]) if record.get("python_env") else None
-    if python_env.remove(env):
-        removed.append(env)
-    return removed, ended
-
-
-def remove_killed_run(folder: Path, shared_memory_dir: Path | None = None) -> None:
-    """Remove all that a run left whose launcher was killed and whose server's process group is gone (the
-    reaper's part, serve/reaper.py): `_remove_run`'s, and the shared memory of its stubs (the record's prefix)."""
-    try:
-        record = json.loads((folder / OWNER_RECORD).read_text())
-    except (OSError, ValueError):
-        return  # removed meanwhile, or not ours to judge
-    _remove_run(folder, record)
-    if record.get("shm_prefix"):
-        for region in Path(shared_memory_dir or SHARED_MEMORY_DIR).glob(f"{record['shm_prefix']}*"):
-            region.unlink(missing_ok=True)
-
-
-def _count(number: int, thing: str) -> str:
-    return f"{number} {thing}{'' if number == 1 else 's'}" if number else ""
-
-
-def _stubs_of_run(folder: Path, shm_prefix: str | None) -> list[int]:
-    """The Python stubs of a run's server: the processes whose program lies inside its work folder (the
-    backends it copied there), or a stub program whose shared-memory region carries the run's prefix (a
-    server's own backends, as in NVIDIA's container)."""
-    prefix = str(folder) + os.sep
-    found = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            command = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-        if command[0].startswith(prefix) or (
-                shm_prefix and Path(command[0]).name == STUB_PROGRAM and any(shm_prefix in arg for arg in command)):
-            found.append(int(entry.name))
-    return found
-
-
-def serving_processes(repository: Path, temporary_dir: Path | None = None) -> list[int]:
-    """The live processes of other runs whose servers serve `repository` (from their work folders' records)."""
-    target = str(Path(repository).resolve())
-    found = []
-    for folder in Path(temporary_dir or tempfile.gettempdir()).glob(f"{WORK_DIR_PREFIX}*"):
-        try:
-            record = json.loads((folder / OWNER_RECORD).read_text())
-            launcher = int(record["pids"][0])
-        except (OSError, ValueError, KeyError, TypeError, IndexError):
-            continue
-        if record.get("repository") == target and launcher != os.getpid() and _pid_alive(launcher):
-            found.append(launcher)
-    return sorted(set(found))
-
-
 def _die_with_parent() -> None:
     """In the server's process, before exec: the kernel kills it when the process that started it dies, so a
     launcher killed with SIGKILL leaves no orphan server holding its ports."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-@dataclass(frozen=True)
-class ServerBinary:
-    executable: Path
-    backend_directory: Path
-    library_path: Path | None = None  # extra LD_LIBRARY_PATH entry (the wheel's bundled libraries)
-
-
-def _pytriton_bundle(work_dir: Path) -> ServerBinary | None:
-    try:
-        import pytriton
-    except ImportError:
-        return None
-    root = Path(pytriton.__file__).resolve().parent
-    bundle = root / "tritonserver"
-    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    stub = bundle / "python_backend_stubs" / version / "triton_python_backend_stub"
-    if not stub.is_file():
-        raise ServerError(f"nvidia-pytriton has no Python backend stub for Python {version}")
-    backends = work_dir / "backends"
-    shutil.copytree(bundle / "backends", backends, dirs_exist_ok=True)
-    shutil.copy2(stub, backends / "python" / "triton_python_backend_stub")
-    return ServerBinary(bundle / "bin" / "tritonserver", backends, root.parent / "nvidia_pytriton.libs")
-
-
-def locate_server(work_dir: Path, explicit: str | os.PathLike | None = None) -> ServerBinary:
-    explicit = explicit or os.environ.get(TRITONSERVER_ENV)
-    if explicit:
-        path = Path(explicit)
-        if not path.is_file():
-            raise ServerError(f"tritonserver not found at {path}")
-        return ServerBinary(path, path.resolve().parent.parent / "backends")
-    on_path = shutil.which("tritonserver")
-    if on_path:
-        path = Path(on_path).resolve()
-        return ServerBinary(path, path.parent.parent / "backends")
-    bundled = _pytriton_bundle(work_dir)
-    if bundled:
-        return bundled
-    raise ServerError("no tritonserver found: set TRITONSERVER, put it on PATH (NVIDIA's container), or "
-                      "pip install 'tritonforge[server]' for the nvidia-pytriton bundle")
-
-
-@functools.lru_cache(maxsize=8)
-def _help_text(executable: Path, library_path: Path | None) -> str:
-    env = dict(os.environ)
-    if library_path:
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(library_path), env.get("LD_LIBRARY_PATH")]))
-    try:
-        result = subprocess.run([str(executable), "--help"], capture_output=True, text=True, timeout=30, env=env,
-                                check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return result.stdout + result.stderr
-
-
-@functools.lru_cache(maxsize=8)
-def _note_no_http_limit(executable: Path) -> None:
-    """Said once per binary, as information: Triton 2.51 has no cap on HTTP bodies
-    (docs/design/faults.md#limits-before-work)."""
-    logger.info("%s has no --http-max-input-size (Triton 2.53 and later have it): HTTP request bodies are not "
-                "capped; prompts are still checked by size before tokenizing", executable)
-
-
-def _supports_option(binary: ServerBinary, option: str) -> bool:
-    return f"{option} " in _help_text(binary.executable, binary.library_path)
 
 
 def redacted(command: list[str]) -> str:
@@ -430,23 +147,6 @@ def only_models(*models: str) -> list[str]:
     """tritonserver arguments that load these models of the repository and no other (`extra_args`): a check of
     the engine alone (the accuracy gate) need not wait for every Python stub of the repository to start."""
     return ["--model-control-mode=explicit", *(f"--load-model={model}" for model in models)]
-
-
-def free_port() -> int:
-    return free_ports(1)[0]
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free ports: each socket stays bound until all are chosen (ports picked one after another
-    can repeat, and a server given one port twice refuses to start)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 @dataclass
@@ -527,9 +227,9 @@ class TritonServer:
         ]
 
     def _http_limit(self, binary: ServerBinary) -> list[str]:
-        if _supports_option(binary, "--http-max-input-size"):
+        if supports_option(binary, "--http-max-input-size"):
             return [f"--http-max-input-size={self.http_max_input_bytes}"]
-        _note_no_http_limit(binary.executable)
+        note_no_http_limit(binary.executable)
         return []
 
     def mpi_command(self, binary: ServerBinary) -> list[str]:

@@ -27,9 +27,11 @@ import threading
 import time
 from pathlib import Path
 
+from .errors import ServerError
 from .liveness import DEFAULT_PERIOD_S, DEFAULT_WEDGED_AFTER_S, LivenessProbes, probed_models
+from .ports import PortInUse
 from .processes import all_stub_pids
-from .server import PortInUse, ServerError, TritonServer
+from .server import TritonServer
 
 logger = logging.getLogger(__name__)
 

@@ -68,6 +68,6 @@ def test_bench_exits_1_when_any_point_had_failed_requests(tiny_models, tmp_path,
 ])
 def test_an_error_is_one_line_that_keeps_the_reason_its_first_line_announces(message, line):
     from tritonforge.cli.main import one_line
-    from tritonforge.serve.server import ServerError
+    from tritonforge.serve.errors import ServerError
 
     assert one_line(ServerError(message)) == line

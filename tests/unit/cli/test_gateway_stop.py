@@ -14,7 +14,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests.conftest import serving_grpc
 from tritonforge.gateway import STOP_GRACE_S
-from tritonforge.serve.server import free_port
+from tritonforge.serve.ports import free_port
 
 from ..gateway.test_gateway_faults import text_response
 

@@ -6,7 +6,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tests.conftest import serving_grpc
 from tritonforge.cli import main
 from tritonforge.facts.contract import FINAL_RESPONSE_PARAMETER
-from tritonforge.serve.server import free_port
+from tritonforge.serve.ports import free_port
 
 
 class AnsweringTriton(service_pb2_grpc.GRPCInferenceServiceServicer):

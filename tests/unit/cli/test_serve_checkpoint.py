@@ -15,7 +15,7 @@ from tritonforge.cli import main, make_parser
 from tritonforge.cli import serve as serve_module
 from tritonforge.cli.build import build_options, gate_options
 from tritonforge.cli.reference_docs import subcommands
-from tritonforge.serve.server import free_port
+from tritonforge.serve.ports import free_port
 from tritonforge.tools.accuracy_gate import AccuracyGateFailed
 
 

@@ -105,7 +105,7 @@ def test_probe_refuses_a_limit_that_is_not_a_positive_number_of_seconds(limit, c
 def test_a_benchmark_against_a_server_that_is_not_there_fails_at_once(tmp_path):
     """Not ~9,500 errors a point for two minutes: the run ends before its warm-up, naming the address."""
     from tritonforge.clients.client import ServerUnavailable
-    from tritonforge.serve.server import free_port
+    from tritonforge.serve.ports import free_port
     from tritonforge.tools.benchmark import measure_server
 
     url = f"127.0.0.1:{free_port()}"

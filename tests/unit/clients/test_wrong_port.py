@@ -13,7 +13,7 @@ from tritonclient.grpc import service_pb2_grpc
 
 from tests.conftest import serving_grpc
 from tritonforge.clients.client import GrpcClient, HttpClient, ServerUnavailable, check_serving
-from tritonforge.serve.server import free_port
+from tritonforge.serve.ports import free_port
 
 
 class _ClosesHttp2AnswersHttp1(socketserver.BaseRequestHandler):

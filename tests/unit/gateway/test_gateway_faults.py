@@ -16,7 +16,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tests.conftest import serving_grpc
 from tritonforge.facts.contract import NUM_OUTPUT_TOKENS, TEXT_OUTPUT
 from tritonforge.gateway.options import GatewayThread
-from tritonforge.serve.server import free_port
+from tritonforge.serve.ports import free_port
 
 ENGINE_FAILURE = "CUDA error: an illegal memory access was encountered"
 

@@ -8,7 +8,7 @@ import pytest
 
 from tritonforge.gateway import GatewayFailed
 from tritonforge.gateway.workers import serve_workers
-from tritonforge.serve.server import free_port
+from tritonforge.serve.ports import free_port
 
 # Starting two spawned workers (each imports the gateway) takes 1-3 s on the loaded 2-core machine; a gateway
 # that restarts them for ever is still running at this limit.

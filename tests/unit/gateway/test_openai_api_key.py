@@ -11,7 +11,7 @@ import pytest
 from tritonforge.facts.environment import API_KEY_ENV
 from tritonforge.gateway.options import GatewayThread, api_key_from_environment
 from tritonforge.gateway.routes import authorized
-from tritonforge.serve.server import free_port
+from tritonforge.serve.ports import free_port
 
 KEY = "sk-test-7f3a"
 MODEL = "tiny"

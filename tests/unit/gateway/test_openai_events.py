@@ -21,7 +21,7 @@ from tritonforge.gateway.protocol import sse_event as _sse
 from tritonforge.gateway.protocol import stream_chunk as _chunk
 from tritonforge.gateway.serving import GATEWAY_OUTPUTS
 from tritonforge.gateway.serving import to_openai_error as _triton_error
-from tritonforge.serve.server import free_port
+from tritonforge.serve.ports import free_port
 
 
 @pytest.mark.parametrize("kind", ["completions", "chat"])

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from tritonforge.serve import server as launcher
-from tritonforge.serve.server import ServerBinary, TritonServer, redacted
+from tritonforge.serve.binary import ServerBinary
+from tritonforge.serve.errors import ServerError
+from tritonforge.serve.server import TritonServer, redacted
 
 
 def fake_binary(tmp_path: Path, help_text: str) -> ServerBinary:
@@ -142,7 +144,7 @@ def test_a_server_that_exits_while_loading_says_why_on_the_first_line_of_its_err
     executable.chmod(executable.stat().st_mode | stat.S_IEXEC)
     (tmp_path / "repo" / "model").mkdir(parents=True)
     (tmp_path / "repo" / "model" / "config.pbtxt").write_text("")
-    with pytest.raises(launcher.ServerError) as failed:
+    with pytest.raises(ServerError) as failed:
         TritonServer(tmp_path / "repo", executable=str(executable)).start()
     assert str(failed.value).splitlines()[0] == ("tritonserver exited with code 1: The server cannot listen to HTTP "
                                                  "requests and GRPC requests at the same address and port x")
@@ -161,7 +163,7 @@ def test_a_server_not_ready_in_time_names_the_models_still_loading(server, tmp_p
 
 
 def test_each_server_names_its_stubs_shared_memory_and_removes_only_its_own(tmp_path, monkeypatch):
-    monkeypatch.setattr(launcher, "SHARED_MEMORY_DIR", tmp_path)
+    monkeypatch.setattr(launcher, "SHARED_MEMORY_DIR", tmp_path)  # the name a stop reads (from serve/leftovers.py)
     ours, other = TritonServer(tmp_path / "repo"), TritonServer(tmp_path / "repo")
     assert ours.shm_prefix != other.shm_prefix
     prefix = option(ours.command(fake_binary(tmp_path, "")), "--backend-config")
@@ -180,7 +182,7 @@ def test_the_sweep_removes_only_what_dead_runs_of_ours_left(tmp_path):
     import json
     import subprocess
 
-    from tritonforge.serve.server import OWNER_RECORD, WORK_DIR_PREFIX, sweep_leftovers
+    from tritonforge.serve.leftovers import OWNER_RECORD, WORK_DIR_PREFIX, sweep_leftovers
 
     exited = subprocess.Popen(["true"])
     exited.wait()  # its pid names no process now
@@ -215,7 +217,7 @@ def test_the_sweep_ends_the_stubs_still_running_from_a_dead_runs_folder(tmp_path
     import shutil
     import subprocess
 
-    from tritonforge.serve.server import OWNER_RECORD, WORK_DIR_PREFIX, sweep_leftovers
+    from tritonforge.serve.leftovers import OWNER_RECORD, WORK_DIR_PREFIX, sweep_leftovers
 
     exited = subprocess.Popen(["true"])
     exited.wait()
@@ -245,7 +247,7 @@ def test_the_model_control_and_repository_apis_are_behind_the_key(server, tmp_pa
 
 
 def test_a_folder_of_folders_without_model_configs_is_no_repository(tmp_path):
-    from tritonforge.serve.server import RepositoryError, check_repository
+    from tritonforge.serve.repository import RepositoryError, check_repository
 
     (tmp_path / "checkpoint" / "tokenizer").mkdir(parents=True)
     with pytest.raises(RepositoryError, match="holds no model"):
@@ -258,7 +260,7 @@ def test_a_folder_of_folders_without_model_configs_is_no_repository(tmp_path):
 def test_a_folder_that_is_no_repository_is_answered_with_a_build_that_would_write_it(tmp_path, monkeypatch):
     """The build refuses an output that is, holds or sits in the checkpoint, and a non-empty folder it did not
     write: what `serve` suggests avoids both."""
-    from tritonforge.serve.server import RepositoryError, check_repository
+    from tritonforge.serve.repository import RepositoryError, check_repository
 
     checkpoint, empty, other = tmp_path / "ckpt", tmp_path / "empty", tmp_path / "other"
     for folder in (checkpoint, empty, other):
@@ -283,7 +285,7 @@ def test_the_runs_serving_a_repository_are_those_whose_record_names_it(tmp_path)
     """Other live runs count only for the repository they serve; this process's own run never does."""
     import json
 
-    from tritonforge.serve.server import OWNER_RECORD, WORK_DIR_PREFIX, serving_processes
+    from tritonforge.serve.leftovers import OWNER_RECORD, WORK_DIR_PREFIX, serving_processes
 
     live = os.getppid()  # a live process that is not this one
     for name, repository, starter in [("a", tmp_path / "served", live), ("b", tmp_path / "other", live),
@@ -303,7 +305,7 @@ def test_the_sweep_removes_a_dead_runs_python_backend_folder_and_says_what_it_re
     import subprocess
     import uuid
 
-    from tritonforge.serve.server import OWNER_RECORD, WORK_DIR_PREFIX, sweep_leftovers
+    from tritonforge.serve.leftovers import OWNER_RECORD, WORK_DIR_PREFIX, sweep_leftovers
 
     exited = subprocess.Popen(["true"])
     exited.wait()
@@ -317,7 +319,7 @@ def test_the_sweep_removes_a_dead_runs_python_backend_folder_and_says_what_it_re
     region.write_bytes(b"")
     (folder / OWNER_RECORD).write_text(json.dumps({"pids": [exited.pid], "python_env": str(env)}))
     try:
-        with caplog.at_level(logging.WARNING, logger="tritonforge.serve.server"):
+        with caplog.at_level(logging.WARNING, logger="tritonforge.serve.leftovers"):
             removed = sweep_leftovers(tmp_path, shared)
     finally:
         if env.exists():
@@ -335,7 +337,7 @@ def test_the_sweep_ends_a_dead_runs_stubs_by_their_shared_memory_prefix_where_th
     import subprocess
     import sys
 
-    from tritonforge.serve.server import OWNER_RECORD, WORK_DIR_PREFIX, sweep_leftovers
+    from tritonforge.serve.leftovers import OWNER_RECORD, WORK_DIR_PREFIX, sweep_leftovers
 
     exited = subprocess.Popen(["true"])
     exited.wait()

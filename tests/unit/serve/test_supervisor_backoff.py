@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from tritonforge.serve import supervisor as supervisor_module
-from tritonforge.serve.server import PortInUse, ServerError
+from tritonforge.serve.errors import ServerError
+from tritonforge.serve.ports import PortInUse
 from tritonforge.serve.supervisor import Supervisor
 
 PERIOD_S = 0.25

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from tritonforge.clients.client import ServerUnavailable
-from tritonforge.serve.server import free_port
+from tritonforge.serve.ports import free_port
 from tritonforge.tools.accuracy import load_jsonl, run_eval
 
 
