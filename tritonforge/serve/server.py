@@ -53,10 +53,6 @@ from .binary import ServerBinary, locate_server, note_no_http_limit, supports_op
 from .errors import ServerError
 from .leftovers import OWNER_RECORD, SHARED_MEMORY_DIR, WORK_DIR_PREFIX, sweep_leftovers
 from .ports import PortInUse, check_ports_free, free_ports
-
-# Only for tests/unit/runtime/bls/test_engine_stream.py, which another change holds: point its import at
-# serve/ports.py, then drop this line.
-from .ports import free_port as free_port
 from .repository import check_repository
 from .start_lock import machine_start_lock
 

@@ -13,7 +13,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tests.conftest import serving_grpc
 from tritonforge.facts.errors import EngineCallError, EngineStreamError
 from tritonforge.runtime.bls.engine_stream import EngineStream
-from tritonforge.serve.server import free_port
+from tritonforge.serve.ports import free_port
 
 GIVE_UP_S = 30  # far beyond any answer here: past it the call hung
 
