@@ -33,11 +33,13 @@
 // - the engine's response threads (Triton's): a row's text state, under the row's lock: the decoder, the stop
 //   filter, the whole answer's pieces, the log probs and statistics; they queue chunks in the row's outbox.
 // - the instance's senders (kSenderThreads): send a row's chunks, merged while they wait, one at a time per
-//   row and in order, the row's last response last (runtime/sending.py's rules, with the stream interval).
+//   row and in order, the row's last response last (runtime/sending.py's rules, with the stream interval, in
+//   outbox.h, where tests hold them to Python's).
 // - the instance's watcher: every kCheckPeriodMs, cancels the engine requests of requests whose client went
 //   away, and ends every open request with UNAVAILABLE once the model stops being ready (unload, server stop).
 // A request lives until its last response is sent and every call it made has returned its request and final
-// response (ClientRequest's reference count); then it releases Triton's request.
+// response: each of those holds a `Reference` (the callbacks theirs through their userp); the last one to go
+// releases Triton's request.
 //
 // Config parameters, as the Python model's (BlsParameters in facts/model_parameters.py): `tokenizer_dir` (its
 // byte table, detokenizer.h), `max_input_len`, `max_seq_len` (required there; the limits are preprocessing's
@@ -70,6 +72,7 @@
 #include "backend_support.h"
 #include "server_stop.h"
 #include "contract.h"
+#include "outbox.h"
 
 namespace {
 
@@ -77,6 +80,7 @@ namespace text = tritonforge::text;
 namespace json = tritonforge::json;
 namespace backend = tritonforge::backend;
 namespace server_stop = tritonforge::server_stop;
+namespace sending = tritonforge::sending;
 
 // --- names: facts/contract.py and facts/errors.py through the generated contract.h; the parameters' keys are
 // facts/model_parameters.py's BlsParameters.
@@ -264,19 +268,20 @@ TRITONSERVER_Error* ResponseTensors(TRITONSERVER_InferenceResponse* response, st
   return nullptr;
 }
 
-// A request to `model` with `tensors` as inputs, asking for `outputs`; its callbacks get `userp`.
+// A request to `model` with `tensors` as inputs, asking for `outputs`; each callback gets its own userp.
 TRITONSERVER_Error* NewCall(const ModelState& state, const std::string& model, const std::vector<Tensor>& tensors,
                             const std::vector<std::string>& outputs, const std::string& id,
                             TRITONSERVER_InferenceRequestReleaseFn_t released,
-                            TRITONSERVER_InferenceResponseCompleteFn_t answered, void* userp,
-                            TRITONSERVER_InferenceRequest** call) {
+                            TRITONSERVER_InferenceResponseCompleteFn_t answered, void* released_userp,
+                            void* answered_userp, TRITONSERVER_InferenceRequest** call) {
   TRITONSERVER_InferenceRequest* request = nullptr;
   if (TRITONSERVER_Error* error = TRITONSERVER_InferenceRequestNew(&request, state.server, model.c_str(), -1))
     return error;
   TRITONSERVER_Error* error = id.empty() ? nullptr : TRITONSERVER_InferenceRequestSetId(request, id.c_str());
-  if (error == nullptr) error = TRITONSERVER_InferenceRequestSetReleaseCallback(request, released, userp);
+  if (error == nullptr) error = TRITONSERVER_InferenceRequestSetReleaseCallback(request, released, released_userp);
   if (error == nullptr)
-    error = TRITONSERVER_InferenceRequestSetResponseCallback(request, state.allocator, nullptr, answered, userp);
+    error = TRITONSERVER_InferenceRequestSetResponseCallback(request, state.allocator, nullptr, answered,
+                                                             answered_userp);
   // The inputs point into `tensors`, which the caller keeps until the request is released.
   for (const Tensor& tensor : tensors) {
     if (error != nullptr) break;
@@ -300,6 +305,63 @@ TRITONSERVER_Error* NewCall(const ModelState& state, const std::string& model, c
 
 class InstanceState;
 class ClientRequest;
+struct Row;
+
+// One counted reference to a ClientRequest, dropped when it goes: whatever may still use the request (Execute, each
+// Triton callback still to come, each row's last step, the watcher's pass) owns one, so the request lives until the
+// last of them is gone, with no count to pair by hand on any path.
+class Reference {
+ public:
+  Reference() = default;
+  static Reference Adopt(ClientRequest* request) {  // the reference a new request is made with
+    Reference reference;
+    reference.request_ = request;
+    return reference;
+  }
+  static Reference Take(ClientRequest* request);  // one more
+  static Reference TryTake(ClientRequest* request);  // one more, unless the request already ends (then empty)
+  Reference(Reference&& other) noexcept : request_(std::exchange(other.request_, nullptr)) {}
+  Reference& operator=(Reference&& other) noexcept {
+    if (this != &other) {
+      Drop();
+      request_ = std::exchange(other.request_, nullptr);
+    }
+    return *this;
+  }
+  Reference(const Reference&) = delete;
+  Reference& operator=(const Reference&) = delete;
+  ~Reference() { Drop(); }
+
+  ClientRequest* get() const { return request_; }
+  ClientRequest* operator->() const { return request_; }
+  explicit operator bool() const { return request_ != nullptr; }
+  void Drop();  // now, not at the end of the scope
+
+ private:
+  ClientRequest* request_ = nullptr;
+};
+
+// What one callback of a call the BLS made owns (its userp): a reference to the request and the row the call is for
+// (none for preprocessing's). Deleted by the callback's last call, or with the call when it never started.
+struct CallbackHold {
+  Reference request;
+  Row* row = nullptr;
+};
+using HeldCallback = std::unique_ptr<CallbackHold>;
+
+// Starts `call`: from then on its callbacks own `released` and `answered`; a call that cannot start keeps them, and
+// they go (their references with them) with the caller's.
+TRITONSERVER_Error* StartCall(const ModelState& state, TRITONSERVER_InferenceRequest* call, HeldCallback* released,
+                              HeldCallback* answered) {
+  CallbackHold* released_hold = released->release();  // before the start: a callback may run before it returns
+  CallbackHold* answered_hold = answered->release();
+  TRITONSERVER_Error* error = TRITONSERVER_ServerInferAsync(state.server, call, nullptr);
+  if (error != nullptr) {  // not started: no callback will run
+    released->reset(released_hold);
+    answered->reset(answered_hold);
+  }
+  return error;
+}
 
 // --- one row: its engine request, its text, its responses --------------------------------------------------------
 // A chunk of streamed text on its way to a sender, with what its response reports, copied as it was made
@@ -334,7 +396,7 @@ struct Row {
   std::vector<std::string> engine_outputs;
   std::vector<std::string> statistics;  // the engine's statistics the client gets
   std::vector<int32_t> prompt_ids;  // echoed in a whole answer unless exclude_input
-  int64_t interval = 1;  // stream_interval
+  Reference last_step;  // the request lives until the row's last step has run (moved out by it)
 
   std::mutex mutex;  // guards everything below
   // The engine request: valid from its start until the request's end, so that a cancel may always reach it.
@@ -354,52 +416,9 @@ struct Row {
   bool ended = false;  // the engine call is over for the row (its final response, an error or a stop)
   bool has_error = false;
   Failure error;
-  // The outbox (sending.Outbox): chunks waiting for a sender, and whether a sender holds the row.
-  std::vector<Chunk> pending;
-  int64_t pending_size = 0;
-  bool sent_any = false;
-  bool held = false;  // queued for, or held by, a sender
-  bool last_due = false;  // the row's last step waits to run
-  bool failed = false;  // a send failed: nothing more is sent, the last step ends the row with an error
-
-  bool Due() const { return !pending.empty() && (!sent_any || pending_size >= interval); }
-};
-
-// --- the instance's senders (sending.Senders) ---------------------------------------------------------------------
-class Senders {
- public:
-  explicit Senders(int threads) {
-    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Serve(); });
-  }
-  ~Senders() { Close(); }
-
-  // Queue a row that is neither queued nor held.
-  void Schedule(Row* row) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      queue_.push_back(row);
-    }
-    work_.notify_one();
-  }
-
-  void Close() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      closed_ = true;
-    }
-    work_.notify_all();
-    for (std::thread& thread : threads_)
-      if (thread.joinable()) thread.join();
-  }
-
- private:
-  void Serve();
-
-  std::mutex mutex_;
-  std::condition_variable work_;
-  std::deque<Row*> queue_;
-  bool closed_ = false;
-  std::vector<std::thread> threads_;
+  // Chunks waiting for a sender (their unit: engine responses, the stream interval's), and whether one holds the
+  // row; a send that failed ends the row with an error, never a stream with a gap.
+  sending::Outbox<Chunk> outbox;
 };
 
 // --- one client request: its rows, its responses, its end ----------------------------------------------------
@@ -411,15 +430,6 @@ class ClientRequest {
   // Parse, admit and send to preprocessing; an error (not yet answered) when it cannot start.
   TRITONSERVER_Error* Start();
   void FailNow(TRITONSERVER_Error* error);  // the one and final response of a request that never started
-
-  void AddRef() { refs_.fetch_add(1); }
-  bool TryAddRef() {  // for the watcher: never revives a request already ending
-    int refs = refs_.load();
-    while (refs > 0)
-      if (refs_.compare_exchange_weak(refs, refs + 1)) return true;
-    return false;
-  }
-  void DropRef();
 
   // The watcher's: the client went away, or the server stops.
   TRITONBACKEND_Request* request() const { return request_; }
@@ -466,11 +476,24 @@ class ClientRequest {
   }
   bool Flag(const char* name, bool fallback) const;
 
+  // Counted by `Reference` alone.
+  friend class Reference;
+  void AddRef() { refs_.fetch_add(1); }
+  bool TryAddRef() {  // never revives a request already ending
+    int refs = refs_.load();
+    while (refs > 0)
+      if (refs_.compare_exchange_weak(refs, refs + 1)) return true;
+    return false;
+  }
+  void DropRef() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+
   InstanceState* instance_;
   const ModelState& model_;
   TRITONBACKEND_Request* request_;
   TRITONBACKEND_ResponseFactory* factory_ = nullptr;
-  std::atomic<int> refs_{1};
+  std::atomic<int> refs_{1};  // the first is Execute's (Reference::Adopt)
   std::map<std::string, Tensor> inputs_;  // the client's, copied
   std::set<std::string> requested_;  // the outputs the client asked for (empty: all)
   int64_t rows_admitted_ = 0;
@@ -497,7 +520,9 @@ class ClientRequest {
 class InstanceState {
  public:
   InstanceState(const ModelState& model, std::string name)
-      : model_(model), name_(std::move(name)), senders_(kSenderThreads) {
+      : model_(model),
+        name_(std::move(name)),
+        senders_(kSenderThreads, [](Row* row) { return row->owner->TakeTurn(row); }) {
     watcher_ = std::thread([this] { Watch(); });
     stop_watch_ = std::make_unique<server_stop::StopWatch>(name_, [this](double deadline) { Drain(deadline); });
   }
@@ -518,7 +543,7 @@ class InstanceState {
   }
 
   const ModelState& model() const { return model_; }
-  Senders& senders() { return senders_; }
+  sending::Senders<Row>& senders() { return senders_; }
   const std::string& name() const { return name_; }
   std::string NextEngineId() { return name_ + "-" + std::to_string(next_id_.fetch_add(1)); }
 
@@ -580,12 +605,12 @@ class InstanceState {
           Log(TRITONSERVER_LOG_WARN, __LINE__, name_ + ": the model is no longer served: ending " +
                                                    std::to_string(open_.size()) + " open requests");
       }
-      std::vector<ClientRequest*> open;
+      std::vector<Reference> open;
       for (ClientRequest* request : open_)
-        if (request->TryAddRef()) open.push_back(request);
+        if (Reference reference = Reference::TryTake(request)) open.push_back(std::move(reference));
       const bool stop = stopping_;
       lock.unlock();
-      for (ClientRequest* request : open) {
+      for (Reference& request : open) {
         try {
           if (stop) {
             request->Stop(Failure{TRITONSERVER_ERROR_UNAVAILABLE, kServerStopping});
@@ -597,7 +622,7 @@ class InstanceState {
         } catch (const std::exception& exception) {  // out of memory: tried again at the next check
           Log(TRITONSERVER_LOG_ERROR, __LINE__, std::string("watch: ") + exception.what());
         }
-        request->DropRef();
+        request.Drop();  // here, not under the lock: the last reference closes the request, which takes it
       }
       lock.lock();
     }
@@ -605,7 +630,7 @@ class InstanceState {
 
   const ModelState& model_;
   std::string name_;
-  Senders senders_;
+  sending::Senders<Row> senders_;
   std::atomic<uint64_t> next_id_{0};
   std::mutex mutex_;
   std::condition_variable wake_;
@@ -617,24 +642,6 @@ class InstanceState {
   std::thread watcher_;
   std::unique_ptr<server_stop::StopWatch> stop_watch_;  // calls Drain at a launcher's stop
 };
-
-void Senders::Serve() {
-  for (;;) {
-    Row* row = nullptr;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      work_.wait(lock, [this] { return closed_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      row = queue_.front();
-      queue_.pop_front();
-    }
-    if (row->owner->TakeTurn(row)) {  // more to do: behind the rows that waited
-      std::lock_guard<std::mutex> lock(mutex_);
-      queue_.push_back(row);
-      work_.notify_one();
-    }
-  }
-}
 
 // --- ClientRequest -------------------------------------------------------------------------------------------------
 ClientRequest::ClientRequest(InstanceState* instance, TRITONBACKEND_Request* request)
@@ -650,8 +657,17 @@ ClientRequest::~ClientRequest() {
   LogIfError(TRITONBACKEND_RequestRelease(request_, TRITONSERVER_REQUEST_RELEASE_ALL), "release request", __LINE__);
 }
 
-void ClientRequest::DropRef() {
-  if (refs_.fetch_sub(1) == 1) delete this;
+Reference Reference::Take(ClientRequest* request) {
+  request->AddRef();
+  return Adopt(request);
+}
+
+Reference Reference::TryTake(ClientRequest* request) {
+  return request->TryAddRef() ? Adopt(request) : Reference();
+}
+
+void Reference::Drop() {
+  if (ClientRequest* request = std::exchange(request_, nullptr)) request->DropRef();
 }
 
 bool ClientRequest::Flag(const char* name, bool fallback) const {  // orchestrator._flag: the first value
@@ -721,15 +737,13 @@ TRITONSERVER_Error* ClientRequest::Start() {
   std::vector<std::string> outputs = {kPreInputId, kPreRequestInputLen, kPreRequestOutputLen, kPreBadWordsIds, kPreStopWordsIds,
                                       kPreEmbeddingBias, kPreOutEndId, kPreOutPadId};
   if (Input(kPromptTableExtraId) != nullptr) outputs.push_back(kPreOutPromptTableExtraIds);  // made only when sent
+  HeldCallback released(new CallbackHold{Reference::Take(this), nullptr});
+  HeldCallback answered(new CallbackHold{Reference::Take(this), nullptr});
   if (TRITONSERVER_Error* error = NewCall(model_, kPreprocessingModel, preprocessing_inputs_, outputs, id_,
-                                          PreprocessingReleased, PreprocessingAnswered, this, &preprocessing_))
+                                          PreprocessingReleased, PreprocessingAnswered, released.get(),
+                                          answered.get(), &preprocessing_))
     return error;
-  refs_.fetch_add(2);  // its release and its final response
-  if (TRITONSERVER_Error* error = TRITONSERVER_ServerInferAsync(model_.server, preprocessing_, nullptr)) {
-    refs_.fetch_sub(2);
-    return error;
-  }
-  return nullptr;
+  return StartCall(model_, preprocessing_, &released, &answered);
 }
 
 void ClientRequest::FailNow(TRITONSERVER_Error* error) {
@@ -744,12 +758,13 @@ void ClientRequest::FailNow(TRITONSERVER_Error* error) {
 }
 
 void ClientRequest::PreprocessingReleased(TRITONSERVER_InferenceRequest*, const uint32_t, void* userp) {
-  static_cast<ClientRequest*>(userp)->DropRef();  // the request object is deleted with the ClientRequest
+  delete static_cast<CallbackHold*>(userp);  // the request object is deleted with the ClientRequest
 }
 
 void ClientRequest::PreprocessingAnswered(TRITONSERVER_InferenceResponse* response, const uint32_t flags,
                                           void* userp) {
-  auto* self = static_cast<ClientRequest*>(userp);
+  auto* hold = static_cast<CallbackHold*>(userp);
+  ClientRequest* self = hold->request.get();
   if (response != nullptr) {
     if (Error error{ResponseTensors(response, &self->encoded_)}) {
       self->preprocessing_failed_ = true;
@@ -763,7 +778,7 @@ void ClientRequest::PreprocessingAnswered(TRITONSERVER_InferenceResponse* respon
   } catch (const std::exception& exception) {  // nothing may cross the C ABI into the server
     self->EndAll(Failure::Internal(exception.what()));
   }
-  self->DropRef();
+  delete hold;  // the call's last answer
 }
 
 // preprocessing answered: its errors are the request's; then the BLS's own checks, in the Python BLS's order
@@ -836,7 +851,7 @@ bool ClientRequest::BuildRows(const std::map<std::string, Tensor>& encoded, Fail
     auto row = std::make_unique<Row>();
     row->owner = this;
     row->index = index;
-    row->interval = intervals[static_cast<size_t>(index)];
+    row->outbox.set_interval(intervals[static_cast<size_t>(index)]);
     row->statistics = statistics;
     row->engine_outputs = {kOutputIds, kSequenceLength, kCumLogProbs, kOutputLogProbs};
     row->engine_outputs.insert(row->engine_outputs.end(), statistics.begin(), statistics.end());
@@ -858,7 +873,7 @@ bool ClientRequest::BuildRows(const std::map<std::string, Tensor>& encoded, Fail
     rows_.push_back(std::move(row));
   }
   open_rows_ = batch;
-  refs_.fetch_add(static_cast<int>(batch));  // each row's last step
+  for (auto& row : rows_) row->last_step = Reference::Take(this);
   return true;
 }
 
@@ -1058,8 +1073,11 @@ void ClientRequest::TokenLogOutputs(Row* row, size_t end, std::vector<TensorPtr>
 
 void ClientRequest::StartEngine(Row* row) {
   TRITONSERVER_InferenceRequest* engine = nullptr;
+  HeldCallback released(new CallbackHold{Reference::Take(this), row});
+  HeldCallback answered(new CallbackHold{Reference::Take(this), row});
   TRITONSERVER_Error* error = NewCall(model_, model_.engine_model, row->engine_inputs, row->engine_outputs,
-                                      instance_->NextEngineId(), EngineReleased, EngineAnswered, row, &engine);
+                                      instance_->NextEngineId(), EngineReleased, EngineAnswered, released.get(),
+                                      answered.get(), &engine);
   bool skip = false;
   if (error == nullptr) {
     std::lock_guard<std::mutex> lock(row->mutex);
@@ -1070,10 +1088,8 @@ void ClientRequest::StartEngine(Row* row) {
     error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_CANCELLED, "the request was cancelled");
   } else if (error == nullptr) {
     // Not under the row's lock: the engine's answers take it, on whichever thread the engine sends from.
-    refs_.fetch_add(2);  // its release and its final response
-    error = TRITONSERVER_ServerInferAsync(model_.server, engine, nullptr);
+    error = StartCall(model_, engine, &released, &answered);
     if (error != nullptr) {
-      refs_.fetch_sub(2);
       LogIfError(TRITONSERVER_InferenceRequestDelete(engine), "delete request", __LINE__);
     } else {
       std::lock_guard<std::mutex> lock(row->mutex);
@@ -1091,12 +1107,14 @@ void ClientRequest::StartEngine(Row* row) {
 }
 
 void ClientRequest::EngineReleased(TRITONSERVER_InferenceRequest*, const uint32_t, void* userp) {
-  static_cast<Row*>(userp)->owner->DropRef();  // deleted with the ClientRequest: a cancel may still name it
+  delete static_cast<CallbackHold*>(userp);  // the request object is deleted with the ClientRequest: a cancel may
+                                             // still name it
 }
 
 void ClientRequest::EngineAnswered(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp) {
-  auto* row = static_cast<Row*>(userp);
-  ClientRequest* self = row->owner;
+  auto* hold = static_cast<CallbackHold*>(userp);
+  Row* row = hold->row;
+  ClientRequest* self = hold->request.get();
   try {
     if (response != nullptr) self->OnEngineResponse(row, response);
     if (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) self->EndRow(row, nullptr);
@@ -1105,7 +1123,7 @@ void ClientRequest::EngineAnswered(TRITONSERVER_InferenceResponse* response, con
     self->EndRow(row, &failure);
   }
   if (response != nullptr) LogIfError(TRITONSERVER_InferenceResponseDelete(response), "delete response", __LINE__);
-  if (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) self->DropRef();
+  if (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) delete hold;  // the call's last answer
 }
 
 // One engine response (row_stream._on_engine_response): count it, detokenize it, hand the text on.
@@ -1141,7 +1159,7 @@ void ClientRequest::OnEngineResponse(Row* row, TRITONSERVER_InferenceResponse* r
       std::string decoded;
       row->detokenizer->Push(all.data(), take, &decoded);
       EmitLocked(row, row->stop_filter->Push(decoded), &schedule);
-      failed = row->failed;  // the client missed a chunk: end with an error, not a stream with a gap
+      failed = row->outbox.failed();  // the client missed a chunk: end with an error, not a stream with a gap
       if (!failed && row->stop_filter->stopped()) CancelLocked(row);
     }
   }
@@ -1173,7 +1191,6 @@ void ClientRequest::EmitLocked(Row* row, std::string text, bool* schedule) {
     row->pieces += text;
     return;
   }
-  if (row->failed) return;  // nothing follows a lost response
   Chunk chunk;
   chunk.text = std::move(text);
   chunk.tokens = row->unreported;
@@ -1184,11 +1201,8 @@ void ClientRequest::EmitLocked(Row* row, std::string text, bool* schedule) {
   if (row->token_log != nullptr) chunk.token_mark = row->token_log->ids.size();
   row->unreported = 0;
   row->responses = 0;
-  row->pending_size += chunk.size;
-  row->pending.push_back(std::move(chunk));
-  if (row->held || !row->Due()) return;  // the sender holding the row takes it on its next turn
-  row->held = true;
-  *schedule = true;
+  const int64_t size = chunk.size;
+  if (row->outbox.Add(std::move(chunk), size)) *schedule = true;
 }
 
 // Stop the engine's request, once, from whichever thread asks first; its final response ends the row.
@@ -1246,9 +1260,7 @@ void ClientRequest::EndRow(Row* row, const Failure* failure) {
       row->detokenizer->Flush(&flushed);
       row->tail = row->stop_filter->Push(flushed) + row->stop_filter->Flush();
     }
-    row->last_due = true;
-    if (row->held) return;
-    row->held = true;
+    if (!row->outbox.End()) return;  // the sender holding the row runs the last step after its sends
   }
   instance_->senders().Schedule(row);
 }
@@ -1263,42 +1275,16 @@ void ClientRequest::EndAll(const Failure& failure) {
 }
 
 bool ClientRequest::TakeTurn(Row* row) {
-  std::vector<Chunk> chunks;
-  bool last = false;
-  {
-    std::lock_guard<std::mutex> lock(row->mutex);
-    if (row->Due()) {
-      chunks.swap(row->pending);
-      row->pending_size = 0;
-      row->sent_any = true;
-    } else if (row->last_due) {  // the row stays held for good: nothing is sent after its end
-      row->last_due = false;
-      chunks.swap(row->pending);
-      row->pending_size = 0;
-      last = true;
-    } else {
-      row->held = false;
+  auto send = [this, row](const std::vector<Chunk>& chunks) {
+    try {
+      return SendChunks(row, chunks);
+    } catch (const std::exception& exception) {  // a response that could not be built: the row ends with an error
+      Log(TRITONSERVER_LOG_ERROR, __LINE__, std::string("build response: ") + exception.what());
       return false;
     }
-  }
-  if (last) {
-    RunLast(row, std::move(chunks));
-    return false;
-  }
-  bool sent = false;
-  try {
-    sent = SendChunks(row, chunks);
-  } catch (const std::exception& exception) {  // a response that could not be built: the row ends with an error
-    Log(TRITONSERVER_LOG_ERROR, __LINE__, std::string("build response: ") + exception.what());
-  }
-  std::lock_guard<std::mutex> lock(row->mutex);
-  if (!sent) {
-    row->failed = true;
-    row->pending.clear();
-    row->pending_size = 0;
-  }
-  row->held = row->Due() || row->last_due;
-  return row->held;
+  };
+  auto last = [this, row](std::vector<Chunk> rest) { RunLast(row, std::move(rest)); };
+  return sending::TakeTurn(row->mutex, row->outbox, send, last);
 }
 
 bool ClientRequest::SendChunks(Row* row, const std::vector<Chunk>& chunks) {
@@ -1320,6 +1306,8 @@ bool ClientRequest::SendChunks(Row* row, const std::vector<Chunk>& chunks) {
 
 // The row's last response, after every chunk before it (row_stream._send_last): the rest of the text, or the error.
 void ClientRequest::RunLast(Row* row, std::vector<Chunk> rest) {
+  // Dropped last, as this returns: the row's last step may be what keeps the request (and the row) alive.
+  const Reference last_step = std::move(row->last_step);
   bool has_error, failed;
   Failure error;
   std::string text;
@@ -1332,7 +1320,7 @@ void ClientRequest::RunLast(Row* row, std::vector<Chunk> rest) {
     if (row->token_log != nullptr && row->token_log->ids.size() > row->token_log->sent)
       TokenLogOutputs(row, row->token_log->ids.size(), &token_outputs);
     has_error = row->has_error;
-    failed = row->failed;
+    failed = row->outbox.failed();
     error = row->error;
     for (const Chunk& chunk : rest) {
       text += chunk.text;
@@ -1366,7 +1354,6 @@ void ClientRequest::RunLast(Row* row, std::vector<Chunk> rest) {
     const Failure failure = Failure::Internal(exception.what());
     Send(nullptr, &failure, true);
   }
-  DropRef();  // the row's last step; the row lives as long as its request
 }
 
 // One response's outputs (row_stream.client_response): text_output flat, batch_index only for a batched request,
@@ -1571,7 +1558,7 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
       backend::AnswerAndRelease(kBackend, requests[i], failed.get());
       continue;
     }
-    auto* request = new ClientRequest(state, requests[i]);
+    Reference request = Reference::Adopt(new ClientRequest(state, requests[i]));
     Error error;
     try {
       error.reset(request->Start());
@@ -1583,7 +1570,7 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
     LogIfError(TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[i], !error, start_ns, start_ns, end_ns,
                                                            end_ns),
                "statistics", __LINE__);
-    request->DropRef();  // Execute's: the request lives on with its calls
+    request.Drop();  // Execute's: the request lives on with its calls
   }
   const uint64_t batch_end_ns = NowNs();
   LogIfError(TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, count, batch_start_ns, batch_start_ns,
