@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from ..facts.environment import XDG_CACHE_HOME_ENV
+from ..facts.environment import tritonforge_cache_dir
 from ..facts.settings import setting
 from .engines import engine_kind
 from .lora import parse_spec
@@ -66,13 +66,6 @@ class CacheOptions:
     cache_dir: Path | None = setting(None, "where the repositories built from checkpoints are kept, one folder per "
                                            "checkpoint and build options (default: $XDG_CACHE_HOME/tritonforge/"
                                            "repositories, else ~/.cache/tritonforge/repositories)", parse=Path)
-
-
-def tritonforge_cache_dir() -> Path:
-    """$XDG_CACHE_HOME/tritonforge, else ~/.cache/tritonforge (a relative $XDG_CACHE_HOME is ignored, as the XDG
-    base directory rules say): what tritonforge keeps between runs, in a folder per kind."""
-    base = os.environ.get(XDG_CACHE_HOME_ENV, "")
-    return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "tritonforge"
 
 
 def default_cache_dir() -> Path:

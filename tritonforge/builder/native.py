@@ -11,17 +11,23 @@ them.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import hashlib
 import os
+import secrets
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import runtime
+from ..facts.environment import tritonforge_cache_dir
 
 RUNTIME = Path(runtime.__file__).resolve().parent
 INCLUDE_DIR = RUNTIME / "native"
 COMPILE_FLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC", "-pthread")
+KEY_DIGITS = 32  # hex digits of the sha256 that name a compiled backend in the cache: 128 bits
 
 
 @dataclass(frozen=True)
@@ -85,14 +91,66 @@ def bls_backend(text_backend_name: str) -> str:
 
 
 def compile_backend(backend: NativeBackend, target_dir: Path) -> Path:
-    """Compile `backend` into `target_dir` (its model's version folder); return the library."""
+    """Compile `backend` into `target_dir` (its model's version folder); return the library. A library compiled
+    before from the same preprocessed source, by the same compiler with the same flags, is copied from the cache
+    instead (a compile takes 3-8 s a backend, a build compiles up to three)."""
     found = compiler()
     if not found:
         raise CompilerMissing(f"{backend.flag} compiles a C++ backend and found no C++ compiler (g++, c++ or $CXX): "
                               f"install one, or build without {backend.flag}")
     library = target_dir / backend.library
-    completed = subprocess.run([found, *COMPILE_FLAGS, f"-I{INCLUDE_DIR}", "-o", str(library), str(backend.source)],
-                               capture_output=True, text=True)
-    if completed.returncode != 0:
-        raise RuntimeError(f"compiling {backend.source.name} failed ({found}):\n{completed.stderr.strip()}")
+    command = [found, *COMPILE_FLAGS, f"-I{INCLUDE_DIR}"]
+    key = _compile_key(found, command, backend.source)
+    if key is None:  # the source does not preprocess: the compile says why
+        _compile(command, backend.source, library)
+        return library
+    cached = native_cache_dir() / f"{key}-{backend.library}"
+    if cached.is_file():
+        shutil.copyfile(cached, library)
+        return library
+    _compile(command, backend.source, library)
+    _keep(library, cached)
     return library
+
+
+def native_cache_dir() -> Path:
+    """Where compiled backends are kept, each named by the key of what it was compiled from."""
+    return tritonforge_cache_dir() / "native"
+
+
+def _compile(command: list[str], source: Path, library: Path) -> None:
+    completed = subprocess.run([*command, "-o", str(library), str(source)], capture_output=True, text=True)
+    if completed.returncode != 0:
+        raise RuntimeError(f"compiling {source.name} failed ({command[0]}):\n{completed.stderr.strip()}")
+
+
+@functools.cache
+def _compiler_version(compiler_path: str) -> str:
+    return subprocess.run([compiler_path, "--version"], capture_output=True, text=True).stdout
+
+
+def _compile_key(compiler_path: str, command: list[str], source: Path) -> str | None:
+    """The sha256 of the compiler's identity, the flags and the source as the compiler sees it, every header it
+    includes expanded (`-E -P`: no line markers, so the same code found in another folder has the same key); None
+    where the source does not preprocess (the compile then says why)."""
+    expanded = subprocess.run([*command, "-E", "-P", str(source)], capture_output=True)
+    if expanded.returncode != 0:
+        return None
+    digest = hashlib.sha256()
+    for part in (compiler_path, _compiler_version(compiler_path), *command[1:]):
+        digest.update(part.encode() + b"\0")
+    digest.update(expanded.stdout)
+    return digest.hexdigest()[:KEY_DIGITS]
+
+
+def _keep(library: Path, cached: Path) -> None:
+    """A copy of `library` in the cache, written whole under a name of its own and then renamed into place; a cache
+    that cannot be written (a read-only home) only costs the next build a compile."""
+    partial = cached.with_name(f".{cached.name}.{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(library, partial)
+        os.replace(partial, cached)
+    except OSError:
+        with contextlib.suppress(OSError):  # nothing was written where the cache's folder cannot be
+            partial.unlink(missing_ok=True)

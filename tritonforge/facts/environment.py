@@ -2,6 +2,9 @@
 exchange through one of them. `tritonforge serve` sets them in the server's environment, which the stubs
 inherit; the runtime reads them there."""
 
+import os
+from pathlib import Path
+
 # The stubs' heartbeat folder: each stub writes its clock there (triton_adapter.start_heartbeat), the
 # supervisor reads it (tritonforge/serve/supervisor.py).
 HEARTBEAT_DIR_ENV = "TRITONFORGE_HEARTBEAT_DIR"
@@ -56,6 +59,14 @@ TRITONSERVER_ENV = "TRITONSERVER"
 # side starve each other's Python stubs, which Triton 2.51 can wedge. Unset: servers start side by side.
 SERVER_START_LOCK_ENV = "TRITONFORGE_SERVER_START_LOCK"
 
-# Where `tritonforge serve CHECKPOINT` keeps the repositories it builds, where --cache-dir names no folder:
-# $XDG_CACHE_HOME/tritonforge/, else ~/.cache/tritonforge/ (the XDG base directory rules, as Hugging Face's cache).
+# What tritonforge keeps between runs (the repositories `serve CHECKPOINT` builds, where --cache-dir names no
+# folder; the compiled C++ backends; the real model): $XDG_CACHE_HOME/tritonforge/, else ~/.cache/tritonforge/
+# (the XDG base directory rules, as Hugging Face's cache).
 XDG_CACHE_HOME_ENV = "XDG_CACHE_HOME"
+
+
+def tritonforge_cache_dir() -> Path:
+    """$XDG_CACHE_HOME/tritonforge, else ~/.cache/tritonforge (a relative $XDG_CACHE_HOME is ignored, as the XDG
+    base directory rules say): what tritonforge keeps between runs, in a folder per kind."""
+    base = os.environ.get(XDG_CACHE_HOME_ENV, "")
+    return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "tritonforge"

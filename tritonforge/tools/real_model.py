@@ -21,7 +21,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..builder.cache import file_sha256, tritonforge_cache_dir
+from ..builder.cache import file_sha256
+from ..facts.environment import tritonforge_cache_dir
 
 
 class RealModelUnavailable(OSError):
