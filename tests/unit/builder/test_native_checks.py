@@ -1,7 +1,7 @@
 """The C++ held to what the compiler and the sanitizers can tell: every native source compiles without a warning
 under -Wall -Wextra -Werror, and the differential tests of the C++ text (detokenizer, streamed text) and sending
-rules (outbox.h) against their Python twins pass again with the C++ built under AddressSanitizer and
-UndefinedBehaviorSanitizer."""
+rules (outbox.h) against their Python twins, and the replay backend's error paths driven through a test double of
+Triton's API, pass again with the C++ built under AddressSanitizer and UndefinedBehaviorSanitizer."""
 
 import os
 import subprocess
@@ -21,7 +21,8 @@ SOURCES = sorted(native.RUNTIME.rglob("*.cc"))
 ROOT = Path(__file__).resolve().parents[3]
 DIFFERENTIAL_TESTS = ["tests/unit/runtime/text/test_native_detokenizer.py",
                       "tests/unit/runtime/text/test_native_streaming_text.py",
-                      "tests/unit/runtime/test_native_outbox.py"]
+                      "tests/unit/runtime/test_native_outbox.py",
+                      "tests/unit/runtime/engine/test_replay_error_paths.py"]
 
 
 def test_every_backend_the_build_compiles_is_among_the_sources_checked():

@@ -183,25 +183,26 @@ class Engine {
  public:
   // `instance_name`: names the files that say, at a launcher's stop, that this engine drains and has drained.
   Engine(Settings settings, const std::string& instance_name) : settings_(std::move(settings)) {
-    const int threads = std::max(1, settings_.sender_threads);
-    for (int i = 0; i < threads; ++i) {
-      // Each thread runs its share of the batch, so together they run max_batch_size requests.
-      const int share = settings_.max_batch_size / threads + (i < settings_.max_batch_size % threads ? 1 : 0);
-      workers_.emplace_back([this, share] { Run(std::max(share, 1)); });
+    try {
+      const int threads = std::max(1, settings_.sender_threads);
+      for (int i = 0; i < threads; ++i) {
+        // Each thread runs its share of the batch, so together they run max_batch_size requests.
+        const int share = settings_.max_batch_size / threads + (i < settings_.max_batch_size % threads ? 1 : 0);
+        workers_.emplace_back([this, share] { Run(std::max(share, 1)); });
+      }
+      if (settings_.reads_stop)
+        stop_watch_ =
+            std::make_unique<server_stop::StopWatch>(instance_name, [this](double deadline) { Drain(deadline); });
+    } catch (...) {
+      // A thread that could not start: those that did end before the exception leaves, as a joinable
+      // std::thread destroyed with the members would end the server's process.
+      StopWorkers();
+      throw;
     }
-    if (settings_.reads_stop)
-      stop_watch_ =
-          std::make_unique<server_stop::StopWatch>(instance_name, [this](double deadline) { Drain(deadline); });
   }
 
   ~Engine() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    open_changed_.notify_all();
-    for (auto& worker : workers_) worker.join();
+    StopWorkers();
     for (Stream* stream : waiting_) End(stream, kEngineShuttingDown);
     stop_watch_.reset();  // after a drain it woke ends; none is open now
   }
@@ -233,6 +234,17 @@ class Engine {
   const Settings& settings() const { return settings_; }
 
  private:
+  // Wakes the senders to end and waits for them.
+  void StopWorkers() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    open_changed_.notify_all();
+    for (auto& worker : workers_) worker.join();
+  }
+
   // A stream that ended (its final response sent): no stop reaches it any more, and it is no longer open.
   void Close(Stream* stream) {
     {
