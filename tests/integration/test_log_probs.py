@@ -1,6 +1,6 @@
-"""Log probabilities end to end: the real `openai` client asks the gateway, which asks the BLS (C++ and Python),
-which asks the transformers engine of a real tritonserver; what comes back is compared with the model's own
-forward pass in transformers."""
+"""Log probabilities end to end: the real `openai` client asks the gateway, which asks the BLS (C++ and Python)
+or the ensemble (its C++ or Python postprocessing), which ask the transformers engine of a real tritonserver;
+what comes back is compared with the model's own forward pass in transformers."""
 
 import openai
 import pytest
@@ -182,13 +182,63 @@ def test_log_probs_without_alternatives_and_a_request_without_them_beside(client
     assert all(entry.top_logprobs == [] for entry in asked.choices[0].logprobs.content)
 
 
-def test_the_gateway_in_front_of_the_ensemble_refuses_log_probs_naming_the_field(gateway):
+@pytest.fixture(scope="module")
+def ensemble_client(gateway):
+    """The real client of a gateway in front of the same server's ensemble (the C++ or the Python postprocessing,
+    as the server's text backend)."""
     ensemble = GatewayThread(gateway.server.grpc_url, port=free_port(), model=ENSEMBLE_MODEL,
                              served_model_name=MODEL).start()
-    try:
-        client = openai.OpenAI(base_url=f"{ensemble.base_url}/v1", api_key="unused", max_retries=0)
-        with pytest.raises(openai.BadRequestError) as refusal:
-            client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, logprobs=1)
-        assert refusal.value.body["param"] == "logprobs" and BLS_MODEL in refusal.value.body["message"]
-    finally:
-        ensemble.stop()
+    yield openai.OpenAI(base_url=f"{ensemble.base_url}/v1", api_key="unused", max_retries=0)
+    ensemble.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_the_ensembles_log_probs_equal_the_models_forward_pass(ensemble_client, reference, stream):
+    """Through the ensemble the engine's log probs pass as they are and postprocessing names each token and
+    alternative by its bytes: the same answer as the BLS's, whole and streamed."""
+    _, answer = reference
+    request = {"model": MODEL, "prompt": PROMPT, "max_tokens": TOKENS, "temperature": 0, "logprobs": TOP}
+    if stream:
+        parts = [chunk.choices[0].logprobs for chunk in ensemble_client.completions.create(**request, stream=True)
+                 if chunk.choices and chunk.choices[0].logprobs]
+        tokens = [token for part in parts for token in part.tokens]
+        values = [value for part in parts for value in part.token_logprobs]
+        tops = [top for part in parts for top in part.top_logprobs]
+    else:
+        logprobs = ensemble_client.completions.create(**request).choices[0].logprobs
+        tokens, values, tops = logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs
+    assert tokens == [token.decode(errors="replace") for token, _, _ in answer]
+    assert values == pytest.approx([log_prob for _, log_prob, _ in answer], abs=TOLERANCE)
+    for top, (_, _, expected) in zip(tops, answer, strict=True):
+        assert top == {text: pytest.approx(value, abs=TOLERANCE) for text, value in
+                       reversed([(token.decode(errors="replace"), value) for token, value in expected])}
+
+
+def test_the_ensembles_chat_log_probs_carry_each_tokens_bytes(ensemble_client, tiny_models):
+    tokenizer = load_tokenizer(tiny_models["bpe"])
+    messages = [{"role": "user", "content": PROMPT}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    prompt = list(prompt["input_ids"] if isinstance(prompt, dict) or hasattr(prompt, "keys") else prompt)
+    answer = ensemble_client.chat.completions.create(model=MODEL, messages=messages, max_tokens=TOKENS,
+                                                     temperature=0, logprobs=True, top_logprobs=TOP)
+    assert_matches(answer.choices[0].logprobs.content, greedy_reference(tiny_models["bpe"], prompt))
+
+
+def test_the_ensembles_log_probs_without_alternatives_name_every_token(ensemble_client, client):
+    """No alternatives asked (chat's `logprobs` alone): each token still comes, as through the BLS."""
+    request = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4,
+               "temperature": 0, "logprobs": True}
+    through_ensemble = ensemble_client.chat.completions.create(**request).choices[0].logprobs.content
+    through_bls = client.chat.completions.create(**request).choices[0].logprobs.content
+    assert [(entry.bytes, entry.top_logprobs) for entry in through_ensemble] == [
+        (entry.bytes, []) for entry in through_bls] and len(through_bls) == 4
+    assert [entry.logprob for entry in through_ensemble] == pytest.approx(
+        [entry.logprob for entry in through_bls], abs=TOLERANCE)
+
+
+def test_the_gateway_in_front_of_the_ensemble_refuses_an_echoed_prompts_log_probs_naming_the_field(
+        ensemble_client):
+    """The ensemble returns no log probabilities of the prompt (its postprocessing sees only the engine's tokens)."""
+    with pytest.raises(openai.BadRequestError) as refusal:
+        ensemble_client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, logprobs=1, echo=True)
+    assert refusal.value.body["param"] == "echo" and BLS_MODEL in refusal.value.body["message"]

@@ -158,8 +158,8 @@ def preprocessing_config(serving: ServingConfig, limits: EngineLimits, tokenizer
 def postprocessing_config(serving: ServingConfig, tokenizer_dir: str, backend: str = "python") -> mc.ModelConfig:
     """The detokenizer: the Python model or its C++ twin (`backend`), one config for both."""
     config = mc.ModelConfig(name=POSTPROCESSING_MODEL, backend=backend, max_batch_size=serving.max_batch_size)
-    _add_tensors(config.input, contract.POSTPROCESSING_INPUTS, is_input=True)
-    _add_tensors(config.output, contract.POSTPROCESSING_OUTPUTS, is_input=False)
+    _add_tensors(config.input, contract.postprocessing_inputs(messages=serving.messages_input), is_input=True)
+    _add_tensors(config.output, contract.postprocessing_outputs(messages=serving.messages_input), is_input=False)
     # No max_queue_size here: downstream of a decoupled step it hangs requests in Triton < 2.66.
     config.dynamic_batching.preserve_ordering = serving.postprocessing_preserve_ordering
     config.dynamic_batching.max_queue_delay_microseconds = serving.postprocessing_delay_microseconds
@@ -206,9 +206,10 @@ def coalescer_config(serving: ServingConfig, backend: str) -> mc.ModelConfig:
     config.model_transaction_policy.decoupled = True
     # Without the engine's `reshape`: the coalescer passes each input on with the shape it sees, which must be
     # the one the engine's config expects before its own reshape ([batch, 1] for a scalar).
-    unreshaped = [dataclasses.replace(tensor, scalar=False) for tensor in contract.ENGINE_INPUTS]
+    unreshaped = [dataclasses.replace(tensor, scalar=False)
+                  for tensor in contract.engine_inputs(messages=serving.messages_input)]
     _add_tensors(config.input, unreshaped, is_input=True)
-    _add_tensors(config.output, contract.ENGINE_OUTPUTS, is_input=False)
+    _add_tensors(config.output, contract.engine_outputs(messages=serving.messages_input), is_input=False)
     _cpu_instances(config, 1)
     _set_parameters(config, CoalescerParameters(
         tensorrt_llm_model_name=ENGINE_MODEL,
@@ -221,8 +222,8 @@ def ensemble_config(serving: ServingConfig) -> mc.ModelConfig:
     if serving.target_triton >= MAX_INFLIGHT_SINCE:
         # Backpressure between steps (2.63+): without it a slow detokenizer lets responses pile up unbounded.
         config.ensemble_scheduling.max_inflight_requests = ENSEMBLE_MAX_INFLIGHT
-    _add_tensors(config.input, contract.client_inputs(messages=serving.messages_input), is_input=True)
-    _add_tensors(config.output, contract.CLIENT_OUTPUTS, is_input=False)
+    _add_tensors(config.input, contract.ensemble_inputs(messages=serving.messages_input), is_input=True)
+    _add_tensors(config.output, contract.ensemble_outputs(messages=serving.messages_input), is_input=False)
 
     pre = config.ensemble_scheduling.step.add(model_name=PREPROCESSING_MODEL, model_version=-1)
     wiring = {**contract.PREPROCESSING_FROM_CLIENT, **(contract.MESSAGES_WIRING if serving.messages_input else {})}
@@ -237,6 +238,11 @@ def ensemble_config(serving: ServingConfig) -> mc.ModelConfig:
     post = config.ensemble_scheduling.step.add(model_name=POSTPROCESSING_MODEL, model_version=-1)
     post.input_map.update(contract.POSTPROCESSING_FROM_ENSEMBLE)
     post.output_map.update(contract.POSTPROCESSING_TO_CLIENT)
+    if serving.messages_input:  # our wiring: log probabilities with their alternatives
+        engine.input_map.update(contract.ENGINE_LOG_PROBS_FROM_CLIENT)
+        engine.output_map.update(contract.ENGINE_LOG_PROB_OUTPUTS_TO_ENSEMBLE)
+        post.input_map.update(contract.POSTPROCESSING_LOG_PROBS_FROM_ENSEMBLE)
+        post.output_map.update(contract.POSTPROCESSING_LOG_PROBS_TO_CLIENT)
     return config
 
 

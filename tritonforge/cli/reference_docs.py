@@ -74,12 +74,15 @@ def _ensemble_routes() -> tuple[dict[str, str], dict[str, str]]:
     to_step: dict[str, list[str]] = {}
     for step_input, client in {**contract.PREPROCESSING_FROM_CLIENT, **contract.MESSAGES_WIRING}.items():
         to_step.setdefault(client, []).append(f"`{contract.PREPROCESSING_MODEL}.{step_input}`")
-    for step_input, client in contract.ENGINE_FROM_CLIENT.items():
+    for step_input, client in {**contract.ENGINE_FROM_CLIENT, **contract.ENGINE_LOG_PROBS_FROM_CLIENT}.items():
         to_step.setdefault(client, []).append(f"`{contract.ENGINE_MODEL}.{step_input}`")
-    from_step = {client: f"`{contract.POSTPROCESSING_MODEL}.{step}`"
-                 for step, client in contract.POSTPROCESSING_TO_CLIENT.items()}
+    from_step = {client: f"`{contract.POSTPROCESSING_MODEL}.{step}`" for step, client in
+                 {**contract.POSTPROCESSING_TO_CLIENT, **contract.POSTPROCESSING_LOG_PROBS_TO_CLIENT}.items()}
     from_step.update({tensor.name: f"`{contract.ENGINE_MODEL}.{tensor.name}`"
                       for tensor in contract.ENGINE_PASSTHROUGH_OUTPUTS})
+    from_step.update({client: f"`{contract.ENGINE_MODEL}.{step}`"
+                      for step, client in contract.ENGINE_LOG_PROB_OUTPUTS_TO_ENSEMBLE.items()
+                      if not client.startswith("_")})
     return {client: ", ".join(steps) for client, steps in to_step.items()}, from_step
 
 
@@ -91,7 +94,7 @@ def tensors_page() -> str:
         ("`ensemble`: what clients send and get", contract.ENSEMBLE_MODEL,
          "Preprocessing → tensorrt_llm → postprocessing. The column *to* names the step input each client input "
          "feeds, *from* the step output each client output comes from.",
-         contract.client_inputs(messages=True), contract.CLIENT_OUTPUTS, (to_step, from_step)),
+         contract.ensemble_inputs(messages=True), contract.ensemble_outputs(messages=True), (to_step, from_step)),
         ("`tensorrt_llm_bls`: the same contract in one decoupled model", contract.BLS_MODEL,
          "The ensemble's inputs, with NVIDIA's scalar reshapes, plus speculative decoding's two.",
          contract.bls_inputs(messages=True), contract.bls_outputs(messages=True), None),
@@ -101,7 +104,7 @@ def tensors_page() -> str:
          "The same tensors on NVIDIA's `tensorrtllm` backend and on the Python engines.",
          contract.engine_inputs(messages=True), contract.engine_outputs(messages=True), None),
         ("`postprocessing`: the detokenizer", contract.POSTPROCESSING_MODEL, "",
-         contract.POSTPROCESSING_INPUTS, contract.POSTPROCESSING_OUTPUTS, None),
+         contract.postprocessing_inputs(messages=True), contract.postprocessing_outputs(messages=True), None),
     ]
     text = [GENERATED.format(source="tritonforge/facts/contract.py and tritonforge/facts/tensor_meanings.py"),
             "# Tensors\n\n",
@@ -127,10 +130,11 @@ def tensors_page() -> str:
 
 def contract_tensor_names() -> set[str]:
     """Every tensor name the contract declares, for any model and wiring."""
-    lists = [contract.client_inputs(messages=True), contract.CLIENT_OUTPUTS, contract.bls_inputs(messages=True),
-             contract.bls_outputs(messages=True), contract.preprocessing_inputs(messages=True),
-             contract.PREPROCESSING_OUTPUTS, contract.engine_inputs(messages=True),
-             contract.engine_outputs(messages=True), contract.POSTPROCESSING_INPUTS, contract.POSTPROCESSING_OUTPUTS]
+    lists = [contract.ensemble_inputs(messages=True), contract.ensemble_outputs(messages=True),
+             contract.bls_inputs(messages=True), contract.bls_outputs(messages=True),
+             contract.preprocessing_inputs(messages=True), contract.PREPROCESSING_OUTPUTS,
+             contract.engine_inputs(messages=True), contract.engine_outputs(messages=True),
+             contract.postprocessing_inputs(messages=True), contract.postprocessing_outputs(messages=True)]
     return {tensor.name for tensors in lists for tensor in tensors}
 
 

@@ -232,6 +232,7 @@ _PREPROCESSOR_PAD_ID = "_PREPROCESSOR_PAD_ID"
 _OUT_PROMPT_TABLE_EXTRA_IDS = "_OUT_PROMPT_TABLE_EXTRA_IDS"
 _TOKENS_BATCH = "_TOKENS_BATCH"
 _SEQUENCE_LENGTH = "_SEQUENCE_LENGTH"
+_TOP_TOKEN_IDS = "_TOP_TOKEN_IDS"  # ours
 
 
 # --- the client contract (ensemble) --------------------------------------------------------------------------
@@ -446,6 +447,10 @@ def stop_request_inputs() -> dict[str, np.ndarray]:
 # --- postprocessing --------------------------------------------------------------------------------------------
 POSTPROCESSING_INPUTS = [Tensor(POST_TOKENS_BATCH, I32, (-1, -1)), Tensor(POST_SEQUENCE_LENGTH, I32, (-1,))]
 POSTPROCESSING_OUTPUTS = [Tensor(POST_OUTPUT, S, (-1,))]
+# Ours, in our wiring: with the engine's likeliest tokens beside each token (the ensemble's `num_top_log_probs`),
+# postprocessing names the response's tokens and those by their bytes, [beams, tokens(, k)], as it decodes them.
+POSTPROCESSING_LOG_PROB_INPUTS = [_opt(TOP_TOKEN_IDS, I32, (-1, -1, -1))]
+POSTPROCESSING_LOG_PROB_OUTPUTS = [Tensor(TOKEN_BYTES, S, (-1, -1)), Tensor(TOP_TOKEN_BYTES, S, (-1, -1, -1))]
 
 # --- the ensemble's wiring (NVIDIA's, plus `messages`) ---------------------------------------------------------
 # preprocessing input → client input
@@ -488,6 +493,15 @@ ENGINE_FROM_CLIENT = {
 ENGINE_TOKEN_OUTPUTS = {OUTPUT_IDS: _TOKENS_BATCH, SEQUENCE_LENGTH: _SEQUENCE_LENGTH}
 POSTPROCESSING_FROM_ENSEMBLE = {POST_TOKENS_BATCH: _TOKENS_BATCH, POST_SEQUENCE_LENGTH: _SEQUENCE_LENGTH}
 POSTPROCESSING_TO_CLIENT = {POST_OUTPUT: TEXT_OUTPUT}
+# Ours, in our wiring: log probabilities through the ensemble. The client's count of alternatives goes to the
+# engine step; the engine's `output_log_probs` reaches the client as NVIDIA's wiring has it, its alternatives'
+# log probs straight, and their ids through postprocessing, which adds the bytes of every token and alternative.
+ENSEMBLE_LOG_PROB_INPUTS = [_opt(NUM_TOP_LOG_PROBS, I32, (1,))]
+ENSEMBLE_LOG_PROB_OUTPUTS = [*POSTPROCESSING_LOG_PROB_OUTPUTS, Tensor(TOP_LOG_PROBS, F32, (-1, -1, -1))]
+ENGINE_LOG_PROBS_FROM_CLIENT = {NUM_TOP_LOG_PROBS: NUM_TOP_LOG_PROBS}
+ENGINE_LOG_PROB_OUTPUTS_TO_ENSEMBLE = {TOP_TOKEN_IDS: _TOP_TOKEN_IDS, TOP_LOG_PROBS: TOP_LOG_PROBS}
+POSTPROCESSING_LOG_PROBS_FROM_ENSEMBLE = {TOP_TOKEN_IDS: _TOP_TOKEN_IDS}
+POSTPROCESSING_LOG_PROBS_TO_CLIENT = {TOKEN_BYTES: TOKEN_BYTES, TOP_TOKEN_BYTES: TOP_TOKEN_BYTES}
 
 
 # Inputs NVIDIA requires that our wiring declares optional and our models require themselves: Triton 2.51 runs no
@@ -506,8 +520,18 @@ def _ours(inputs: list[Tensor], chat: Tensor) -> list[Tensor]:
 
 
 def client_inputs(*, messages: bool) -> list[Tensor]:
-    """The ensemble's inputs: NVIDIA's, and with `messages` ours."""
+    """The client inputs the ensemble and the BLS share: NVIDIA's, and with `messages` our chat input."""
     return _ours(ENSEMBLE_INPUTS, MESSAGES_INPUT) if messages else list(ENSEMBLE_INPUTS)
+
+
+def ensemble_inputs(*, messages: bool) -> list[Tensor]:
+    """The ensemble's inputs: the client's, and with `messages` (our wiring) the top log probabilities' count."""
+    return [*client_inputs(messages=messages), *(ENSEMBLE_LOG_PROB_INPUTS if messages else [])]
+
+
+def ensemble_outputs(*, messages: bool) -> list[Tensor]:
+    """The ensemble's outputs: NVIDIA's, and with `messages` the tokens' and alternatives' bytes and log probs."""
+    return [*CLIENT_OUTPUTS, *(ENSEMBLE_LOG_PROB_OUTPUTS if messages else [])]
 
 
 def bls_inputs(*, messages: bool) -> list[Tensor]:
@@ -534,6 +558,14 @@ def engine_outputs(*, messages: bool) -> list[Tensor]:
 
 def preprocessing_inputs(*, messages: bool) -> list[Tensor]:
     return _ours(PREPROCESSING_INPUTS, MESSAGES_PREPROCESSING_INPUT) if messages else list(PREPROCESSING_INPUTS)
+
+
+def postprocessing_inputs(*, messages: bool) -> list[Tensor]:
+    return [*POSTPROCESSING_INPUTS, *(POSTPROCESSING_LOG_PROB_INPUTS if messages else [])]
+
+
+def postprocessing_outputs(*, messages: bool) -> list[Tensor]:
+    return [*POSTPROCESSING_OUTPUTS, *(POSTPROCESSING_LOG_PROB_OUTPUTS if messages else [])]
 
 
 # A client's name for each preprocessing and engine input, for error messages (`top_p`, not `runtime_top_p`).

@@ -178,9 +178,9 @@ def request_fields() -> frozenset[str]:
     the client's name of each (`CLIENT_NAME`), plus `outputs` (the engine's check of the requested outputs)."""
     from . import contract
 
-    tensors = [*contract.client_inputs(messages=True), *contract.bls_inputs(messages=True),
+    tensors = [*contract.ensemble_inputs(messages=True), *contract.bls_inputs(messages=True),
                *contract.preprocessing_inputs(messages=True), *contract.engine_inputs(messages=True),
-               *contract.POSTPROCESSING_INPUTS]
+               *contract.postprocessing_inputs(messages=True)]
     return frozenset({tensor.name for tensor in tensors} | set(contract.PREPROCESSING_FROM_CLIENT)
                      | set(contract.CLIENT_NAME) | set(contract.CLIENT_NAME.values()) | {"outputs"})
 

@@ -59,8 +59,9 @@ MEANINGS: dict[str, str] = {
     contract.USE_DRAFT_LOGITS: "BLS: pass the draft model's logits to the target model",
     contract.STREAM_INTERVAL: "ours, BLS: engine responses merged into each streamed response after the first "
                               "(default 1): fewer, larger chunks",
-    contract.NUM_TOP_LOG_PROBS: "ours, BLS and engine: return each generated token's log probability with this many "
-                                "of the likeliest tokens at its step (0 to 20)",
+    contract.NUM_TOP_LOG_PROBS: "ours, ensemble, BLS and engine: return each generated token's log probability with "
+                                "this many of the likeliest tokens at its step (0 to 20; the ensemble's log "
+                                "probabilities are the engine's output_log_probs, with return_log_probs)",
     contract.RETURN_PROMPT_LOG_PROBS: "ours, BLS and engine: with num_top_log_probs, the prompt's tokens' log "
                                       "probabilities too (the BLS's tokens then start with the prompt's)",
     # --- what clients get back
@@ -68,11 +69,12 @@ MEANINGS: dict[str, str] = {
     contract.CUM_LOG_PROBS: "the cumulative log probability of each beam",
     contract.OUTPUT_LOG_PROBS: "the log probability of each generated token, per beam",
     contract.TOKEN_IDS: "ours, BLS (num_top_log_probs): the tokens this response adds",
-    contract.TOKEN_BYTES: "ours, BLS (num_top_log_probs): each added token's bytes (part of a character, at times)",
+    contract.TOKEN_BYTES: "ours, BLS and ensemble (num_top_log_probs): each added token's bytes (part of a character, "
+                          "at times)",
     contract.TOKEN_LOG_PROBS: "ours, BLS (num_top_log_probs): each added token's log probability",
     contract.TOP_TOKEN_IDS: "ours (num_top_log_probs): the likeliest tokens at each generated token's step, "
                             "likeliest first; the engine's per beam",
-    contract.TOP_TOKEN_BYTES: "ours, BLS (num_top_log_probs): the bytes of each of top_token_ids",
+    contract.TOP_TOKEN_BYTES: "ours, BLS and ensemble (num_top_log_probs): the bytes of each of top_token_ids",
     contract.TOP_LOG_PROBS: "ours (num_top_log_probs): the log probability of each of top_token_ids",
     contract.PROMPT_LOG_PROBS: "ours, engine (return_prompt_log_probs), first response: each prompt token's log "
                                "probability, NaN for the first",

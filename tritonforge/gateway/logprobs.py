@@ -2,7 +2,9 @@
 and the likeliest tokens at its step.
 
 The BLS answers them per response (`num_top_log_probs`: `token_bytes`, `token_log_probs`, `top_token_bytes`,
-`top_log_probs`); `read_token_log_probs` turns one response's into `TokenLogProb`s, and the builders below write a
+`top_log_probs`), and so does the ensemble, with the engine's `output_log_probs` (NVIDIA's name, with
+`return_log_probs`) in place of `token_log_probs`; `read_token_log_probs` turns one response's into
+`TokenLogProb`s, and the builders below write a
 chat choice's `logprobs` (`{"content": [...]}`, each token with its UTF-8 `bytes`) or a completion choice's
 (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`). A token holding part of a character is named by
 its bytes decoded with U+FFFD for the part; its `bytes` are exact, and a client joins them to rebuild the text.
@@ -16,12 +18,20 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..facts.contract import TOKEN_BYTES, TOKEN_LOG_PROBS, TOP_LOG_PROBS, TOP_TOKEN_BYTES
+from ..facts.contract import BLS_MODEL, OUTPUT_LOG_PROBS, TOKEN_BYTES, TOKEN_LOG_PROBS, TOP_LOG_PROBS, TOP_TOKEN_BYTES
 
-# What the gateway reads of a response to a request with log probabilities, beside its text and counts.
-LOG_PROB_OUTPUTS = (TOKEN_BYTES, TOKEN_LOG_PROBS, TOP_TOKEN_BYTES, TOP_LOG_PROBS)
 # JSON has no -inf: a token the model gives no chance (a grammar banned it) is written with OpenAI's floor.
 LOWEST_LOG_PROB = -9999.0
+
+
+def token_log_probs_output(model: str) -> str:
+    """The output that holds each token's log probability: the BLS's own, or the engine's through the ensemble."""
+    return TOKEN_LOG_PROBS if model == BLS_MODEL else OUTPUT_LOG_PROBS
+
+
+def log_prob_outputs(model: str) -> tuple[str, ...]:
+    """What the gateway reads of `model`'s response to a request with log probabilities, beside text and counts."""
+    return TOKEN_BYTES, token_log_probs_output(model), TOP_TOKEN_BYTES, TOP_LOG_PROBS
 
 
 class TokenLogProb(NamedTuple):
@@ -32,14 +42,16 @@ class TokenLogProb(NamedTuple):
     top: list[tuple[bytes, float]]
 
 
-def read_token_log_probs(as_numpy: Callable[[str], np.ndarray | None]) -> list[TokenLogProb]:
-    """The tokens one BLS response adds, with their log probabilities (none: a response without tokens);
-    `as_numpy`: the response's output by name (tritonclient's `InferResult.as_numpy`)."""
+def read_token_log_probs(as_numpy: Callable[[str], np.ndarray | None],
+                         log_probs_output: str = TOKEN_LOG_PROBS) -> list[TokenLogProb]:
+    """The tokens one response adds, with their log probabilities (none: a response without tokens);
+    `as_numpy`: the response's output by name (tritonclient's `InferResult.as_numpy`); `log_probs_output`: the
+    one with the tokens' log probabilities (`token_log_probs_output`)."""
     tokens = as_numpy(TOKEN_BYTES)
     if tokens is None:
         return []
     tokens = tokens.reshape(-1)
-    log_probs = as_numpy(TOKEN_LOG_PROBS).reshape(-1)
+    log_probs = as_numpy(log_probs_output).reshape(-1)
     top_bytes, top_log_probs = as_numpy(TOP_TOKEN_BYTES), as_numpy(TOP_LOG_PROBS)
     read = []
     for index, token in enumerate(tokens):

@@ -13,6 +13,7 @@ generations.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import re
@@ -44,6 +45,7 @@ from ..facts.contract import (
     NUM_TOP_LOG_PROBS,
     PRESENCE_PENALTY,
     REPETITION_PENALTY,
+    RETURN_LOG_PROBS,
     RETURN_NUM_INPUT_TOKENS,
     RETURN_NUM_OUTPUT_TOKENS,
     RETURN_PROMPT_LOG_PROBS,
@@ -56,7 +58,13 @@ from ..facts.contract import (
     TOP_P,
 )
 from ..facts.errors import ERROR_CODES, ErrorKind
-from .logprobs import LOG_PROB_OUTPUTS, choice_logprobs, read_token_log_probs, token_text
+from .logprobs import (
+    choice_logprobs,
+    log_prob_outputs,
+    read_token_log_probs,
+    token_log_probs_output,
+    token_text,
+)
 from .metrics import GatewayMetrics
 from .protocol import (
     CHAT,
@@ -147,6 +155,7 @@ def choice_requests(request: OpenAIRequest, stream_interval: int | None = None
         base[LORA_TASK_ID] = request.lora_task_id
     if request.logprobs is not None:
         base[NUM_TOP_LOG_PROBS] = request.logprobs
+        base[RETURN_LOG_PROBS] = True  # the engine's, which the ensemble passes on as they are
         if request.echo:
             base[RETURN_PROMPT_LOG_PROBS] = True
     base[RETURN_NUM_INPUT_TOKENS] = True
@@ -210,7 +219,13 @@ class TritonBackend:
         asks for them (each response's before its text is yielded). An echoed prompt heads the first chunk; an
         echoed prompt alone (`prompt_only`) is all the text, and only its tokens are counted."""
         assembler = TextAssembler()
-        wanted = GATEWAY_OUTPUTS if generation.logprobs is None else (*GATEWAY_OUTPUTS, *LOG_PROB_OUTPUTS)
+        wanted = GATEWAY_OUTPUTS if generation.logprobs is None else (*GATEWAY_OUTPUTS,
+                                                                       *log_prob_outputs(self.model))
+        alternatives = request.parameters.get(NUM_TOP_LOG_PROBS)
+        if self.model != BLS_MODEL and alternatives == 0:
+            # The ensemble's postprocessing names tokens by their bytes where the engine sends alternatives: one is
+            # asked for, and left out of the answer.
+            request = dataclasses.replace(request, parameters={**request.parameters, NUM_TOP_LOG_PROBS: 1})
         echo = generation.echo
         # Closed at once when the caller stops reading (a client that went away), not whenever it is collected:
         # closing an unfinished stream is what stops the engine's generation.
@@ -222,7 +237,12 @@ class TritonBackend:
                 if NUM_OUTPUT_TOKENS in outputs and not generation.prompt_only:
                     generation.completion_tokens += first_int32(outputs[NUM_OUTPUT_TOKENS])
                 if generation.logprobs is not None:
-                    generation.logprobs.extend(read_token_log_probs(result.as_numpy))
+                    entries = read_token_log_probs(result.as_numpy, token_log_probs_output(self.model))
+                    if not entries and self.model != BLS_MODEL and outputs.get(token_log_probs_output(self.model)):
+                        raise GenerationError(f"logprobs: through {self.model} they need an engine that returns the "
+                                              f"likeliest tokens beside each (this one does not): call "
+                                              f"{BLS_MODEL}", ErrorKind.UNSUPPORTED)
+                    generation.logprobs.extend(entry._replace(top=entry.top[:alternatives]) for entry in entries)
                     if generation.prompt_only:
                         del generation.logprobs[generation.prompt_tokens:]
                 if TEXT_OUTPUT in outputs:
@@ -279,9 +299,9 @@ class OpenAIServing:
         """The request a decoded body sent to the `kind` endpoint makes; a refusal is counted, then raised."""
         try:
             request = read_request(body, kind, self.served_model_name, self.adapters)
-            if request.logprobs is not None and self.model != BLS_MODEL:
-                raise OpenAIError(400, f"'logprobs' needs the gateway in front of {BLS_MODEL} (it calls "
-                                       f"{self.model}, which returns no token per text)", "logprobs")
+            if request.logprobs is not None and request.echo and self.model != BLS_MODEL:
+                raise OpenAIError(400, f"'echo' with 'logprobs' needs the gateway in front of {BLS_MODEL} (it calls "
+                                       f"{self.model}, which returns no log probabilities of the prompt)", "echo")
             return request
         except OpenAIError as error:
             self.metrics.request_done(endpoint, error.status, started=False)

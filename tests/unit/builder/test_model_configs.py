@@ -38,11 +38,12 @@ def test_the_ensemble_calls_the_engine_through_the_coalescer_unless_told_not_to_
     assert engine_step(configs.ServingConfig(decoupled=False)) == "tensorrt_llm"
 
 
-def test_the_coalescer_takes_the_engines_tensors_with_the_shapes_the_engine_expects_before_its_reshape():
-    # NVIDIA's tensors: the ensemble wires no others (the per-token log probabilities are the BLS's alone).
-    engine = configs.engine_config(configs.ServingConfig(messages_input=False), backend="python", parameters={})
-    coalescer = configs.coalescer_config(configs.ServingConfig(coalescer_max_responses_per_second=5000),
-                                         "tritonforge_coalescer")
+@pytest.mark.parametrize("ours", [True, False], ids=["our-wiring", "nvidia-wiring"])
+def test_the_coalescer_takes_the_engines_tensors_with_the_shapes_the_engine_expects_before_its_reshape(ours):
+    # The engine's tensors of the same wiring: ours adds the log probabilities' alternatives to both.
+    engine = configs.engine_config(configs.ServingConfig(messages_input=ours), backend="python", parameters={})
+    coalescer = configs.coalescer_config(configs.ServingConfig(coalescer_max_responses_per_second=5000,
+                                                               messages_input=ours), "tritonforge_coalescer")
     assert [(i.name, list(i.dims)) for i in coalescer.input] == [(i.name, list(i.dims)) for i in engine.input]
     assert not any(i.HasField("reshape") for i in coalescer.input)
     assert [o.name for o in coalescer.output] == [o.name for o in engine.output]
@@ -130,11 +131,13 @@ def test_nvidia_wiring_declares_exactly_nvidias_tensors():
     assert "MESSAGES" not in wired
 
 
-def test_default_wiring_adds_only_the_messages_input():
+def test_default_wiring_adds_only_the_messages_input_and_the_log_probabilities():
     serving = configs.ServingConfig()
     ensemble = configs.ensemble_config(serving)
-    assert names(ensemble.input) == NVIDIA_ENSEMBLE_INPUTS | {"messages"}
+    assert names(ensemble.input) == NVIDIA_ENSEMBLE_INPUTS | {"messages", "num_top_log_probs"}
+    assert names(ensemble.output) == NVIDIA_CLIENT_OUTPUTS | {"token_bytes", "top_token_bytes", "top_log_probs"}
     assert {i.name: i.optional for i in ensemble.input}["text_input"] is True
+    assert {i.name: i.optional for i in ensemble.input}["num_top_log_probs"] is True
 
 
 def test_default_wiring_lets_a_request_without_max_tokens_reach_the_models_that_refuse_it():

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from tritonforge.facts.contract import (
+    BLS_MODEL,
     FREQUENCY_PENALTY,
     GUIDED_DECODING_GUIDE,
     GUIDED_DECODING_GUIDE_TYPE,
@@ -306,6 +307,7 @@ class _StreamingClient:
 
 def test_a_streamed_answers_completion_tokens_add_up_over_its_responses():
     backend = TritonBackend.__new__(TritonBackend)
+    backend.model = BLS_MODEL
     backend.client = _StreamingClient([
         _response(**{TEXT_OUTPUT: "Hel", NUM_INPUT_TOKENS: 5, NUM_OUTPUT_TOKENS: 2}),
         _response(**{TEXT_OUTPUT: "lo", NUM_INPUT_TOKENS: 5, NUM_OUTPUT_TOKENS: 1})])

@@ -184,8 +184,9 @@ def streamed_responses(tokens: TokenRun, bos_token_id: int | None) -> list[Token
 
 
 def top_log_prob_outputs(top: list[TopTokens], count: int) -> dict[str, np.ndarray]:
-    """`top_token_ids` and `top_log_probs`, [1 beam, tokens, count]: a step that had fewer tokens to choose
-    from (a grammar's, a prompt token's) pads with id -1 and log prob -inf."""
+    """`top_token_ids` and `top_log_probs`, [1 row, tokens, count] (the prompt's as they are; the generated
+    tokens' with a beam axis, as `output_log_probs`): a step that had fewer tokens to choose from (a grammar's,
+    a prompt token's) pads with id -1 and log prob -inf."""
     ids = np.full((1, len(top), count), -1, dtype=np.int32)
     log_probs = np.full((1, len(top), count), -np.inf, dtype=np.float32)
     for index, step in enumerate(top):
@@ -242,7 +243,9 @@ class _RowSink:
             outputs[CUM_LOG_PROBS] = np.array([[sum(log_probs)]], dtype=np.float32)
             outputs[OUTPUT_LOG_PROBS] = np.array(log_probs, dtype=np.float32).reshape(1, 1, len(log_probs))
         if self.row.num_top_log_probs:
-            outputs.update(top_log_prob_outputs(tokens.top or [], self.row.num_top_log_probs))
+            top = top_log_prob_outputs(tokens.top or [], self.row.num_top_log_probs)
+            # [1 row, 1 beam, tokens, count], as the config declares it and the coalescer folds it
+            outputs.update({name: values[:, None] for name, values in top.items()})
         if self.prompt_scores is not None:
             outputs.update(self.prompt_scores)
             self.prompt_scores = None

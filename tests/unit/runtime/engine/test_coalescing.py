@@ -25,8 +25,8 @@ def driver(tmp_path_factory) -> Path:
     return binary
 
 
-def folded(driver: Path, fold: bool, *responses: str) -> list[str]:
-    text = f"fold {int(fold)}\n" + "\n".join(responses) + "\n"
+def folded(driver: Path, fold: bool, *responses: str, top: int = 0) -> list[str]:
+    text = f"fold {int(fold)}\ntop {top}\n" + "\n".join(responses) + "\n"
     return subprocess.run([str(driver)], input=text, capture_output=True, text=True, check=True).stdout.splitlines()
 
 
@@ -34,6 +34,13 @@ def test_a_streams_new_tokens_fold_into_one_response_appended_summed_and_latest(
     out = folded(driver, True, "R 0 0 1 1 10", "R 0 0 1 1 11", "R 0 0 1 2 12")
     # ids appended, lengths summed, log probs appended, cum_log_probs the latest, context logits kept from the first
     assert out == ["R 0 0 1,1,4, | 10 11 12 13 | 4 | -1 -1.1 -1.2 -1.3 | 12 | 1 | 3"]
+
+
+def test_each_tokens_likeliest_alternatives_fold_with_their_tokens(driver):
+    out = folded(driver, True, "R 0 0 1 1 10", "R 0 0 1 2 11", top=2)
+    fields = out[0].split(" | ")
+    assert fields[1] == "10 11 12" and fields[7:] == ["1,1,3,2,", "1000 1001 1100 1101 1200 1201",
+                                                       "-0 -1 -0 -1 -0 -1"]
 
 
 def test_beams_are_never_folded_they_stream_whole(driver):

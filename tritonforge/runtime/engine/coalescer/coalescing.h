@@ -4,7 +4,8 @@
 //
 // | output                                   | streamed at beam width 1           | folded                           |
 // | output_ids [1, 1, T], output_log_probs   | the new tokens (and their log      | appended along the token axis    |
-// |   [1, 1, T], generation_logits [1,1,T,V] |   probabilities, logits)           |                                  |
+// |   [1, 1, T], generation_logits [1,1,T,V],|   probabilities, logits, likeliest |                                  |
+// |   top_token_ids, top_log_probs [1,1,T,k] |   alternatives: ours)              |                                  |
 // | sequence_length [1, 1], num_output_tokens| the new tokens' count              | summed                           |
 // | batch_index, sequence_index [1, 1]       | which row / returned sequence      | never folded across two values   |
 // | everything else (cum_log_probs, context  | the state after this response, or  | the latest response's value      |
@@ -34,6 +35,8 @@ using contract::kOutputIds;
 using contract::kOutputLogProbs;
 using contract::kSequenceIndex;
 using contract::kSequenceLength;
+using contract::kTopLogProbs;
+using contract::kTopTokenIds;
 
 struct Tensor {
   int datatype = 0;  // Triton's TRITONSERVER_DataType, kept as the engine sent it
@@ -53,7 +56,9 @@ struct Response {
 enum class Fold { kAppend, kSum, kKey, kLatest };
 
 inline Fold FoldOf(const std::string& name) {
-  if (name == kOutputIds || name == kOutputLogProbs || name == kGenerationLogits) return Fold::kAppend;
+  if (name == kOutputIds || name == kOutputLogProbs || name == kGenerationLogits || name == kTopTokenIds ||
+      name == kTopLogProbs)
+    return Fold::kAppend;
   if (name == kSequenceLength || name == kNumOutputTokens) return Fold::kSum;
   if (name == kBatchIndex || name == kSequenceIndex) return Fold::kKey;
   return Fold::kLatest;

@@ -6,8 +6,12 @@
 // | input           | dtype | dims (after the batch dim) |                                 |
 // | TOKENS_BATCH    | INT32 | [-1, -1]                   | [beams, tokens]                 |
 // | SEQUENCE_LENGTH | INT32 | [-1]                       | valid tokens per beam           |
+// | top_token_ids   | INT32 | [-1, -1, -1]               | ours, optional: [beams, tokens, k], the engine's |
+// |                 |       |                            |   likeliest tokens beside each token             |
 // | output          |       |                            |                                 |
 // | OUTPUT          | BYTES | [-1]                       | one string per beam, flat: [B * beams] |
+// | token_bytes     | BYTES | [-1, -1]                   | ours, with top_token_ids: each token's bytes, [beams, tokens] |
+// | top_token_bytes | BYTES | [-1, -1, -1]               | ours, with top_token_ids: each of those's bytes  |
 //
 // One response per request, in order, each decoded alone (stateless: streamed chunks may go to any instance;
 // a character split across two responses shows as U+FFFD in each, as in Python). A request Python refuses
@@ -35,6 +39,9 @@ namespace backend = tritonforge::backend;
 
 using tritonforge::contract::kInternalPrefix;  // facts/, through contract.h
 using tritonforge::contract::kPostOutput;
+using tritonforge::contract::kTokenBytes;
+using tritonforge::contract::kTopTokenBytes;
+using tritonforge::contract::kTopTokenIds;
 constexpr const char* kTokenizerDir = tritonforge::contract::kPostprocessingParameterTokenizerDir;
 
 constexpr char kBackend[] = "tritonforge_postprocessing";
@@ -118,6 +125,61 @@ bool Requested(TRITONBACKEND_Request* request, const char* name) {
   return false;
 }
 
+// A BYTES output of `shape` made of `elements`, one serialized element each (4-byte length, then the bytes).
+TRITONSERVER_Error* AddBytesOutput(TRITONBACKEND_Response* response, const char* name, const std::vector<int64_t>& shape,
+                                   const std::string& serialized) {
+  TRITONBACKEND_Output* output = nullptr;
+  if (TRITONSERVER_Error* error = TRITONBACKEND_ResponseOutput(response, &output, name, TRITONSERVER_TYPE_BYTES,
+                                                               shape.data(), static_cast<uint32_t>(shape.size())))
+    return error;
+  void* buffer = nullptr;
+  TRITONSERVER_MemoryType memory_type = TRITONSERVER_MEMORY_CPU;
+  int64_t memory_id = 0;
+  if (TRITONSERVER_Error* error = TRITONBACKEND_OutputBuffer(output, &buffer, serialized.size(), &memory_type,
+                                                             &memory_id))
+    return error;
+  if (memory_type == TRITONSERVER_MEMORY_GPU && !serialized.empty())
+    return NewError(TRITONSERVER_ERROR_UNSUPPORTED, std::string(name) + ": GPU memory is not written, ask for it in "
+                                                    "CPU memory");
+  if (!serialized.empty()) std::memcpy(buffer, serialized.data(), serialized.size());
+  return nullptr;
+}
+
+// With the engine's likeliest tokens beside each token (the ensemble's num_top_log_probs): token_bytes, each
+// token's bytes ([B, beams, tokens]; none past its beam's length), and top_token_bytes, each alternative's
+// (Postprocessor.log_prob_bytes). `tokens_shape` is TOKENS_BATCH's, already checked against `lengths`.
+TRITONSERVER_Error* AnswerLogProbBytes(const ModelState& state, TRITONBACKEND_Request* request,
+                                       TRITONBACKEND_Response* response, const std::vector<int32_t>& tokens,
+                                       std::vector<int64_t> tokens_shape, const std::vector<int32_t>& lengths) {
+  TRITONBACKEND_Input* input = nullptr;
+  if (Error absent{TRITONBACKEND_RequestInput(request, kTopTokenIds, &input)}) return nullptr;  // not asked
+  std::vector<int32_t> top;
+  std::vector<int64_t> top_shape;
+  if (TRITONSERVER_Error* error = ReadInt32(request, kTopTokenIds, &top, &top_shape)) return error;
+  auto bytes_of = [&state](int32_t id, std::string* serialized) {
+    std::string one;
+    state.table.AppendDecode(&id, 1, &one);  // an id outside the vocabulary (padding): no bytes
+    text::AppendBytesElement(one, serialized);
+  };
+  if (tokens_shape.size() == 2) tokens_shape.insert(tokens_shape.begin() + 1, 1);  // [B, tokens]: one beam
+  if (Requested(request, kTokenBytes)) {
+    const int64_t length_of_row = tokens_shape[2];
+    std::string serialized;
+    for (size_t index = 0; index < tokens.size(); ++index) {
+      const int64_t beam_row = static_cast<int64_t>(index) / length_of_row;
+      const bool valid = static_cast<int64_t>(index % length_of_row) < lengths[static_cast<size_t>(beam_row)];
+      bytes_of(valid ? tokens[index] : -1, &serialized);
+    }
+    if (TRITONSERVER_Error* error = AddBytesOutput(response, kTokenBytes, tokens_shape, serialized)) return error;
+  }
+  if (Requested(request, kTopTokenBytes)) {
+    std::string serialized;
+    for (int32_t id : top) bytes_of(id, &serialized);
+    if (TRITONSERVER_Error* error = AddBytesOutput(response, kTopTokenBytes, top_shape, serialized)) return error;
+  }
+  return nullptr;
+}
+
 // One request's OUTPUT, added to `response`; an error (its response's, not yet sent) when it is refused.
 TRITONSERVER_Error* Answer(const ModelState& state, TRITONBACKEND_Request* request, TRITONBACKEND_Response* response) {
   std::vector<int32_t> tokens, lengths;
@@ -129,23 +191,11 @@ TRITONSERVER_Error* Answer(const ModelState& state, TRITONBACKEND_Request* reque
   const auto problem = text::DecodeBatch(state.table, tokens.data(), tokens_shape, lengths.data(), lengths.size(),
                                          &serialized, &elements);
   if (problem) return NewError(TRITONSERVER_ERROR_INVALID_ARG, problem->message());
-  if (!Requested(request, kPostOutput)) return nullptr;
-  TRITONBACKEND_Output* output = nullptr;
-  const int64_t shape[1] = {static_cast<int64_t>(elements)};  // flat, as NVIDIA's postprocessing answers
-  if (TRITONSERVER_Error* error = TRITONBACKEND_ResponseOutput(response, &output, kPostOutput, TRITONSERVER_TYPE_BYTES,
-                                                               shape, 1))
-    return error;
-  void* buffer = nullptr;
-  TRITONSERVER_MemoryType memory_type = TRITONSERVER_MEMORY_CPU;
-  int64_t memory_id = 0;
-  if (TRITONSERVER_Error* error = TRITONBACKEND_OutputBuffer(output, &buffer, serialized.size(), &memory_type,
-                                                             &memory_id))
-    return error;
-  if (memory_type == TRITONSERVER_MEMORY_GPU && !serialized.empty())
-    return NewError(TRITONSERVER_ERROR_UNSUPPORTED, std::string(kPostOutput) + ": GPU memory is not written, ask for "
-                                                    "it in CPU memory");
-  if (!serialized.empty()) std::memcpy(buffer, serialized.data(), serialized.size());
-  return nullptr;
+  if (Requested(request, kPostOutput)) {
+    const std::vector<int64_t> shape = {static_cast<int64_t>(elements)};  // flat, as NVIDIA's postprocessing answers
+    if (TRITONSERVER_Error* error = AddBytesOutput(response, kPostOutput, shape, serialized)) return error;
+  }
+  return AnswerLogProbBytes(state, request, response, tokens, tokens_shape, lengths);
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
 // Drives coalescing.h (tritonforge/runtime/engine/coalescer/) for tests/unit/runtime/engine/test_coalescing.py,
 // without Triton. Reads one request's engine responses from stdin, one a line, and prints the responses the
 // coalescer would send, one a line.
-//   in:  "fold 1" (the request streams at beam width 1) or "fold 0", then per response
+//   in:  "fold 1" (the request streams at beam width 1) or "fold 0", "top <k>" (each token's k likeliest
+//        alternatives: ids 100 * id + j, log probs -j), then per response
 //        "R <batch_index> <sequence_index> <beams> <tokens a beam> <first token id>"  (log prob of token t: -t/10,
 //        cum_log_probs the response's first token id, context_logits on the first response only), or "E <message>"
 //   out: "R <batch_index> <sequence_index> <shape of output_ids> | <ids> | <sequence_length> | <log probs> |
-//        <cum_log_probs> | <context_logits present> | <engine responses>", or "E <message>"
+//        <cum_log_probs> | <context_logits present> | <engine responses>[ | <shape of top_token_ids> | <their ids>
+//        | <their log probs>]", or "E <message>"
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -34,8 +36,8 @@ std::vector<T> Values(const c::Tensor& tensor) {
 
 int main() {
   std::string word;
-  int fold = 0;
-  std::cin >> word >> fold;
+  int fold = 0, top = 0;
+  std::cin >> word >> fold >> word >> top;
   c::Pending pending(fold != 0);
   bool first = true;
   std::string line;
@@ -64,6 +66,17 @@ int main() {
       response.tensors["cum_log_probs"] = Make(kFp32, {1, beams}, std::vector<float>(beams, float(id)));
       response.tensors[c::kBatchIndex] = Make(c::kInt32, {1, 1}, std::vector<int32_t>{batch});
       response.tensors[c::kSequenceIndex] = Make(c::kInt32, {1, 1}, std::vector<int32_t>{sequence});
+      if (top > 0) {
+        std::vector<int32_t> top_ids;
+        std::vector<float> top_log_probs;
+        for (int t = 0; t < tokens; ++t)
+          for (int j = 0; j < top; ++j) {
+            top_ids.push_back(100 * (id + t) + j);
+            top_log_probs.push_back(-float(j));
+          }
+        response.tensors[c::kTopTokenIds] = Make(c::kInt32, {1, beams, tokens, top}, top_ids);
+        response.tensors[c::kTopLogProbs] = Make(kFp32, {1, beams, tokens, top}, top_log_probs);
+      }
       if (first) response.tensors["context_logits"] = Make(kFp32, {1, 1, 2}, std::vector<float>{0.5f, 0.25f});
       first = false;
     } else {
@@ -87,7 +100,16 @@ int main() {
     std::cout << " |";
     for (float p : Values<float>(t.at(c::kOutputLogProbs))) std::cout << " " << p;
     std::cout << " | " << Values<float>(t.at("cum_log_probs"))[0] << " | " << t.count("context_logits") << " | "
-              << response.engine_responses << "\n";
+              << response.engine_responses;
+    if (t.count(c::kTopTokenIds)) {
+      std::cout << " | ";
+      for (int64_t dim : t.at(c::kTopTokenIds).shape) std::cout << dim << ",";
+      std::cout << " |";
+      for (int32_t id : Values<int32_t>(t.at(c::kTopTokenIds))) std::cout << " " << id;
+      std::cout << " |";
+      for (float p : Values<float>(t.at(c::kTopLogProbs))) std::cout << " " << p;
+    }
+    std::cout << "\n";
   }
   return 0;
 }
