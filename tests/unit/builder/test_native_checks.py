@@ -12,7 +12,7 @@ import pytest
 
 from tritonforge.builder import native
 
-from ..runtime.text.test_native_detokenizer import SANITIZE_ENV
+from ..runtime.native_programs import SANITIZE_ENV
 
 pytestmark = pytest.mark.skipif(native.compiler() is None,
                                 reason="needs a C++ compiler (g++, c++ or $CXX) to check the C++ sources")

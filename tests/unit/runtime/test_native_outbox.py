@@ -2,7 +2,6 @@
 runtime/sending.py's: seeded scripts of pieces, ends, failed sends and senders' turns played on both, step by step,
 through a driver compiled here; and outbox.h's own senders under real threads."""
 
-import os
 import random
 import subprocess
 from collections import deque
@@ -12,7 +11,7 @@ import pytest
 from tritonforge.builder import native
 from tritonforge.runtime.sending import Outbox
 
-from .text.test_native_detokenizer import SANITIZE_ENV, SANITIZE_FLAGS
+from .native_programs import compile_program
 
 DRIVER = native.RUNTIME.parents[1] / "tests" / "unit" / "runtime" / "native" / "outbox_driver.cc"
 SCRIPTS = 300
@@ -21,16 +20,7 @@ ROWS = 3
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory):
-    compiler = native.compiler()
-    if compiler is None:
-        pytest.skip("needs a C++ compiler (g++, c++ or $CXX) to build outbox.h's driver")
-    program = tmp_path_factory.mktemp("outbox") / "outbox_driver"
-    sanitize = SANITIZE_FLAGS if os.environ.get(SANITIZE_ENV) else []
-    completed = subprocess.run([compiler, "-std=c++17", "-O1", "-pthread", "-Wall", "-Wextra", "-Werror", *sanitize,
-                                f"-I{native.INCLUDE_DIR}", str(DRIVER), "-o", str(program)],
-                               capture_output=True, text=True)
-    assert completed.returncode == 0, completed.stderr
-    return program
+    return compile_program([DRIVER], tmp_path_factory.mktemp("outbox") / "outbox_driver")
 
 
 class ScriptedSenders:

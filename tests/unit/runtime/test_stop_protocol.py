@@ -9,6 +9,8 @@ from tritonforge.builder import native
 from tritonforge.facts.environment import stopping_deadline, stopping_text
 from tritonforge.runtime.triton_adapter import _deadline
 
+from .native_programs import compile_program
+
 DRIVER = native.RUNTIME.parents[1] / "tests" / "unit" / "runtime" / "engine" / "native" / "stopping_driver.cc"
 # The launcher's texts, and texts no launcher writes: a float, no newline, two lines, a sign, spaces, a number
 # past int64, other digits, nothing.
@@ -23,13 +25,7 @@ def test_the_launchers_text_reads_back_as_its_deadline():
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory):
-    compiler = native.compiler()
-    if compiler is None:
-        pytest.skip("needs a C++ compiler (g++, c++ or $CXX) to build the C++ reader")
-    program = tmp_path_factory.mktemp("stopping") / "stopping_driver"
-    subprocess.run([compiler, "-std=c++17", "-O1", "-pthread", f"-I{native.INCLUDE_DIR}", str(DRIVER), "-o",
-                    str(program)], check=True)
-    return program
+    return compile_program([DRIVER], tmp_path_factory.mktemp("stopping") / "stopping_driver")
 
 
 @pytest.mark.parametrize("text", TEXTS)

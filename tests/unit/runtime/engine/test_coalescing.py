@@ -10,6 +10,8 @@ import pytest
 
 from tritonforge.builder import native
 
+from ..native_programs import compile_program
+
 pytestmark = pytest.mark.skipif(native.compiler() is None,
                                 reason="needs a C++ compiler (g++, c++ or $CXX) to build the coalescer's rules")
 
@@ -18,11 +20,8 @@ DRIVER = Path(__file__).parent / "native" / "coalescing_driver.cc"
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory) -> Path:
-    binary = tmp_path_factory.mktemp("coalescing") / "driver"
-    subprocess.run([native.compiler(), "-std=c++17", "-Wall", "-Wextra", "-Werror",
-                    f"-I{native.RUNTIME / 'engine' / 'coalescer'}", f"-I{native.INCLUDE_DIR}", "-o", str(binary),
-                    str(DRIVER)], check=True)
-    return binary
+    return compile_program([DRIVER], tmp_path_factory.mktemp("coalescing") / "driver",
+                           include_dirs=[native.RUNTIME / "engine" / "coalescer"])
 
 
 def folded(driver: Path, fold: bool, *responses: str, top: int = 0) -> list[str]:

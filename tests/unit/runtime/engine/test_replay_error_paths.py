@@ -6,7 +6,6 @@ run, and prints the outcome of each call and what the backend did through the AP
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 
 from tritonforge.builder import native
 
-from ..text.test_native_detokenizer import SANITIZE_ENV, SANITIZE_FLAGS
+from ..native_programs import compile_program
 
 NATIVE = Path(__file__).parent / "native"
 SOURCES = [native.REPLAY.source, NATIVE / "fake_triton_api.cc", NATIVE / "replay_driver.cc"]
@@ -27,16 +26,7 @@ LEFT_NOTHING = ["threads-left 0", "unfreed errors=0 messages=0 responses=0 facto
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory) -> Path:
-    compiler = native.compiler()
-    if compiler is None:
-        pytest.skip("needs a C++ compiler (g++, c++ or $CXX) to build the replay backend with its driver")
-    program = tmp_path_factory.mktemp("replay") / "replay_driver"
-    sanitize = SANITIZE_FLAGS if os.environ.get(SANITIZE_ENV) else []
-    completed = subprocess.run([compiler, "-std=c++17", "-O1", "-pthread", "-Wall", "-Wextra", "-Werror", *sanitize,
-                                f"-I{native.INCLUDE_DIR}", *map(str, SOURCES), "-o", str(program), "-ldl"],
-                               capture_output=True, text=True)
-    assert completed.returncode == 0, completed.stderr
-    return program
+    return compile_program(SOURCES, tmp_path_factory.mktemp("replay") / "replay_driver", libraries=["-ldl"])
 
 
 @pytest.fixture

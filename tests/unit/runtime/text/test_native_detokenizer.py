@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -20,6 +19,8 @@ from tritonforge.builder import native
 from tritonforge.runtime.text.detokenization import SENTENCEPIECE, TABLE_FILE, TokenBytes
 from tritonforge.runtime.text.postprocess import Postprocessor
 from tritonforge.runtime.text.tokenization import load_tokenizer
+
+from ..native_programs import compile_library
 
 pytestmark = pytest.mark.skipif(native.compiler() is None,
                                 reason="needs a C++ compiler (g++, c++ or $CXX) to build the C++ detokenizer")
@@ -127,22 +128,6 @@ def bytes_tensor(serialized: bytes, elements: int) -> list[bytes]:
         at += 4 + length
     assert len(out) == elements and at == len(serialized)
     return out
-
-
-# Set by tests/unit/builder/test_native_checks.py, which runs these differential tests again with the C++ built
-# under AddressSanitizer and UndefinedBehaviorSanitizer (the sanitizers' runtimes preloaded into Python).
-SANITIZE_ENV = "TRITONFORGE_TEST_SANITIZE"
-SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"]
-
-
-def compile_library(source: Path, library: Path) -> Path:
-    """`source` compiled as the build compiles a backend (native.COMPILE_FLAGS), into `library`; with the
-    sanitizers where SANITIZE_ENV is set."""
-    sanitize = SANITIZE_FLAGS if os.environ.get(SANITIZE_ENV) else []
-    completed = subprocess.run([native.compiler(), *native.COMPILE_FLAGS, *sanitize, f"-I{native.INCLUDE_DIR}",
-                                "-o", str(library), str(source)], capture_output=True, text=True)
-    assert completed.returncode == 0, completed.stderr
-    return library
 
 
 @pytest.fixture(scope="module")

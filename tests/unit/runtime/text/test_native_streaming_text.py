@@ -18,7 +18,8 @@ from tritonforge.builder import native
 from tritonforge.runtime.text.detokenization import IncrementalDetokenizer, TokenBytes
 from tritonforge.runtime.text.stop_phrases import StopPhraseFilter
 
-from .test_native_detokenizer import MULTILINGUAL, UTF8_EDGES, compile_library, saved_tokenizer
+from ..native_programs import compile_library
+from .test_native_detokenizer import MULTILINGUAL, UTF8_EDGES, saved_tokenizer
 
 pytestmark = pytest.mark.skipif(native.compiler() is None,
                                 reason="needs a C++ compiler (g++, c++ or $CXX) to build the C++ streamed text")
