@@ -155,7 +155,6 @@ def choice_requests(request: OpenAIRequest, stream_interval: int | None = None
         base[LORA_TASK_ID] = request.lora_task_id
     if request.logprobs is not None:
         base[NUM_TOP_LOG_PROBS] = request.logprobs
-        base[RETURN_LOG_PROBS] = True  # the engine's, which the ensemble passes on as they are
         if request.echo:
             base[RETURN_PROMPT_LOG_PROBS] = True
     base[RETURN_NUM_INPUT_TOKENS] = True
@@ -222,10 +221,12 @@ class TritonBackend:
         wanted = GATEWAY_OUTPUTS if generation.logprobs is None else (*GATEWAY_OUTPUTS,
                                                                        *log_prob_outputs(self.model))
         alternatives = request.parameters.get(NUM_TOP_LOG_PROBS)
-        if self.model != BLS_MODEL and alternatives == 0:
-            # The ensemble's postprocessing names tokens by their bytes where the engine sends alternatives: one is
-            # asked for, and left out of the answer.
-            request = dataclasses.replace(request, parameters={**request.parameters, NUM_TOP_LOG_PROBS: 1})
+        if self.model != BLS_MODEL and alternatives is not None:
+            # Through the ensemble the tokens' log probs are the engine's (`return_log_probs`), and postprocessing
+            # names tokens by their bytes where the engine sends alternatives: at least one is asked for, and those
+            # not asked are left out of the answer.
+            request = dataclasses.replace(request, parameters={**request.parameters, RETURN_LOG_PROBS: True,
+                                                               NUM_TOP_LOG_PROBS: max(1, alternatives)})
         echo = generation.echo
         # Closed at once when the caller stops reading (a client that went away), not whenever it is collected:
         # closing an unfinished stream is what stops the engine's generation.
