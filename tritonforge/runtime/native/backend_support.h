@@ -1,6 +1,7 @@
-// What tritonforge's C++ backends share at their edge to Triton: owned errors, log lines, the clock Triton's
-// statistics use, and the model's config read as JSON with its string parameters. Header-only; the floor of the
-// native backends (runtime/native/), which includes nothing above it.
+// What tritonforge's C++ backends share at their edge to Triton: owned errors, log lines, the states they give
+// models and instances, statistics on the clock Triton's own use, and the model's config read as JSON with its
+// string parameters. Header-only; the floor of the native backends (runtime/native/), which includes nothing above
+// it.
 #pragma once
 
 #include <chrono>
@@ -51,6 +52,65 @@ inline void AnswerAndRelease(const char* backend, TRITONBACKEND_Request* request
                __FILE__, __LINE__);
   LogIfError(backend, TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL), "release", __FILE__,
              __LINE__);
+}
+
+// The state a backend gave a model or an instance, typed (what ModelSetState / ModelInstanceSetState were given).
+template <typename State>
+TRITONSERVER_Error* StateOf(TRITONBACKEND_Model* model, State** state) {
+  void* raw = nullptr;
+  TRITONSERVER_Error* error = TRITONBACKEND_ModelState(model, &raw);
+  *state = static_cast<State*>(raw);
+  return error;
+}
+
+template <typename State>
+TRITONSERVER_Error* StateOf(TRITONBACKEND_ModelInstance* instance, State** state) {
+  void* raw = nullptr;
+  TRITONSERVER_Error* error = TRITONBACKEND_ModelInstanceState(instance, &raw);
+  *state = static_cast<State*>(raw);
+  return error;
+}
+
+// Gives `state` to the model or instance, which owns it from then on, until its Finalize deletes it (DeleteState);
+// one Triton refuses is deleted here, with whatever threads it runs.
+template <typename State>
+TRITONSERVER_Error* GiveState(TRITONBACKEND_Model* model, std::unique_ptr<State> state) {
+  if (TRITONSERVER_Error* error = TRITONBACKEND_ModelSetState(model, state.get())) return error;
+  state.release();
+  return nullptr;
+}
+
+template <typename State>
+TRITONSERVER_Error* GiveState(TRITONBACKEND_ModelInstance* instance, std::unique_ptr<State> state) {
+  if (TRITONSERVER_Error* error = TRITONBACKEND_ModelInstanceSetState(instance, state.get())) return error;
+  state.release();
+  return nullptr;
+}
+
+// A Finalize's whole work: deletes the state the model or instance owns.
+template <typename State, typename Owner>
+TRITONSERVER_Error* DeleteState(Owner* owner) {
+  State* state = nullptr;
+  TRITONSERVER_Error* error = StateOf(owner, &state);
+  delete state;
+  return error;
+}
+
+// Statistics on Triton's clock, each logged and let go when Triton refuses it: one request's, answered or handed on
+// now (its execution and compute one span, from `start_ns`), and its batch's, once every request of it is.
+inline void ReportRequest(const char* backend, TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request* request,
+                          bool success, uint64_t start_ns) {
+  const uint64_t end_ns = NowNs();
+  LogIfError(backend, TRITONBACKEND_ModelInstanceReportStatistics(instance, request, success, start_ns, start_ns,
+                                                                  end_ns, end_ns),
+             "statistics", __FILE__, __LINE__);
+}
+
+inline void ReportBatch(const char* backend, TRITONBACKEND_ModelInstance* instance, uint32_t count, uint64_t start_ns) {
+  const uint64_t end_ns = NowNs();
+  LogIfError(backend, TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, count, start_ns, start_ns, end_ns,
+                                                                       end_ns),
+             "batch statistics", __FILE__, __LINE__);
 }
 
 // A response allocator's pair for the models a backend calls in-process: their outputs land in plain CPU memory

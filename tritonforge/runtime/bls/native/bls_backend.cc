@@ -1500,9 +1500,7 @@ static TRITONSERVER_Error* InitializeModel(TRITONBACKEND_Model* model) {  // Mod
                                            " token byte strings from " + path + "; engine model '" +
                                            state->engine_model + "', " + std::to_string(state->max_concurrency) +
                                            " rows per instance" + (state->decoupled ? "" : ", not decoupled"));
-  if (TRITONSERVER_Error* error = TRITONBACKEND_ModelSetState(model, state.get())) return error;
-  state.release();  // the model owns it now, until TRITONBACKEND_ModelFinalize
-  return nullptr;
+  return backend::GiveState(model, std::move(state));
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
@@ -1514,43 +1512,34 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {
-  void* state = nullptr;
-  TRITONSERVER_Error* error = TRITONBACKEND_ModelState(model, &state);
-  delete static_cast<ModelState*>(state);
-  return error;
+  return backend::DeleteState<ModelState>(model);
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance* instance) {
   TRITONBACKEND_Model* model = nullptr;
   if (TRITONSERVER_Error* error = TRITONBACKEND_ModelInstanceModel(instance, &model)) return error;
-  void* state = nullptr;
-  if (TRITONSERVER_Error* error = TRITONBACKEND_ModelState(model, &state)) return error;
+  ModelState* state = nullptr;
+  if (TRITONSERVER_Error* error = backend::StateOf(model, &state)) return error;
   const char* name = nullptr;
   if (TRITONSERVER_Error* error = TRITONBACKEND_ModelInstanceName(instance, &name)) return error;
   std::unique_ptr<InstanceState> instance_state;
   try {
-    instance_state = std::make_unique<InstanceState>(*static_cast<ModelState*>(state), name);
+    instance_state = std::make_unique<InstanceState>(*state, name);
   } catch (const std::exception& exception) {  // its threads could not start
     return Failure::Internal(exception.what()).New();
   }
-  if (TRITONSERVER_Error* error = TRITONBACKEND_ModelInstanceSetState(instance, instance_state.get())) return error;
-  instance_state.release();  // the instance owns it now, until TRITONBACKEND_ModelInstanceFinalize
-  return nullptr;
+  return backend::GiveState(instance, std::move(instance_state));
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance* instance) {
-  void* state = nullptr;
-  TRITONSERVER_Error* error = TRITONBACKEND_ModelInstanceState(instance, &state);
-  delete static_cast<InstanceState*>(state);
-  return error;
+  return backend::DeleteState<InstanceState>(instance);
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance* instance,
                                                        TRITONBACKEND_Request** requests, const uint32_t count) {
   // From here every request is ours: each is answered, and released once its last call returns.
-  void* raw_state = nullptr;
-  Error failed(TRITONBACKEND_ModelInstanceState(instance, &raw_state));
-  auto* state = static_cast<InstanceState*>(raw_state);
+  InstanceState* state = nullptr;
+  Error failed(backend::StateOf(instance, &state));
   const uint64_t batch_start_ns = NowNs();
   for (uint32_t i = 0; i < count; ++i) {
     const uint64_t start_ns = NowNs();
@@ -1566,16 +1555,10 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
       error.reset(Failure::Internal(exception.what()).New());
     }
     if (error) request->FailNow(error.get());
-    const uint64_t end_ns = NowNs();
-    LogIfError(TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[i], !error, start_ns, start_ns, end_ns,
-                                                           end_ns),
-               "statistics", __LINE__);
+    backend::ReportRequest(kBackend, instance, requests[i], !error, start_ns);
     request.Drop();  // Execute's: the request lives on with its calls
   }
-  const uint64_t batch_end_ns = NowNs();
-  LogIfError(TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, count, batch_start_ns, batch_start_ns,
-                                                              batch_end_ns, batch_end_ns),
-             "batch statistics", __LINE__);
+  backend::ReportBatch(kBackend, instance, count, batch_start_ns);
   return nullptr;
 }
 

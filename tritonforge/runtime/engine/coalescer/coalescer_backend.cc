@@ -624,9 +624,7 @@ TRITONSERVER_Error* InitializeModel(TRITONBACKEND_Model* model) {
     return error;
   Log(TRITONSERVER_LOG_INFO, __LINE__, state->name + ": engine " + state->engine_model + ", at most " +
                                            (budget.empty() ? std::string("unpaced") : budget) + " responses a second");
-  if (TRITONSERVER_Error* error = TRITONBACKEND_ModelSetState(model, state.get())) return error;
-  state.release();
-  return nullptr;
+  return backend::GiveState(model, std::move(state));
 }
 
 }  // namespace
@@ -645,42 +643,32 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {
-  void* state = nullptr;
-  TRITONSERVER_Error* error = TRITONBACKEND_ModelState(model, &state);
-  delete static_cast<ModelState*>(state);
-  return error;
+  return backend::DeleteState<ModelState>(model);
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance* instance) {
   try {
     TRITONBACKEND_Model* model = nullptr;
     if (TRITONSERVER_Error* error = TRITONBACKEND_ModelInstanceModel(instance, &model)) return error;
-    void* state = nullptr;
-    if (TRITONSERVER_Error* error = TRITONBACKEND_ModelState(model, &state)) return error;
+    ModelState* state = nullptr;
+    if (TRITONSERVER_Error* error = backend::StateOf(model, &state)) return error;
     const char* name = nullptr;
     if (TRITONSERVER_Error* error = TRITONBACKEND_ModelInstanceName(instance, &name)) return error;
-    auto instance_state = std::make_unique<InstanceState>(*static_cast<ModelState*>(state), name);
-    if (TRITONSERVER_Error* error = TRITONBACKEND_ModelInstanceSetState(instance, instance_state.get())) return error;
-    instance_state.release();
-    return nullptr;
+    return backend::GiveState(instance, std::make_unique<InstanceState>(*state, name));
   } catch (const std::exception& exception) {
     return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, exception.what());
   }
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance* instance) {
-  void* state = nullptr;
-  TRITONSERVER_Error* error = TRITONBACKEND_ModelInstanceState(instance, &state);
-  delete static_cast<InstanceState*>(state);
-  return error;
+  return backend::DeleteState<InstanceState>(instance);
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance* instance,
                                                        TRITONBACKEND_Request** requests, const uint32_t count) {
   // From here every request is ours: each is answered, and released once the engine is done with it.
-  void* raw_state = nullptr;
-  Error failed(TRITONBACKEND_ModelInstanceState(instance, &raw_state));
-  auto* state = static_cast<InstanceState*>(raw_state);
+  InstanceState* state = nullptr;
+  Error failed(backend::StateOf(instance, &state));
   const uint64_t batch_start_ns = NowNs();
   for (uint32_t i = 0; i < count; ++i) {
     const uint64_t start_ns = NowNs();
@@ -701,16 +689,10 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
       continue;
     }
     if (error) request->FailNow(error.get());
-    const uint64_t end_ns = NowNs();
-    LogIfError(TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[i], !error, start_ns, start_ns, end_ns,
-                                                           end_ns),
-               "statistics", __LINE__);
+    backend::ReportRequest(kBackend, instance, requests[i], !error, start_ns);
     request->DropRef();  // Execute's: the request lives on with its engine request
   }
-  const uint64_t batch_end_ns = NowNs();
-  LogIfError(TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, count, batch_start_ns, batch_start_ns,
-                                                              batch_end_ns, batch_end_ns),
-             "batch statistics", __LINE__);
+  backend::ReportBatch(kBackend, instance, count, batch_start_ns);
   return nullptr;
 }
 

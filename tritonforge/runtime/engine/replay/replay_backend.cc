@@ -524,24 +524,18 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelIns
     const std::string message = std::string("tritonforge_replay: the engine could not start: ") + failure.what();
     return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, message.c_str());
   }
-  error = TRITONBACKEND_ModelInstanceSetState(instance, engine.get());
-  if (error == nullptr) engine.release();  // the instance owns it now; else it stops its threads here
-  return error;
+  return backend::GiveState(instance, std::move(engine));  // refused: it stops its threads there
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance* instance) {
-  void* state = nullptr;
-  TRITONSERVER_Error* error = TRITONBACKEND_ModelInstanceState(instance, &state);
-  delete static_cast<Engine*>(state);
-  return error;
+  return backend::DeleteState<Engine>(instance);
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance* instance,
                                                        TRITONBACKEND_Request** requests, const uint32_t count) {
-  void* state = nullptr;
-  TRITONSERVER_Error* error = TRITONBACKEND_ModelInstanceState(instance, &state);
+  Engine* engine = nullptr;
+  TRITONSERVER_Error* error = backend::StateOf(instance, &engine);
   if (error != nullptr) return error;
-  Engine* engine = static_cast<Engine*>(state);
   const uint64_t started_ns = NowNs();
   for (uint32_t i = 0; i < count; ++i) {
     TRITONBACKEND_ResponseFactory* factory = nullptr;
@@ -561,10 +555,7 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
     } catch (const std::exception& failure) {
       error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, failure.what());
     }
-    const uint64_t accepted_ns = NowNs();
-    LogError("statistics", TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[i], error == nullptr,
-                                                                       started_ns, started_ns, accepted_ns,
-                                                                       accepted_ns));
+    backend::ReportRequest(kBackend, instance, requests[i], error == nullptr, started_ns);
     // The factory outlives the request: release it now, as it is read.
     LogError("release request", TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL));
     if (error != nullptr) {
@@ -583,9 +574,7 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
       }
     }
   }
-  const uint64_t ended_ns = NowNs();
-  LogError("batch statistics",
-           TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, count, started_ns, started_ns, ended_ns, ended_ns));
+  backend::ReportBatch(kBackend, instance, count, started_ns);
   return nullptr;
 }
 

@@ -233,26 +233,20 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
   }
   Log(TRITONSERVER_LOG_INFO, __LINE__, std::string(name) + ": " + std::to_string(state->table.size()) +
                                            " token byte strings from " + path);
-  if (TRITONSERVER_Error* error = TRITONBACKEND_ModelSetState(model, state.get())) return error;
-  state.release();  // the model owns it now, until TRITONBACKEND_ModelFinalize
-  return nullptr;
+  return backend::GiveState(model, std::move(state));
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {
-  void* state = nullptr;
-  TRITONSERVER_Error* error = TRITONBACKEND_ModelState(model, &state);
-  delete static_cast<ModelState*>(state);
-  return error;
+  return backend::DeleteState<ModelState>(model);
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance* instance,
                                                        TRITONBACKEND_Request** requests, const uint32_t count) {
   // From here every request is ours: each gets its response and is released, whatever fails.
   TRITONBACKEND_Model* model = nullptr;
-  void* raw_state = nullptr;
+  ModelState* state = nullptr;
   Error failed(TRITONBACKEND_ModelInstanceModel(instance, &model));
-  if (!failed) failed.reset(TRITONBACKEND_ModelState(model, &raw_state));
-  const auto* state = static_cast<const ModelState*>(raw_state);
+  if (!failed) failed.reset(backend::StateOf(model, &state));
   const uint64_t batch_start_ns = NowNs();
   for (uint32_t i = 0; i < count; ++i) {
     TRITONBACKEND_Request* request = requests[i];
@@ -277,16 +271,10 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
     } else {
       Log(TRITONSERVER_LOG_ERROR, __LINE__, std::string("new response: ") + TRITONSERVER_ErrorMessage(error.get()));
     }
-    const uint64_t end_ns = NowNs();
-    LogIfError(TRITONBACKEND_ModelInstanceReportStatistics(instance, request, !error, start_ns, start_ns, end_ns,
-                                                           end_ns),
-               "statistics", __LINE__);
+    backend::ReportRequest(kBackend, instance, request, !error, start_ns);
     LogIfError(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL), "release request", __LINE__);
   }
-  const uint64_t batch_end_ns = NowNs();
-  LogIfError(TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, count, batch_start_ns, batch_start_ns,
-                                                              batch_end_ns, batch_end_ns),
-             "batch statistics", __LINE__);
+  backend::ReportBatch(kBackend, instance, count, batch_start_ns);
   return nullptr;
 }
 
