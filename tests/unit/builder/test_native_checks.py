@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[3]
 DIFFERENTIAL_TESTS = ["tests/unit/runtime/text/test_native_detokenizer.py",
                       "tests/unit/runtime/text/test_native_streaming_text.py",
                       "tests/unit/runtime/test_native_outbox.py",
+                      "tests/unit/runtime/test_native_json.py",
                       "tests/unit/runtime/engine/test_replay_error_paths.py"]
 
 

@@ -69,6 +69,14 @@ class Parser {
     return true;
   }
 
+  // After an object's or array's item: true at its `close`, false at a ',' (another item follows).
+  bool EndOfList(char close) {
+    SkipSpace();
+    if (Consume(",")) return false;
+    if (Consume(std::string_view(&close, 1))) return true;
+    Fail(std::string("expected ',' or '") + close + "'");
+  }
+
   Value ParseValue(int depth) {
     if (depth > kMaxDepth) Fail("nesting deeper than " + std::to_string(kMaxDepth));
     SkipSpace();
@@ -79,50 +87,25 @@ class Parser {
       value.kind = Value::Kind::kObject;
       ++at_;
       SkipSpace();
-      if (at_ < text_.size() && text_[at_] == '}') {
-        ++at_;
-        return value;
-      }
+      if (Consume("}")) return value;
       for (;;) {
         SkipSpace();
         if (at_ >= text_.size() || text_[at_] != '"') Fail("expected a string key");
         value.keys.push_back(ParseString());
         SkipSpace();
-        if (at_ >= text_.size() || text_[at_] != ':') Fail("expected ':'");
-        ++at_;
+        if (!Consume(":")) Fail("expected ':'");
         value.items.push_back(ParseValue(depth + 1));
-        SkipSpace();
-        if (at_ < text_.size() && text_[at_] == ',') {
-          ++at_;
-          continue;
-        }
-        if (at_ < text_.size() && text_[at_] == '}') {
-          ++at_;
-          return value;
-        }
-        Fail("expected ',' or '}'");
+        if (EndOfList('}')) return value;
       }
     }
     if (c == '[') {
       value.kind = Value::Kind::kArray;
       ++at_;
       SkipSpace();
-      if (at_ < text_.size() && text_[at_] == ']') {
-        ++at_;
-        return value;
-      }
+      if (Consume("]")) return value;
       for (;;) {
         value.items.push_back(ParseValue(depth + 1));
-        SkipSpace();
-        if (at_ < text_.size() && text_[at_] == ',') {
-          ++at_;
-          continue;
-        }
-        if (at_ < text_.size() && text_[at_] == ']') {
-          ++at_;
-          return value;
-        }
-        Fail("expected ',' or ']'");
+        if (EndOfList(']')) return value;
       }
     }
     if (c == '"') {
