@@ -11,32 +11,11 @@ from ..service import EngineSettings
 from .grammar import xgrammar_available
 from .inflight import InflightBatchingEngine
 from .lora_layers import load_adapters
+from .placement import engine_device, model_dtype
 
 logger = logging.getLogger(__name__)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")  # any one: a tokenizer is there
-
-
-def engine_device(settings: EngineSettings):
-    """Where the engine runs: `cuda:N` where Triton placed the instance on GPU N (build --gpus), else --device
-    (auto: the first GPU where there is one). A GPU becomes this process's current device before CUDA is first
-    used, so that nothing of the engine's lands on GPU 0 by default."""
-    import torch
-
-    device = settings.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
-    if device.type == "cuda":
-        device = torch.device("cuda", device.index or 0)
-        torch.cuda.set_device(device)
-    return device
-
-
-def model_dtype(settings: EngineSettings):
-    import torch
-
-    return "auto" if settings.dtype == "auto" else getattr(torch, settings.dtype)
 
 
 def load_model(settings: EngineSettings):

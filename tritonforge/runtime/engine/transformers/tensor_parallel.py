@@ -54,7 +54,7 @@ from .inflight import (
     check_cache_layers,
     decode_mask,
 )
-from .loading import engine_device, model_dtype
+from .placement import engine_device, model_dtype
 from .slot_attention import use_slot_attention
 
 logger = logging.getLogger(__name__)
