@@ -55,7 +55,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -1191,6 +1190,7 @@ void ClientRequest::EmitLocked(Row* row, std::string text, bool* schedule) {
     row->pieces += text;
     return;
   }
+  if (row->outbox.failed()) return;  // nothing follows a lost response: no chunk to build
   Chunk chunk;
   chunk.text = std::move(text);
   chunk.tokens = row->unreported;

@@ -541,12 +541,8 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
     TRITONBACKEND_ResponseFactory* factory = nullptr;
     error = TRITONBACKEND_ResponseFactoryNew(&factory, requests[i]);
     if (error != nullptr) {  // no stream can be answered: the request gets its error, then is released
-      TRITONBACKEND_Response* response = nullptr;
-      LogError("new response", TRITONBACKEND_ResponseNew(&response, requests[i]));
-      if (response != nullptr)
-        LogError("send error", TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, error));
+      backend::AnswerAndRelease(kBackend, requests[i], error);
       TRITONSERVER_ErrorDelete(error);
-      LogError("release request", TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL));
       continue;
     }
     Stream* stream = nullptr;

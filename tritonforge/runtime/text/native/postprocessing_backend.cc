@@ -68,12 +68,9 @@ struct ModelState {
   text::TokenBytes table;
 };
 
-// An INT32 input, copied out (its buffers may be several, and need not be aligned for int32).
-TRITONSERVER_Error* ReadInt32(TRITONBACKEND_Request* request, const char* name, std::vector<int32_t>* values,
+// An INT32 input named `name`, copied out (its buffers may be several, and need not be aligned for int32).
+TRITONSERVER_Error* ReadInt32(TRITONBACKEND_Input* input, const char* name, std::vector<int32_t>* values,
                               std::vector<int64_t>* shape) {
-  TRITONBACKEND_Input* input = nullptr;
-  if (Error missing{TRITONBACKEND_RequestInput(request, name, &input)})
-    return NewError(TRITONSERVER_ERROR_INVALID_ARG, std::string(name) + ": missing");
   TRITONSERVER_DataType datatype = TRITONSERVER_TYPE_INVALID;
   const int64_t* dims = nullptr;
   uint32_t rank = 0, buffers = 0;
@@ -111,6 +108,14 @@ TRITONSERVER_Error* ReadInt32(TRITONBACKEND_Request* request, const char* name, 
     into += size;
   }
   return nullptr;
+}
+
+TRITONSERVER_Error* ReadInt32(TRITONBACKEND_Request* request, const char* name, std::vector<int32_t>* values,
+                              std::vector<int64_t>* shape) {
+  TRITONBACKEND_Input* input = nullptr;
+  if (Error missing{TRITONBACKEND_RequestInput(request, name, &input)})
+    return NewError(TRITONSERVER_ERROR_INVALID_ARG, std::string(name) + ": missing");
+  return ReadInt32(input, name, values, shape);
 }
 
 bool Requested(TRITONBACKEND_Request* request, const char* name) {
@@ -155,7 +160,7 @@ TRITONSERVER_Error* AnswerLogProbBytes(const ModelState& state, TRITONBACKEND_Re
   if (Error absent{TRITONBACKEND_RequestInput(request, kTopTokenIds, &input)}) return nullptr;  // not asked
   std::vector<int32_t> top;
   std::vector<int64_t> top_shape;
-  if (TRITONSERVER_Error* error = ReadInt32(request, kTopTokenIds, &top, &top_shape)) return error;
+  if (TRITONSERVER_Error* error = ReadInt32(input, kTopTokenIds, &top, &top_shape)) return error;
   auto bytes_of = [&state](int32_t id, std::string* serialized) {
     std::string one;
     state.table.AppendDecode(&id, 1, &one);  // an id outside the vocabulary (padding): no bytes

@@ -34,6 +34,14 @@ std::vector<T> Values(const c::Tensor& tensor) {
   return values;
 }
 
+// " <shape>, |" then " <value>" each: a tensor as the output line shows it.
+template <typename T>
+void PrintShapeAndValues(const c::Tensor& tensor) {
+  for (int64_t dim : tensor.shape) std::cout << dim << ",";
+  std::cout << " |";
+  for (T value : Values<T>(tensor)) std::cout << " " << value;
+}
+
 int main() {
   std::string word;
   int fold = 0, top = 0;
@@ -69,11 +77,12 @@ int main() {
       if (top > 0) {
         std::vector<int32_t> top_ids;
         std::vector<float> top_log_probs;
-        for (int t = 0; t < tokens; ++t)
-          for (int j = 0; j < top; ++j) {
-            top_ids.push_back(100 * (id + t) + j);
-            top_log_probs.push_back(-float(j));
-          }
+        for (int b = 0; b < beams; ++b)
+          for (int t = 0; t < tokens; ++t)
+            for (int j = 0; j < top; ++j) {
+              top_ids.push_back(100 * (id + t) + j);
+              top_log_probs.push_back(-float(j));
+            }
         response.tensors[c::kTopTokenIds] = Make(c::kInt32, {1, beams, tokens, top}, top_ids);
         response.tensors[c::kTopLogProbs] = Make(kFp32, {1, beams, tokens, top}, top_log_probs);
       }
@@ -92,9 +101,7 @@ int main() {
     const auto& t = response.tensors;
     std::cout << "R " << Values<int32_t>(t.at(c::kBatchIndex))[0] << " " << Values<int32_t>(t.at(c::kSequenceIndex))[0]
               << " ";
-    for (int64_t dim : t.at(c::kOutputIds).shape) std::cout << dim << ",";
-    std::cout << " |";
-    for (int32_t id : Values<int32_t>(t.at(c::kOutputIds))) std::cout << " " << id;
+    PrintShapeAndValues<int32_t>(t.at(c::kOutputIds));
     std::cout << " |";
     for (int32_t length : Values<int32_t>(t.at(c::kSequenceLength))) std::cout << " " << length;
     std::cout << " |";
@@ -103,9 +110,7 @@ int main() {
               << response.engine_responses;
     if (t.count(c::kTopTokenIds)) {
       std::cout << " | ";
-      for (int64_t dim : t.at(c::kTopTokenIds).shape) std::cout << dim << ",";
-      std::cout << " |";
-      for (int32_t id : Values<int32_t>(t.at(c::kTopTokenIds))) std::cout << " " << id;
+      PrintShapeAndValues<int32_t>(t.at(c::kTopTokenIds));
       std::cout << " |";
       for (float p : Values<float>(t.at(c::kTopLogProbs))) std::cout << " " << p;
     }
