@@ -330,7 +330,8 @@ BLS_LOG_PROB_OUTPUTS = [
 ]
 ENGINE_LOG_PROB_INPUTS = [_opt(NUM_TOP_LOG_PROBS, I32, (1,), scalar=True),
                           _opt(RETURN_PROMPT_LOG_PROBS, BOOL, (1,), scalar=True)]
-ENGINE_LOG_PROB_OUTPUTS = [Tensor(TOP_TOKEN_IDS, I32, (-1, -1, -1)), Tensor(TOP_LOG_PROBS, F32, (-1, -1, -1)),
+ENGINE_TOP_LOG_PROBS = Tensor(TOP_LOG_PROBS, F32, (-1, -1, -1))  # [beams, tokens, k], as the ensemble passes it on
+ENGINE_LOG_PROB_OUTPUTS = [Tensor(TOP_TOKEN_IDS, I32, (-1, -1, -1)), ENGINE_TOP_LOG_PROBS,
                            Tensor(PROMPT_LOG_PROBS, F32, (-1,)), Tensor(PROMPT_TOP_TOKEN_IDS, I32, (-1, -1)),
                            Tensor(PROMPT_TOP_LOG_PROBS, F32, (-1, -1))]
 
@@ -497,7 +498,7 @@ POSTPROCESSING_TO_CLIENT = {POST_OUTPUT: TEXT_OUTPUT}
 # engine step; the engine's `output_log_probs` reaches the client as NVIDIA's wiring has it, its alternatives'
 # log probs straight, and their ids through postprocessing, which adds the bytes of every token and alternative.
 ENSEMBLE_LOG_PROB_INPUTS = [_opt(NUM_TOP_LOG_PROBS, I32, (1,))]
-ENSEMBLE_LOG_PROB_OUTPUTS = [*POSTPROCESSING_LOG_PROB_OUTPUTS, Tensor(TOP_LOG_PROBS, F32, (-1, -1, -1))]
+ENSEMBLE_LOG_PROB_OUTPUTS = [*POSTPROCESSING_LOG_PROB_OUTPUTS, ENGINE_TOP_LOG_PROBS]
 ENGINE_LOG_PROBS_FROM_CLIENT = {NUM_TOP_LOG_PROBS: NUM_TOP_LOG_PROBS}
 ENGINE_LOG_PROB_OUTPUTS_TO_ENSEMBLE = {TOP_TOKEN_IDS: _TOP_TOKEN_IDS, TOP_LOG_PROBS: TOP_LOG_PROBS}
 POSTPROCESSING_LOG_PROBS_FROM_ENSEMBLE = {TOP_TOKEN_IDS: _TOP_TOKEN_IDS}

@@ -220,11 +220,14 @@ class TritonBackend:
         assembler = TextAssembler()
         wanted = GATEWAY_OUTPUTS if generation.logprobs is None else (*GATEWAY_OUTPUTS,
                                                                        *log_prob_outputs(self.model))
+        log_probs_output = token_log_probs_output(self.model)
         alternatives = request.parameters.get(NUM_TOP_LOG_PROBS)
-        if self.model != BLS_MODEL and alternatives is not None:
-            # Through the ensemble the tokens' log probs are the engine's (`return_log_probs`), and postprocessing
-            # names tokens by their bytes where the engine sends alternatives: at least one is asked for, and those
-            # not asked are left out of the answer.
+        # Through the ensemble the tokens' log probs are the engine's (`return_log_probs`), and postprocessing
+        # names tokens by their bytes where the engine sends alternatives: at least one is asked for, and one the
+        # client did not ask for is left out of the answer.
+        through_ensemble = self.model != BLS_MODEL and alternatives is not None
+        drop_alternatives = through_ensemble and alternatives == 0
+        if through_ensemble:
             request = dataclasses.replace(request, parameters={**request.parameters, RETURN_LOG_PROBS: True,
                                                                NUM_TOP_LOG_PROBS: max(1, alternatives)})
         echo = generation.echo
@@ -238,12 +241,14 @@ class TritonBackend:
                 if NUM_OUTPUT_TOKENS in outputs and not generation.prompt_only:
                     generation.completion_tokens += first_int32(outputs[NUM_OUTPUT_TOKENS])
                 if generation.logprobs is not None:
-                    entries = read_token_log_probs(result.as_numpy, token_log_probs_output(self.model))
-                    if not entries and self.model != BLS_MODEL and outputs.get(token_log_probs_output(self.model)):
+                    entries = read_token_log_probs(result.as_numpy, log_probs_output)
+                    if not entries and through_ensemble and outputs.get(log_probs_output):
                         raise GenerationError(f"logprobs: through {self.model} they need an engine that returns the "
                                               f"likeliest tokens beside each (this one does not): call "
                                               f"{BLS_MODEL}", ErrorKind.UNSUPPORTED)
-                    generation.logprobs.extend(entry._replace(top=entry.top[:alternatives]) for entry in entries)
+                    if drop_alternatives:
+                        entries = [entry._replace(top=[]) for entry in entries]
+                    generation.logprobs.extend(entries)
                     if generation.prompt_only:
                         del generation.logprobs[generation.prompt_tokens:]
                 if TEXT_OUTPUT in outputs:
