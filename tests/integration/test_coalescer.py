@@ -87,7 +87,9 @@ def test_a_stream_arrives_in_fewer_responses_the_first_at_once_with_exactly_the_
     server, repository = served
     direct = responses_of(server.grpc_url, configs.ENGINE_MODEL, engine_inputs(repository, streaming=True))
     folded = responses_of(server.grpc_url, COALESCER, engine_inputs(repository, streaming=True))
-    assert len(direct) == TOKENS
+    # Called directly, the engine sends each token as it comes, but one whose send waited goes out with the next
+    # (runtime/sending.py): on a loaded machine two may share a response. All TOKENS come, in any case.
+    assert sum(int(response["sequence_length"][0, 0]) for response in direct) == TOKENS
     assert folded[0]["output_ids"].shape == (1, 1, 1)  # the first token alone, not paced
     assert 2 <= len(folded) <= TOKENS // 2, [r["output_ids"].shape for r in folded]
 
